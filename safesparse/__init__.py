@@ -1,0 +1,50 @@
+"""safesparse: validated sparse tensors for PyTorch.
+
+Drop-in factories that check every sparse invariant once, before torch sees the data, and a
+``torch.Tensor`` subclass that remembers it was checked. See ``docs/`` and SPEC.md.
+"""
+
+from __future__ import annotations
+
+from . import ops as _ops  # noqa: F401  (fills the op table)
+from .checked import Stats, clear_cache, reset_stats, stats
+from .debug import debug, is_debug, set_debug
+from .errors import InvariantError
+from .factories import (
+    sparse_bsc_tensor,
+    sparse_bsr_tensor,
+    sparse_compressed_tensor,
+    sparse_coo_tensor,
+    sparse_csc_tensor,
+    sparse_csr_tensor,
+)
+from .invariants import CATALOG, Invariant
+from .serialization import load
+from .tensor import OpKind, SafeSparseTensor, is_checked, unwrap, validate
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CATALOG",
+    "InvariantError",
+    "Invariant",
+    "OpKind",
+    "SafeSparseTensor",
+    "Stats",
+    "clear_cache",
+    "debug",
+    "is_checked",
+    "is_debug",
+    "load",
+    "reset_stats",
+    "set_debug",
+    "sparse_bsc_tensor",
+    "sparse_bsr_tensor",
+    "sparse_compressed_tensor",
+    "sparse_coo_tensor",
+    "sparse_csc_tensor",
+    "sparse_csr_tensor",
+    "stats",
+    "unwrap",
+    "validate",
+]

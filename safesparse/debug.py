@@ -1,0 +1,46 @@
+"""Debug mode: validate every sparse result of every operation, ignoring the cache.
+
+Enabled by ``SAFESPARSE_DEBUG=1`` in the environment (read once, at import), by
+``set_debug(True)`` or, for a block, by ``with debug():``. The switch is a
+:class:`contextvars.ContextVar`, so ``with debug()`` in one thread (or asyncio task) does not
+switch debug mode on in another; ``set_debug`` sets the value for the current context, and the
+environment variable sets the default every context starts from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Iterator
+
+_ENV_VAR = "SAFESPARSE_DEBUG"
+
+
+def _env_default() -> bool:
+    return os.environ.get(_ENV_VAR, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+_DEBUG: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "safesparse_debug", default=_env_default()
+)
+
+
+def is_debug() -> bool:
+    """Whether debug mode is on in the current thread/context."""
+    return _DEBUG.get()
+
+
+def set_debug(enabled: bool) -> None:
+    """Switch debug mode on or off for the current thread/context."""
+    _DEBUG.set(bool(enabled))
+
+
+@contextlib.contextmanager
+def debug(enabled: bool = True) -> Iterator[None]:
+    """``with debug():`` turns debug mode on for the block (nestable; restores on exit)."""
+    token = _DEBUG.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _DEBUG.reset(token)

@@ -1,0 +1,218 @@
+"""Safe factories: drop-in replacements for ``torch.sparse_*_tensor``.
+
+Each factory converts its inputs the way torch does (tensors, nested lists, NumPy arrays;
+``dtype=``/``device=`` conversion), validates every invariant of the catalog before torch sees
+the data, and only then builds the tensor with torch's own factory and
+``check_invariants=False`` (no second validation, no "implicitly disabled" warning).
+
+Index data already validated together (same tensors, unmodified, same geometry) is not checked
+again: only the O(1) metadata checks run (see :mod:`safesparse.checked`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from . import checked
+from .debug import is_debug
+from .invariants import COMPRESSED_LAYOUTS
+from .tensor import SafeSparseTensor, compressed_geometry, new_state, wrap
+from .validation import (
+    LAYOUTS,
+    check_compressed_indices,
+    check_compressed_metadata,
+    check_coo_indices,
+    check_coo_metadata,
+    values_layout_ok,
+)
+
+DeviceLike = torch.device | str | int | None
+SizeLike = Sequence[int] | torch.Size | None
+
+
+def _device(device: DeviceLike) -> torch.device | None:
+    return None if device is None else torch.device(device)
+
+
+def _as_index(x: Any, device: torch.device | None) -> torch.Tensor:
+    """Index input as a tensor: tensors keep their dtype, other integer data becomes int64."""
+    if isinstance(x, torch.Tensor):
+        t = x
+    else:
+        t = torch.as_tensor(x)
+        if t.numel() == 0 and not t.dtype.is_complex and t.dtype.is_floating_point:
+            t = t.to(torch.int64)  # an empty list of indices
+    return t.to(device) if device is not None and t.device != device else t
+
+
+def _as_values(x: Any, dtype: torch.dtype | None, device: torch.device | None) -> torch.Tensor:
+    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x, dtype=dtype)
+    if (dtype is not None and t.dtype != dtype) or (device is not None and t.device != device):
+        t = t.to(device=device, dtype=dtype)
+    return t
+
+
+def _as_size(size: SizeLike) -> tuple[int, ...] | None:
+    return None if size is None else tuple(int(s) for s in size)
+
+
+def _wants_check(check_invariants: bool | None) -> bool:
+    return check_invariants is None or bool(check_invariants) or is_debug()
+
+
+def sparse_compressed_tensor(
+    compressed_indices: Any,
+    plain_indices: Any,
+    values: Any,
+    size: SizeLike = None,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: DeviceLike = None,
+    pin_memory: bool = False,
+    requires_grad: bool = False,
+    check_invariants: bool | None = None,
+) -> SafeSparseTensor:
+    """Validated ``torch.sparse_compressed_tensor``; see the module docstring."""
+    dev = _device(device)
+    compressed = _as_index(compressed_indices, dev)
+    plain = _as_index(plain_indices, dev)
+    vals = _as_values(values, dtype, dev)
+    lay = layout if layout is not None else torch.strided  # torch requires a layout: 2.4
+    info = LAYOUTS.get(lay)
+    if info is not None and not values_layout_ok(vals, compressed.dim() - 1, info.blocked):
+        vals = vals.contiguous()  # torch accepts any strides; its kernels assume 3.7
+    shape = _as_size(size)
+    if not _wants_check(check_invariants):
+        plain_t = torch.sparse_compressed_tensor(
+            compressed, plain, vals, shape, dtype=vals.dtype, layout=lay, device=dev,
+            pin_memory=pin_memory, check_invariants=False,
+        ) if shape is not None else torch.sparse_compressed_tensor(
+            compressed, plain, vals, dtype=vals.dtype, layout=lay, device=dev,
+            pin_memory=pin_memory, check_invariants=False,
+        )
+        return wrap(plain_t, None, leaf_requires_grad=requires_grad)
+    meta = check_compressed_metadata(
+        compressed, plain, vals, shape, lay, dtype=dtype, device=dev, requested_layout=lay,
+    )
+    prior = None
+    if shape is not None and not is_debug():
+        prior = checked.lookup(checked.index_key(
+            (compressed, plain), compressed_geometry(meta.n_compressed, meta.n_plain)))
+    if prior is None:
+        meta = check_compressed_indices(meta, compressed, plain, estimate=shape is None)
+        checked.count("validations")
+    else:
+        checked.count("skipped")
+    plain_t = torch.sparse_compressed_tensor(
+        compressed, plain, vals, meta.size, dtype=vals.dtype, layout=meta.info.layout,
+        device=vals.device, pin_memory=pin_memory, check_invariants=False,
+    )
+    out = wrap(plain_t, leaf_requires_grad=requires_grad)
+    new_state(out, inputs=(compressed, plain), inherit=() if prior is None else (prior,))
+    return out
+
+
+def _compressed_factory(layout: torch.layout, doc_name: str) -> Any:
+    info = LAYOUTS[layout]
+
+    def factory(
+        compressed_indices: Any,
+        plain_indices: Any,
+        values: Any,
+        size: SizeLike = None,
+        *,
+        dtype: torch.dtype | None = None,
+        device: DeviceLike = None,
+        pin_memory: bool = False,
+        requires_grad: bool = False,
+        check_invariants: bool | None = None,
+    ) -> SafeSparseTensor:
+        return sparse_compressed_tensor(
+            compressed_indices, plain_indices, values, size, dtype=dtype, layout=layout,
+            device=device, pin_memory=pin_memory, requires_grad=requires_grad,
+            check_invariants=check_invariants,
+        )
+
+    factory.__name__ = factory.__qualname__ = doc_name
+    factory.__doc__ = (
+        f"Validated ``torch.{doc_name}({info.compressed_name}, {info.plain_name}, values, "
+        "size=None, *, dtype=None, device=None, pin_memory=False, requires_grad=False, "
+        "check_invariants=None)``.\n\nEvery invariant of the catalog is checked before torch "
+        "sees the data; violations raise :class:`safesparse.InvariantError`."
+    )
+    return factory
+
+
+sparse_csr_tensor = _compressed_factory(torch.sparse_csr, "sparse_csr_tensor")
+sparse_csc_tensor = _compressed_factory(torch.sparse_csc, "sparse_csc_tensor")
+sparse_bsr_tensor = _compressed_factory(torch.sparse_bsr, "sparse_bsr_tensor")
+sparse_bsc_tensor = _compressed_factory(torch.sparse_bsc, "sparse_bsc_tensor")
+
+
+def _coo_index(x: Any, device: torch.device | None) -> torch.Tensor:
+    t = _as_index(x, device)
+    # torch converts integer indices of other widths to int64; anything else is refused (1.1)
+    if t.dtype != torch.int64 and not t.dtype.is_floating_point and not t.dtype.is_complex \
+            and t.dtype != torch.bool:
+        t = t.to(torch.int64)
+    return t
+
+
+def sparse_coo_tensor(
+    indices: Any,
+    values: Any,
+    size: SizeLike = None,
+    *,
+    dtype: torch.dtype | None = None,
+    device: DeviceLike = None,
+    pin_memory: bool = False,
+    requires_grad: bool = False,
+    check_invariants: bool | None = None,
+    is_coalesced: bool | None = None,
+) -> SafeSparseTensor:
+    """Validated ``torch.sparse_coo_tensor``; ``is_coalesced=True`` is verified (5.3)."""
+    dev = _device(device)
+    idx = _coo_index(indices, dev)
+    vals = _as_values(values, dtype, dev)
+    shape = _as_size(size)
+    if not _wants_check(check_invariants):
+        args = (idx, vals) if shape is None else (idx, vals, shape)
+        plain_t = torch.sparse_coo_tensor(
+            *args, dtype=vals.dtype, device=dev, pin_memory=pin_memory,
+            check_invariants=False, is_coalesced=is_coalesced,
+        )
+        return wrap(plain_t, None, leaf_requires_grad=requires_grad)
+    meta = check_coo_metadata(idx, vals, shape, dtype=dtype, device=dev)
+    coalesced = bool(is_coalesced)
+    prior = None
+    if shape is not None and not is_debug():
+        for flag in {coalesced, True}:
+            prior = prior or checked.lookup(checked.index_key(
+                (idx,), ("coo", tuple(shape[: meta.sparse_dim]), flag)))
+    if prior is None:
+        meta = check_coo_indices(meta, idx, is_coalesced=coalesced, estimate=shape is None)
+        checked.count("validations")
+    else:
+        checked.count("skipped")
+    plain_t = torch.sparse_coo_tensor(
+        idx, vals, meta.size, dtype=vals.dtype, device=vals.device, pin_memory=pin_memory,
+        check_invariants=False, is_coalesced=is_coalesced,
+    )
+    out = wrap(plain_t, leaf_requires_grad=requires_grad)
+    new_state(out, inputs=(idx,), inherit=() if prior is None else (prior,))
+    return out
+
+
+__all__ = [
+    "COMPRESSED_LAYOUTS",
+    "sparse_bsc_tensor",
+    "sparse_bsr_tensor",
+    "sparse_compressed_tensor",
+    "sparse_coo_tensor",
+    "sparse_csc_tensor",
+    "sparse_csr_tensor",
+]

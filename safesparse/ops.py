@@ -1,0 +1,57 @@
+"""The op table of :class:`SafeSparseTensor`: how each torch op's sparse result is trusted.
+
+Three kinds (:class:`OpKind`):
+
+* ``PRESERVING`` - the result has the input's index data (a view, or a copy of it): it is
+  checked without validation.
+* ``TRUSTED`` - torch built new indices itself (coalesce, add, sparse @ sparse, conversions):
+  checked outside debug mode, when every sparse input was checked.
+* ``UNKNOWN`` - everything not listed: the result is a SafeSparseTensor, but unchecked.
+
+Strided results are never wrapped, whatever the kind. Extend the table with
+``SafeSparseTensor.classify(kind, [funcs])`` or ``@SafeSparseTensor.implements([funcs], kind)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .tensor import OpKind, SafeSparseTensor
+
+T = torch.Tensor
+PRESERVING, TRUSTED = OpKind.PRESERVING, OpKind.TRUSTED
+
+
+def _is_scalar(x: Any) -> bool:
+    return isinstance(x, (int, float, complex, bool)) or (
+        isinstance(x, torch.Tensor) and x.dim() == 0 and x.layout == torch.strided
+    )
+
+
+def scalar_else_trusted(args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpKind:
+    """Multiplying/dividing by a scalar keeps the indices; with a tensor, torch builds new ones."""
+    other = args[1] if len(args) > 1 else kwargs.get("other")
+    return PRESERVING if _is_scalar(other) else TRUSTED
+
+
+SafeSparseTensor.classify(PRESERVING, [
+    # copies and views of the whole tensor
+    T.clone, torch.clone, T.detach, torch.detach, T.detach_, T.requires_grad_,
+    T.to, T.cpu, T.cuda, T.float, T.double, T.half, T.bfloat16, T.int, T.long, T.bool,
+    T.type, T.contiguous, T.coalesce if False else T.clone,
+    # elementwise ops on values only
+    T.neg, torch.neg, T.__neg__, T.abs, torch.abs, T.sqrt, torch.sqrt, T.sin, torch.sin,
+    T.tanh, torch.tanh, T.relu, torch.relu, T.sign, torch.sign, T.square, torch.square,
+    T.conj_physical, torch.conj_physical,
+])
+SafeSparseTensor.classify(scalar_else_trusted, [
+    T.mul, torch.mul, T.__mul__, T.__rmul__, T.div, torch.div, T.__truediv__,
+])
+SafeSparseTensor.classify(TRUSTED, [
+    T.coalesce, T.add, torch.add, T.__add__, T.__radd__, T.sub, torch.sub, T.__sub__,
+    torch.mm, T.mm, torch.matmul, T.matmul, T.__matmul__, torch.sparse.mm,
+    T.to_sparse, T.to_sparse_coo, T.to_sparse_csr, T.to_sparse_csc, T.to_sparse_bsr,
+    T.to_sparse_bsc,
+])

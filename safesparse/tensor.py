@@ -1,0 +1,358 @@
+"""``SafeSparseTensor``: a torch sparse tensor that remembers it was checked.
+
+The class is a real ``torch.Tensor`` (built with ``Tensor._make_subclass``, the one subclassing
+route torch 2.13 allows for sparse layouts) whose ``__torch_function__`` runs every torch
+function on the underlying tensor and re-wraps sparse results, deciding their checked state
+from the per-class op table (:mod:`safesparse.ops`).
+
+Autograd: ``_make_subclass`` detaches, so wrapping and unwrapping a tensor that takes part in
+autograd go through identity :class:`torch.autograd.Function` s (:class:`_ToSafe`,
+:class:`_ToPlain`), which keep the graph connected.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+import torch
+from torch._C import DisableTorchFunctionSubclass
+
+from . import checked
+from .checked import CheckedState, IndexKey
+from .debug import is_debug
+from .errors import InvariantError
+from .invariants import COMPRESSED_LAYOUTS, SPARSE_LAYOUTS
+from .validation import compressed_members, validate_tensor
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class OpKind(enum.Enum):
+    """How an operation's sparse result relates to the invariants of its inputs."""
+
+    PRESERVING = "preserving"  # same index data (or a copy of it): checked, no validation
+    TRUSTED = "trusted"  # torch built new indices itself: checked outside debug mode
+    UNKNOWN = "unknown"  # anything else: the result is unchecked
+
+
+Handler = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+Classifier = Callable[[tuple[Any, ...], dict[str, Any]], OpKind]
+
+
+@dataclass(frozen=True)
+class OpEntry:
+    """One row of the op table: the kind of the op, or a function deciding it from the args,
+    and optionally an implementation replacing torch's (e.g. the zero-copy transposes)."""
+
+    kind: OpKind | Classifier
+    impl: Handler | None = None
+
+    def kind_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpKind:
+        return self.kind if isinstance(self.kind, OpKind) else self.kind(args, kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Members and keys of plain torch sparse tensors
+
+
+def index_members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The index tensors of a sparse tensor (compressed + plain, or the COO indices)."""
+    with DisableTorchFunctionSubclass():
+        if t.layout == torch.sparse_coo:
+            return (t._indices(),)
+        return compressed_members(t)
+
+
+def geometry_of(t: torch.Tensor) -> Hashable:
+    """What, beyond the index tensors themselves, their validity depends on."""
+    with DisableTorchFunctionSubclass():
+        if t.layout == torch.sparse_coo:
+            return ("coo", tuple(t.shape[: t.sparse_dim()]), t.is_coalesced())
+        compressed, _ = compressed_members(t)
+        m = compressed.dim() - 1
+        blocked = t.layout in (torch.sparse_bsr, torch.sparse_bsc)
+        vshape = t.values().shape
+        b0, b1 = (vshape[m + 1], vshape[m + 2]) if blocked else (1, 1)
+        rows, cols = t.shape[m], t.shape[m + 1]
+        row_compressed = t.layout in (torch.sparse_csr, torch.sparse_bsr)
+        extent, block = (cols, b1) if row_compressed else (rows, b0)
+        return compressed_geometry(compressed.shape[-1] - 1, extent // block if block else 0)
+
+
+def compressed_geometry(n_compressed: int, n_plain: int) -> Hashable:
+    return ("compressed", n_compressed, n_plain)
+
+
+def key_of(t: torch.Tensor) -> IndexKey:
+    return checked.index_key(index_members(t), geometry_of(t))
+
+
+# ---------------------------------------------------------------------------------------------
+# The class
+
+
+class SafeSparseTensor(torch.Tensor):
+    """A torch sparse tensor (COO, CSR, CSC, BSR, BSC) that remembers it was checked.
+
+    Build one with the safe factories (``ss.sparse_csr_tensor`` ...) or ``ss.validate``. Every
+    torch function works on it; sparse results are ``SafeSparseTensor`` again, strided results
+    and member tensors are plain tensors.
+    """
+
+    _ss_state: CheckedState | None
+    _OPS: ClassVar[dict[Callable[..., Any], OpEntry]] = {}
+
+    @classmethod
+    def implements(
+        cls, funcs: Iterable[Callable[..., Any]], kind: OpKind | Classifier = OpKind.UNKNOWN
+    ) -> Callable[[F], F]:
+        """Decorator registering ``impl(func, args, kwargs)`` for each of ``funcs``."""
+
+        def register(impl: F) -> F:
+            for func in funcs:
+                cls._OPS[func] = OpEntry(kind, impl)
+            return impl
+
+        return register
+
+    @classmethod
+    def classify(cls, kind: OpKind | Classifier, funcs: Iterable[Callable[..., Any]]) -> None:
+        """Record the kind of each of ``funcs`` (torch's own implementation runs)."""
+        for func in funcs:
+            cls._OPS[func] = OpEntry(kind)
+
+    @classmethod
+    def op_table(cls) -> dict[Callable[..., Any], OpEntry]:
+        return dict(cls._OPS)
+
+    @classmethod
+    def __torch_function__(
+        cls,
+        func: Callable[..., Any],
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        args = tuple(args)
+        entry = cls._OPS.get(func)
+        debug = is_debug()
+        if debug:
+            _validate_inputs(func, args, kwargs)
+        if entry is not None and entry.impl is not None:
+            return entry.impl(func, args, kwargs)
+        with DisableTorchFunctionSubclass():
+            ret = func(*args, **kwargs)
+        kind = entry.kind_for(args, kwargs) if entry is not None else OpKind.UNKNOWN
+        return wrap_results(func, kind, args, kwargs, ret)
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        with DisableTorchFunctionSubclass():
+            body = torch.Tensor.__repr__(self)
+        return f"SafeSparseTensor(checked={is_checked(self)}, {body})"
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        from .serialization import reduce_safe_sparse
+
+        return reduce_safe_sparse(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Wrapping, unwrapping and checked state
+
+
+class _ToSafe(torch.autograd.Function):
+    """Identity from a plain sparse tensor to a SafeSparseTensor, keeping the graph."""
+
+    @staticmethod
+    def forward(ctx: Any, plain: torch.Tensor) -> torch.Tensor:
+        return torch.Tensor._make_subclass(SafeSparseTensor, plain, False)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+class _ToPlain(torch.autograd.Function):
+    """Identity from a SafeSparseTensor to the plain torch tensor, keeping the graph."""
+
+    @staticmethod
+    def forward(ctx: Any, safe: torch.Tensor) -> torch.Tensor:
+        return torch.Tensor._make_subclass(torch.Tensor, safe, False)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def wrap(plain: torch.Tensor, state: CheckedState | None = None, *,
+         leaf_requires_grad: bool = False) -> SafeSparseTensor:
+    """A SafeSparseTensor sharing ``plain``'s data. ``leaf_requires_grad`` makes a new leaf."""
+    if plain.requires_grad:
+        with DisableTorchFunctionSubclass():
+            out = _ToSafe.apply(plain)
+    else:
+        out = torch.Tensor._make_subclass(SafeSparseTensor, plain, leaf_requires_grad)
+    assert isinstance(out, SafeSparseTensor)
+    out._ss_state = state
+    return out
+
+
+def unwrap(t: torch.Tensor) -> torch.Tensor:
+    """The plain torch tensor behind ``t`` (no copy; autograd stays connected)."""
+    if not isinstance(t, SafeSparseTensor):
+        return t
+    if t.requires_grad:
+        with DisableTorchFunctionSubclass():
+            out: torch.Tensor = _ToPlain.apply(t)
+        return out
+    return torch.Tensor._make_subclass(torch.Tensor, t, False)
+
+
+def new_state(
+    t: SafeSparseTensor,
+    *,
+    inputs: Iterable[torch.Tensor] = (),
+    inherit: Iterable[CheckedState] = (),
+) -> CheckedState:
+    """Record ``t`` as checked: witnesses for its own index members, for the caller's input
+    tensors sharing their storage, and the live witnesses of the states it derives from."""
+    members = index_members(t)
+    ptrs = {m.data_ptr() for m in members}
+    shared = [x for x in inputs if x.data_ptr() in ptrs and x.numel()]
+    witnesses = [w for s in inherit for w in s.live_witnesses()]
+    witnesses += checked.witnesses_for(t, members)
+    witnesses += [checked._Witness(x, x) for x in shared]
+    state = checked.register(CheckedState(key_of(t), witnesses))
+    t._ss_state = state
+    return state
+
+
+def is_checked(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a SafeSparseTensor whose index data is known valid and unmodified."""
+    if not isinstance(t, SafeSparseTensor):
+        return False
+    state = getattr(t, "_ss_state", None)
+    return state is not None and state.key == key_of(t) and state.holds()
+
+
+def validate(t: torch.Tensor) -> SafeSparseTensor:
+    """Validate ``t`` (once) and return it as a checked SafeSparseTensor sharing its storage.
+
+    A tensor already checked is not validated again (outside debug mode). Raises
+    :class:`InvariantError` for a broken invariant and ``TypeError`` for a non-sparse tensor.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"validate() expects a torch sparse tensor, got {type(t).__name__}")
+    if t.layout not in SPARSE_LAYOUTS:
+        raise TypeError(f"validate() expects a sparse tensor, got layout {t.layout}")
+    debug = is_debug()
+    if not debug and is_checked(t):
+        checked.count("skipped")
+        return t  # type: ignore[return-value]
+    out = t if isinstance(t, SafeSparseTensor) else wrap(t)
+    prior = None if debug else checked.lookup(key_of(out))
+    with DisableTorchFunctionSubclass():
+        if prior is not None:
+            _validate_metadata_only(out)
+            checked.count("skipped")
+        else:
+            validate_tensor(out)
+            checked.count("validations")
+    new_state(out, inherit=() if prior is None else (prior,))
+    return out
+
+
+def _validate_metadata_only(t: torch.Tensor) -> None:
+    from .validation import check_compressed_metadata, check_coo_metadata
+
+    if t.layout == torch.sparse_coo:
+        check_coo_metadata(t._indices(), t._values(), tuple(t.shape))
+    else:
+        c, p = compressed_members(t)
+        check_compressed_metadata(c, p, t.values(), tuple(t.shape), t.layout)
+
+
+def op_name(func: Callable[..., Any]) -> str:
+    name = getattr(func, "__name__", None) or repr(func)
+    return name
+
+
+def _sparse_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[SafeSparseTensor]:
+    found = [a for a in args if isinstance(a, SafeSparseTensor)]
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            found += [x for x in a if isinstance(x, SafeSparseTensor)]
+    found += [v for v in kwargs.values() if isinstance(v, SafeSparseTensor)]
+    return found
+
+
+def _validate_inputs(func: Callable[..., Any], args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> None:
+    """Debug mode: inputs whose checked state was lost are validated before the op runs."""
+    for t in _sparse_inputs(args, kwargs):
+        if t.layout in SPARSE_LAYOUTS and not is_checked(t):
+            try:
+                with DisableTorchFunctionSubclass():
+                    validate_tensor(t)
+            except InvariantError as err:
+                raise err.with_context(op=op_name(func)) from None
+            checked.count("validations")
+            new_state(t)
+
+
+def wrap_results(
+    func: Callable[..., Any],
+    kind: OpKind,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    ret: Any,
+) -> Any:
+    """Re-wrap the sparse tensors in ``ret`` and give them their checked state."""
+    if isinstance(ret, torch.Tensor):
+        return _wrap_one(func, kind, args, kwargs, ret)
+    if isinstance(ret, (tuple, list)):
+        return type(ret)(wrap_results(func, kind, args, kwargs, r) for r in ret)
+    return ret
+
+
+def _wrap_one(
+    func: Callable[..., Any],
+    kind: OpKind,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    ret: torch.Tensor,
+) -> torch.Tensor:
+    if ret.layout not in SPARSE_LAYOUTS:
+        return ret
+    if isinstance(ret, SafeSparseTensor):
+        # In-place ops return their input; the key comparison in is_checked notices if the
+        # op replaced the index members.
+        return ret
+    inputs = _sparse_inputs(args, kwargs)
+    out = wrap(ret)
+    if is_debug():
+        try:
+            with DisableTorchFunctionSubclass():
+                validate_tensor(out)
+        except InvariantError as err:
+            raise err.with_context(op=op_name(func)) from None
+        checked.count("validations")
+        new_state(out)
+        return out
+    states = [t._ss_state for t in inputs if is_checked(t)]
+    if kind is OpKind.UNKNOWN or len(states) != len(inputs) or not inputs:
+        return out
+    new_state(out, inherit=[s for s in states if s is not None])
+    return out
+
+
+def is_sparse(t: object) -> bool:
+    return isinstance(t, torch.Tensor) and t.layout in SPARSE_LAYOUTS
+
+
+def is_compressed(t: torch.Tensor) -> bool:
+    return t.layout in COMPRESSED_LAYOUTS

@@ -1,0 +1,664 @@
+"""The validation engine: every invariant of :mod:`safesparse.invariants`, checked once.
+
+Two stages, for every layout:
+
+1. **Metadata** (O(1), no device access): dtypes, layouts, dims, shapes, devices, strides. The
+   first violated id, in catalog order, is raised at once.
+2. **Index data** (O(nnz), vectorised torch ops, no Python loop over nnz or rows). The *fast
+   path* reduces all index invariants to one boolean tensor and reads it with a single
+   device-to-host sync. Only when that flag is false does the *diagnostic path* run: it evaluates
+   the same violation masks one invariant at a time, in id order, and reports the first violating
+   batch / row / position / value.
+
+Every index invariant is expressed once, as a ``_bad_*`` mask helper; the fast path reduces the
+masks with ``any()`` and the diagnostic path looks for their first ``True``. The one shortcut on
+the fast path is documented at :func:`_compressed_flags`.
+
+Nothing here calls a torch sparse kernel: all work is on the strided member tensors, and every
+data-dependent gather or scatter index is clamped into range first, so even hostile index values
+cannot make the checker itself read out of bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final
+
+import torch
+
+from .errors import InvariantError
+from .invariants import COMPRESSED_LAYOUTS, layout_name
+
+INDEX_DTYPES: Final = (torch.int32, torch.int64)
+SUPPORTED_DEVICE_TYPES: Final = ("cpu", "cuda")
+_UNSUPPORTED_VALUE_DTYPES: Final = frozenset(
+    getattr(torch, name)
+    for name in (
+        "qint8", "quint8", "qint32", "quint4x2", "quint2x4",
+        "bits1x8", "bits2x4", "bits4x2", "bits8", "bits16",
+    )
+    if hasattr(torch, name)
+)
+
+Size = tuple[int, ...]
+
+
+# --------------------------------------------------------------------------------------------
+# Layout vocabulary
+
+
+@dataclass(frozen=True)
+class LayoutInfo:
+    """Names and geometry of one compressed layout."""
+
+    layout: torch.layout
+    compressed_name: str  # "crow_indices" / "ccol_indices"
+    plain_name: str  # "col_indices" / "row_indices"
+    line: str  # what one compressed entry is: "row", "column", "block row", ...
+    blocked: bool
+    row_compressed: bool  # CSR/BSR: compressed dim is the rows
+
+    @property
+    def name(self) -> str:
+        return layout_name(self.layout)
+
+
+LAYOUTS: Final[dict[torch.layout, LayoutInfo]] = {
+    torch.sparse_csr: LayoutInfo(torch.sparse_csr, "crow_indices", "col_indices", "row", False, True),
+    torch.sparse_csc: LayoutInfo(
+        torch.sparse_csc, "ccol_indices", "row_indices", "column", False, False
+    ),
+    torch.sparse_bsr: LayoutInfo(
+        torch.sparse_bsr, "crow_indices", "col_indices", "block row", True, True
+    ),
+    torch.sparse_bsc: LayoutInfo(
+        torch.sparse_bsc, "ccol_indices", "row_indices", "block column", True, False
+    ),
+}
+
+
+def compressed_members(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (compressed, plain) index members of a torch compressed sparse tensor."""
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return t.crow_indices(), t.col_indices()
+    return t.ccol_indices(), t.row_indices()
+
+
+# --------------------------------------------------------------------------------------------
+# Results of the metadata stage
+
+
+@dataclass(frozen=True)
+class CompressedMeta:
+    """What the metadata stage established about a compressed tensor."""
+
+    info: LayoutInfo
+    size: Size
+    batch: Size
+    blocksize: tuple[int, int]
+    dense: Size
+    n_compressed: int
+    n_plain: int
+    nnz: int
+
+
+@dataclass(frozen=True)
+class CooMeta:
+    size: Size
+    sparse_dim: int
+    nnz: int
+
+
+def _fail(layout: torch.layout, iid: str, detail: str = "", **location: object) -> InvariantError:
+    return InvariantError(layout, iid, detail, location=location)
+
+
+def _shape(t: torch.Tensor) -> Size:
+    return tuple(t.shape)
+
+
+def _check_device(
+    layout: torch.layout, device: torch.device, members: list[tuple[str, str, torch.Tensor]]
+) -> None:
+    if device.type not in SUPPORTED_DEVICE_TYPES:
+        raise _fail(layout, "4.1", f"got device {device}", device=str(device))
+    for iid, name, member in members:
+        if member.device != device:
+            raise _fail(
+                layout, iid, f"{name} is on {member.device}, the tensor on {device}",
+                member=name, device=str(member.device),
+            )
+
+
+def _batch_dims(compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor) -> int:
+    """M, the number of batch dims, from the index members.
+
+    When the two index members disagree on their number of dims, the one whose leading shape
+    agrees with the leading dims of ``values`` decides, so a single malformed member is reported
+    under its own id (3.2 or 3.3) rather than as a size mismatch.
+    """
+    mc, mp = compressed.dim() - 1, plain.dim() - 1
+    if mc == mp:
+        return mc
+    for m, member in ((mc, compressed), (mp, plain)):
+        if m >= 0 and values.dim() >= m and _shape(member)[:-1] == _shape(values)[:m]:
+            return m
+    return mc if mc >= 0 else mp
+
+
+def check_compressed_metadata(
+    compressed: torch.Tensor,
+    plain: torch.Tensor,
+    values: torch.Tensor,
+    size: Size | None,
+    layout: torch.layout,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | None = None,
+    requested_layout: torch.layout | None = None,
+) -> CompressedMeta:
+    """Check ids 1.x-4.x of a compressed tensor; raise the first violation in id order.
+
+    ``size=None`` estimates the shape (the plain extent is left 0 here; the index stage
+    resolves it). ``dtype``/``device``/``requested_layout`` are what the caller asked for.
+    """
+    lay = requested_layout if requested_layout is not None else layout
+    if lay not in LAYOUTS:
+        raise _fail(
+            layout if layout in LAYOUTS else torch.sparse_csr, "2.4",
+            f"requested layout {lay}", layout=str(lay),
+        )
+    info = LAYOUTS[lay]
+    # 1.x dtypes
+    index_dtype = next(
+        (d for d in (compressed.dtype, plain.dtype) if d in INDEX_DTYPES), compressed.dtype
+    )
+    if compressed.dtype != index_dtype:
+        raise _fail(lay, "1.1", f"{info.compressed_name} is {compressed.dtype}, "
+                    f"{info.plain_name} is {plain.dtype}", dtype=str(compressed.dtype))
+    if plain.dtype != index_dtype:
+        raise _fail(lay, "1.2", f"{info.plain_name} is {plain.dtype}, "
+                    f"{info.compressed_name} is {compressed.dtype}", dtype=str(plain.dtype))
+    if index_dtype not in INDEX_DTYPES:
+        raise _fail(lay, "1.3", f"got {index_dtype}", dtype=str(index_dtype))
+    if dtype is not None and values.dtype != dtype:
+        raise _fail(lay, "1.4", f"values are {values.dtype}, requested {dtype}")
+    if values.dtype in _UNSUPPORTED_VALUE_DTYPES:
+        raise _fail(lay, "1.5", f"got {values.dtype}", dtype=str(values.dtype))
+    # 2.x layouts
+    for iid, name, member in (
+        ("2.1", info.compressed_name, compressed),
+        ("2.2", info.plain_name, plain),
+        ("2.3", "values", values),
+    ):
+        if member.layout != torch.strided:
+            raise _fail(lay, iid, f"{name} has layout {member.layout}")
+    if layout != lay:
+        raise _fail(lay, "2.4", f"got {layout}", layout=str(layout))
+    # 3.x shapes and strides
+    m = _batch_dims(compressed, plain, values)
+    if m < 0:
+        raise _fail(lay, "3.2", f"{info.compressed_name} has 0 dims")
+    nblock = 2 if info.blocked else 0
+    cshape, pshape, vshape = _shape(compressed), _shape(plain), _shape(values)
+    blocksize: tuple[int, int] = (
+        (vshape[m + 1], vshape[m + 2])
+        if info.blocked and len(vshape) >= m + 3
+        else (1, 1)
+    )
+    if size is None:
+        # Estimation (seed 000): everything but the plain extent comes from the member shapes.
+        if len(vshape) < m + 1 + nblock:
+            raise _fail(lay, "3.4", f"values have {len(vshape)} dims, need at least {m + 1 + nblock}")
+        nc = cshape[-1] - 1 if cshape else 0
+        sparse = (nc * blocksize[0], 0) if info.row_compressed else (0, nc * blocksize[1])
+        size = cshape[:-1] + sparse + vshape[m + 1 + nblock:]
+    n = len(size) - m - 2
+    if n < 0 or any(s < 0 for s in size):
+        raise _fail(lay, "3.1", f"size {size} cannot hold {m} batch dims and 2 sparse dims",
+                    size=size)
+    for dim, b in ((m, blocksize[0]), (m + 1, blocksize[1])):
+        if (b == 0 and size[dim] != 0) or (b > 0 and size[dim] % b):
+            raise _fail(lay, "3.1", f"size[{dim}] = {size[dim]} is not divisible by the "
+                        f"blocksize {blocksize}", size=size, blocksize=blocksize)
+    if compressed.dim() != m + 1:
+        raise _fail(lay, "3.2", f"{info.compressed_name} has {compressed.dim()} dims, "
+                    f"expected {m + 1}")
+    if plain.dim() != m + 1:
+        raise _fail(lay, "3.3", f"{info.plain_name} has {plain.dim()} dims, expected {m + 1}")
+    if values.dim() != m + 1 + nblock + n:
+        raise _fail(lay, "3.4", f"values have {values.dim()} dims, expected "
+                    f"{m + 1 + nblock + n} (M={m}, N={n})")
+    if not compressed.is_contiguous():
+        raise _fail(lay, "3.5", f"{info.compressed_name} strides {compressed.stride()}")
+    if not plain.is_contiguous():
+        raise _fail(lay, "3.6", f"{info.plain_name} strides {plain.stride()}")
+    if not values_layout_ok(values, m, info.blocked):
+        raise _fail(lay, "3.7", f"values shape {vshape} has strides {values.stride()}")
+    batch = tuple(size[:m])
+    rows, cols = size[m], size[m + 1]
+    nrows = rows // blocksize[0] if blocksize[0] else None
+    ncols = cols // blocksize[1] if blocksize[1] else None
+    nc_opt, np_opt = (nrows, ncols) if info.row_compressed else (ncols, nrows)
+    n_compressed = nc_opt if nc_opt is not None else max(cshape[-1] - 1, 0)
+    # A zero-size block dim on the plain side leaves no addressable plain slot.
+    n_plain = np_opt if np_opt is not None else 0
+    if cshape != batch + (n_compressed + 1,):
+        raise _fail(lay, "3.8", f"{info.compressed_name} shape {cshape}, expected "
+                    f"{batch + (n_compressed + 1,)}", shape=cshape)
+    nnz = pshape[-1]
+    if pshape != batch + (nnz,):
+        raise _fail(lay, "3.9", f"{info.plain_name} shape {pshape}, expected "
+                    f"{batch + (nnz,)}", shape=pshape)
+    expected_v = batch + (nnz,) + (blocksize if info.blocked else ()) + tuple(size[m + 2:])
+    if vshape != expected_v:
+        raise _fail(lay, "3.10", f"values shape {vshape}, expected {expected_v}", shape=vshape)
+    # 4.x devices
+    dev = device if device is not None else values.device
+    _check_device(lay, dev, [
+        ("4.2", info.compressed_name, compressed),
+        ("4.3", info.plain_name, plain),
+        ("4.4", "values", values),
+    ])
+    return CompressedMeta(
+        info, tuple(size), batch, blocksize, tuple(size[m + 2:]), n_compressed, n_plain, nnz
+    )
+
+
+def values_layout_ok(values: torch.Tensor, batch_dims: int, blocked: bool) -> bool:
+    """Invariant 3.7: contiguous, or (blocked) contiguous with the two block dims swapped."""
+    if values.is_contiguous():
+        return True
+    return blocked and values.transpose(batch_dims + 1, batch_dims + 2).is_contiguous()
+
+
+def check_coo_metadata(
+    indices: torch.Tensor,
+    values: torch.Tensor,
+    size: Size | None,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | None = None,
+) -> CooMeta:
+    """Check ids 1.x-4.x of a COO tensor (``size=None``: sparse extents resolved later)."""
+    lay = torch.sparse_coo
+    if indices.dtype != torch.int64:
+        raise _fail(lay, "1.1", f"got {indices.dtype}", dtype=str(indices.dtype))
+    if values.dtype in _UNSUPPORTED_VALUE_DTYPES or (dtype is not None and values.dtype != dtype):
+        raise _fail(lay, "1.2", f"values are {values.dtype}"
+                    + (f", requested {dtype}" if dtype is not None else ""))
+    if indices.layout != torch.strided:
+        raise _fail(lay, "2.1", f"indices have layout {indices.layout}")
+    if values.layout != torch.strided:
+        raise _fail(lay, "2.2", f"values have layout {values.layout}")
+    if indices.dim() != 2:
+        raise _fail(lay, "3.1", f"indices have {indices.dim()} dims")
+    s, nnz = _shape(indices)
+    if size is None:
+        size = (0,) * s + _shape(values)[1:]
+    if s < 1 or s > len(size):
+        raise _fail(lay, "3.2", f"sparse_dim {s} with size {tuple(size)}", size=tuple(size))
+    if values.dim() < 1 or values.shape[0] != nnz:
+        raise _fail(lay, "3.3", f"indices shape {(s, nnz)} but values hold "
+                    f"{values.shape[0] if values.dim() else 0} entries")
+    expected_v = (nnz,) + tuple(size[s:])
+    if _shape(values) != expected_v:
+        raise _fail(lay, "3.4", f"values shape {_shape(values)}, expected {expected_v}",
+                    shape=_shape(values))
+    dev = device if device is not None else values.device
+    if dev.type not in SUPPORTED_DEVICE_TYPES:
+        raise _fail(lay, "4.1", f"got device {dev}", device=str(dev))
+    if indices.device != dev or values.device != dev:
+        raise _fail(lay, "4.2", f"indices on {indices.device}, values on {values.device}")
+    if any(x < 0 for x in size):
+        raise _fail(lay, "3.2", f"negative size {tuple(size)}", size=tuple(size))
+    return CooMeta(tuple(size), s, nnz)
+
+
+# --------------------------------------------------------------------------------------------
+# Index-data invariants: one mask helper per invariant, shared by fast and diagnostic paths.
+
+
+def _le_bound(x: torch.Tensor, bound: int) -> torch.Tensor:
+    """``x <= bound`` without the python-int overflow of narrow index dtypes."""
+    if bound >= torch.iinfo(x.dtype).max:
+        return torch.ones_like(x, dtype=torch.bool)
+    return x <= bound
+
+
+def _bad_first(c: torch.Tensor) -> torch.Tensor:
+    """5.1 per batch: compressed[..., 0] != 0. ``c`` is (B, n_compressed + 1)."""
+    return c[:, 0] != 0
+
+
+def _bad_last(c: torch.Tensor, nnz: int) -> torch.Tensor:
+    """5.2 per batch: compressed[..., -1] != nnz."""
+    return ~(_le_bound(c[:, -1], nnz) & (c[:, -1] >= nnz))
+
+
+def _row_counts(c: torch.Tensor) -> torch.Tensor:
+    """Entries per compressed line, in int64 so hostile int32 data cannot wrap around."""
+    return c.to(torch.int64).diff(dim=1)
+
+
+def _bad_counts(c: torch.Tensor, n_plain: int | None) -> torch.Tensor:
+    """5.3 per (batch, line): count < 0 or count > n_plain (upper bound skipped when estimated)."""
+    d = _row_counts(c)
+    bad = d < 0
+    return bad if n_plain is None else bad | (d > n_plain)
+
+
+def _bad_order(c: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """5.6 per (batch, position j-1): p[j] <= p[j-1] with j not the start of a line.
+
+    Shape (B, nnz); the last column is padding, the target of line starts that are not
+    interior positions (empty leading/trailing lines, or hostile compressed values).
+    """
+    nnz = p.shape[1]
+    bad = torch.zeros_like(p, dtype=torch.bool)
+    if nnz < 2:
+        return bad
+    torch.le(p[:, 1:], p[:, :-1], out=bad[:, :-1])
+    starts = c[:, 1:-1].to(torch.int64) - 1  # pair (j-1, j) where line starts at j
+    pad = nnz - 1
+    starts = torch.where((starts < 0) | (starts >= pad), pad, starts)
+    return bad.scatter_(1, starts, False)
+
+
+def _bad_negative(p: torch.Tensor) -> torch.Tensor:
+    """5.4 / COO 5.1: index < 0."""
+    return p < 0
+
+
+def _bad_too_large(p: torch.Tensor, bound: int | torch.Tensor) -> torch.Tensor:
+    """5.5 / COO 5.2: index >= bound (bound broadcast per row for COO)."""
+    if isinstance(bound, int):
+        return ~_le_bound(p, bound - 1) if bound > 0 else torch.ones_like(p, dtype=torch.bool)
+    return p >= bound
+
+
+def _coo_bad_order(indices: torch.Tensor, size: Size) -> torch.Tensor:
+    """COO 5.3 per position j-1: index tuple j is not lexicographically after tuple j-1."""
+    s, nnz = indices.shape
+    if nnz < 2:
+        return torch.zeros(max(nnz - 1, 0), dtype=torch.bool, device=indices.device)
+    prev, nxt = indices[:, :-1], indices[:, 1:]
+    extents = size[:s]
+    if math.prod(extents) < 2**62:
+        # Row-major linear index: exact whenever the bounds (5.1/5.2) hold.
+        strides = torch.tensor(
+            [math.prod(extents[d + 1:]) for d in range(s)], dtype=torch.int64,
+            device=indices.device,
+        ).unsqueeze(1)
+        key = (indices * strides).sum(0) if s > 1 else indices[0]
+        return key[1:] <= key[:-1]
+    after = torch.zeros(nnz - 1, dtype=torch.bool, device=indices.device)
+    tie = torch.ones(nnz - 1, dtype=torch.bool, device=indices.device)
+    for d in range(s):  # loop over sparse dims, not over nnz
+        after |= tie & (nxt[d] > prev[d])
+        tie &= nxt[d] == prev[d]
+    return ~after
+
+
+# --------------------------------------------------------------------------------------------
+# Fast path
+
+
+def _compressed_flags(
+    c: torch.Tensor, p: torch.Tensor, nnz: int, n_plain: int | None
+) -> torch.Tensor:
+    """All compressed index invariants as one 0-dim bool tensor (no sync).
+
+    Shortcut for 5.4/5.5: given 5.1-5.3 (lines partition the plain indices) and 5.6 (each line
+    strictly increasing), a line's minimum is its first entry and its maximum its last, so the
+    bounds are checked on O(lines) gathered entries instead of O(nnz). If 5.1-5.3 or 5.6 fail,
+    the flag is false anyway and the diagnostic path checks 5.4/5.5 in full.
+    """
+    ok = ~(_bad_first(c).any() | _bad_last(c, nnz).any() | _bad_counts(c, n_plain).any())
+    if nnz == 0:
+        return ok
+    ok = ok & ~_bad_order(c, p).any()
+    lo = c[:, :-1].to(torch.int64).clamp(0, nnz - 1)
+    hi = (c[:, 1:].to(torch.int64) - 1).clamp(0, nnz - 1)
+    nonempty = _row_counts(c) > 0
+    first, last = p.gather(1, lo), p.gather(1, hi)
+    ok = ok & ~(nonempty & _bad_negative(first)).any()
+    if n_plain is not None:
+        ok = ok & ~(nonempty & _bad_too_large(last, n_plain)).any()
+    return ok
+
+
+def _flatten_batch(meta: CompressedMeta, compressed: torch.Tensor, plain: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    b = math.prod(meta.batch)
+    return compressed.reshape(b, meta.n_compressed + 1), plain.reshape(b, meta.nnz)
+
+
+def _estimate_plain_extent(c: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Seed 000's rule: max(plain.max() + 1, max line count), as a 0-dim int64 tensor."""
+    est = torch.zeros((), dtype=torch.int64, device=c.device)
+    if p.numel():
+        est = torch.maximum(est, p.max().to(torch.int64) + 1)
+    if c.shape[1] > 1 and c.numel():
+        est = torch.maximum(est, _row_counts(c).max())
+    return est
+
+
+def check_compressed_indices(
+    meta: CompressedMeta, compressed: torch.Tensor, plain: torch.Tensor, *, estimate: bool = False
+) -> CompressedMeta:
+    """Check 5.1-5.6 with one host sync; on failure raise the first violation with its location.
+
+    ``estimate=True`` (size was omitted): the plain extent is estimated in the same sync, and the
+    returned meta carries the resolved size.
+    """
+    c, p = _flatten_batch(meta, compressed, plain)
+    if c.numel() == 0 and not estimate:
+        return meta  # empty batch: nothing to check
+    if estimate:
+        est = _estimate_plain_extent(c, p)
+        ok = _compressed_flags(c, p, meta.nnz, None)
+        flag, extent = torch.stack([ok.to(torch.int64), est]).tolist()
+        if not flag:
+            raise diagnose_compressed(meta, c, p, None)
+        return _with_plain_extent(meta, int(extent))
+    if not bool(_compressed_flags(c, p, meta.nnz, meta.n_plain)):
+        raise diagnose_compressed(meta, c, p, meta.n_plain)
+    return meta
+
+
+def _with_plain_extent(meta: CompressedMeta, extent: int) -> CompressedMeta:
+    m = len(meta.batch)
+    size = list(meta.size)
+    dim, b = (m + 1, meta.blocksize[1]) if meta.info.row_compressed else (m, meta.blocksize[0])
+    size[dim] = extent * b
+    return CompressedMeta(meta.info, tuple(size), meta.batch, meta.blocksize, meta.dense,
+                          meta.n_compressed, extent, meta.nnz)
+
+
+def check_coo_indices(
+    meta: CooMeta, indices: torch.Tensor, *, is_coalesced: bool, estimate: bool = False
+) -> CooMeta:
+    """Check COO 5.1-5.3 with one host sync (5.3 only when marked coalesced)."""
+    s, nnz = indices.shape
+    if nnz == 0:
+        return meta
+    lo, hi = torch.aminmax(indices, dim=1)
+    ok = ~_bad_negative(lo).any()
+    if estimate:
+        extents = hi + 1
+        size = tuple(meta.size)
+    else:
+        bounds = torch.tensor(meta.size[:s], dtype=torch.int64, device=indices.device)
+        ok = ok & ~_bad_too_large(hi, bounds).any()
+        size = meta.size
+    if is_coalesced and not estimate:
+        ok = ok & ~_coo_bad_order(indices, size).any()
+    if estimate:
+        values = torch.cat([ok.to(torch.int64).reshape(1), extents]).tolist()
+        flag, resolved = values[0], tuple(int(x) for x in values[1:])
+        size = resolved + tuple(meta.size[s:])
+        meta = CooMeta(size, s, nnz)
+        if flag and is_coalesced:
+            flag = not bool(_coo_bad_order(indices, size).any())
+        if not flag:
+            raise diagnose_coo(meta, indices, is_coalesced=is_coalesced)
+        return meta
+    if not bool(ok):
+        raise diagnose_coo(meta, indices, is_coalesced=is_coalesced)
+    return meta
+
+
+# --------------------------------------------------------------------------------------------
+# Diagnostic path: runs only after the fast path failed; may sync as often as it likes.
+
+
+def _first(mask: torch.Tensor) -> tuple[int, ...] | None:
+    """Index of the first True of ``mask`` in row-major order, or None."""
+    hit = mask.nonzero()
+    return tuple(int(x) for x in hit[0].tolist()) if hit.shape[0] else None
+
+
+def _batch_index(meta: CompressedMeta, b: int) -> tuple[int, ...]:
+    idx: list[int] = []
+    for extent in reversed(meta.batch):
+        idx.append(b % extent)
+        b //= extent
+    return tuple(reversed(idx))
+
+
+def _where(meta: CompressedMeta, b: int) -> str:
+    return f"batch {_batch_index(meta, b)}, " if meta.batch else ""
+
+
+def diagnose_compressed(
+    meta: CompressedMeta, c: torch.Tensor, p: torch.Tensor, n_plain: int | None
+) -> InvariantError:
+    """The first violated index invariant of a compressed tensor (5.1 ... 5.6) with location."""
+    info, lay = meta.info, meta.info.layout
+    cn, pn = info.compressed_name, info.plain_name
+    hit = _first(_bad_first(c))
+    if hit is not None:
+        (b,) = hit
+        v = int(c[b, 0])
+        return _fail(lay, "5.1", f"{_where(meta, b)}{cn}[0] = {v}",
+                     batch=_batch_index(meta, b), position=0, value=v)
+    hit = _first(_bad_last(c, meta.nnz))
+    if hit is not None:
+        (b,) = hit
+        v = int(c[b, -1])
+        return _fail(lay, "5.2", f"{_where(meta, b)}{cn}[{meta.n_compressed}] = {v}, "
+                     f"nnz = {meta.nnz}", batch=_batch_index(meta, b),
+                     position=meta.n_compressed, value=v)
+    hit = _first(_bad_counts(c, n_plain))
+    if hit is not None:
+        b, i = hit
+        lo, hi = int(c[b, i]), int(c[b, i + 1])
+        return _fail(lay, "5.3", f"{_where(meta, b)}{info.line} {i}: {cn}[{i + 1}] - "
+                     f"{cn}[{i}] = {hi} - {lo} = {hi - lo}, n_plain = {n_plain}",
+                     batch=_batch_index(meta, b), **{info.line.replace(" ", "_"): i},
+                     position=i + 1, value=hi - lo)
+    for iid, mask in (
+        ("5.4", _bad_negative(p)),
+        ("5.5", _bad_too_large(p, n_plain) if n_plain is not None else None),
+    ):
+        hit = _first(mask) if mask is not None else None
+        if hit is not None:
+            b, j = hit
+            return _located(meta, c, p, iid, b, j, f"{pn}[{j}] = {int(p[b, j])}"
+                            + (f", n_plain = {n_plain}" if iid == "5.5" else ""))
+    hit = _first(_bad_order(c, p))
+    if hit is not None:
+        b, j = hit
+        return _located(meta, c, p, "5.6", b, j + 1,
+                        f"{pn}[{j + 1}] = {int(p[b, j + 1])} does not exceed "
+                        f"{pn}[{j}] = {int(p[b, j])}")
+    raise AssertionError("fast path rejected a tensor the diagnostic path accepts")
+
+
+def _located(meta: CompressedMeta, c: torch.Tensor, p: torch.Tensor, iid: str, b: int, j: int,
+             what: str) -> InvariantError:
+    line = int(torch.searchsorted(c[b].contiguous(), j, right=True)) - 1
+    info = meta.info
+    return _fail(info.layout, iid, f"{_where(meta, b)}{info.line} {line}, position {j}: {what}",
+                 batch=_batch_index(meta, b), **{info.line.replace(" ", "_"): line},
+                 position=j, value=int(p[b, j]))
+
+
+def diagnose_coo(meta: CooMeta, indices: torch.Tensor, *, is_coalesced: bool) -> InvariantError:
+    lay = torch.sparse_coo
+    hit = _first(_bad_negative(indices).t())
+    if hit is not None:
+        j, d = hit
+        return _fail(lay, "5.1", f"position {j}, sparse dim {d}: indices[{d}, {j}] = "
+                     f"{int(indices[d, j])}", position=j, dim=d, value=int(indices[d, j]))
+    bounds = torch.tensor(meta.size[:meta.sparse_dim], dtype=torch.int64,
+                          device=indices.device).unsqueeze(1)
+    hit = _first(_bad_too_large(indices, bounds).t())
+    if hit is not None:
+        j, d = hit
+        return _fail(lay, "5.2", f"position {j}, sparse dim {d}: indices[{d}, {j}] = "
+                     f"{int(indices[d, j])}, size[{d}] = {meta.size[d]}",
+                     position=j, dim=d, value=int(indices[d, j]))
+    if is_coalesced:
+        hit = _first(_coo_bad_order(indices, meta.size))
+        if hit is not None:
+            (j,) = hit
+            cur, prev = indices[:, j + 1].tolist(), indices[:, j].tolist()
+            return _fail(lay, "5.3", f"position {j + 1}: index {tuple(cur)} does not follow "
+                         f"{tuple(prev)}", position=j + 1, value=tuple(cur))
+    raise AssertionError("fast path rejected a tensor the diagnostic path accepts")
+
+
+# --------------------------------------------------------------------------------------------
+# Whole tensors
+
+
+def validate_compressed(
+    compressed: torch.Tensor,
+    plain: torch.Tensor,
+    values: torch.Tensor,
+    size: Size | None,
+    layout: torch.layout,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | None = None,
+    requested_layout: torch.layout | None = None,
+    check_indices: bool = True,
+) -> CompressedMeta:
+    """All invariants of a compressed tensor given by its members; returns the resolved meta."""
+    meta = check_compressed_metadata(
+        compressed, plain, values, size, layout, dtype=dtype, device=device,
+        requested_layout=requested_layout,
+    )
+    if check_indices or size is None:
+        meta = check_compressed_indices(meta, compressed, plain, estimate=size is None)
+    return meta
+
+
+def validate_coo(
+    indices: torch.Tensor,
+    values: torch.Tensor,
+    size: Size | None,
+    *,
+    is_coalesced: bool,
+    dtype: torch.dtype | None = None,
+    device: torch.device | None = None,
+    check_indices: bool = True,
+) -> CooMeta:
+    meta = check_coo_metadata(indices, values, size, dtype=dtype, device=device)
+    if check_indices or size is None:
+        meta = check_coo_indices(meta, indices, is_coalesced=is_coalesced, estimate=size is None)
+    return meta
+
+
+def validate_tensor(t: torch.Tensor) -> None:
+    """Validate every invariant of an existing torch sparse tensor (any sparse layout)."""
+    if t.layout == torch.sparse_coo:
+        validate_coo(t._indices(), t._values(), tuple(t.shape), is_coalesced=t.is_coalesced())
+    elif t.layout in COMPRESSED_LAYOUTS:
+        compressed, plain = compressed_members(t)
+        validate_compressed(compressed, plain, t.values(), tuple(t.shape), t.layout)
+    else:
+        raise TypeError(f"expected a sparse tensor, got layout {t.layout}")
