@@ -7,6 +7,7 @@ Drop-in factories that check every sparse invariant once, before torch sees the 
 from __future__ import annotations
 
 from . import ops as _ops  # noqa: F401  (fills the op table)
+from . import transpose as _transpose  # noqa: F401  (zero-copy transposes)
 from .checked import Stats, clear_cache, reset_stats, stats
 from .debug import debug, is_debug, set_debug
 from .errors import InvariantError

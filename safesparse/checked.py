@@ -44,14 +44,24 @@ class _Witness:
 
 
 class CheckedState:
-    """Proof that index tensors were validated together; see the module docstring."""
+    """Proof that one index structure was validated; shared by every tensor built on it.
+
+    Each tensor that can write the structure's storage adds witnesses for its members, so a
+    write through any of them is seen by all tensors sharing the structure.
+    """
 
     __slots__ = ("__weakref__", "_lock", "key", "witnesses")
 
-    def __init__(self, key: IndexKey, witnesses: Iterable[_Witness]) -> None:
+    def __init__(self, key: IndexKey) -> None:
         self.key = key
-        self.witnesses = list(witnesses)
+        self.witnesses: list[_Witness] = []
         self._lock = threading.Lock()
+
+    def witness(self, owner: torch.Tensor, members: Iterable[torch.Tensor]) -> None:
+        """(Re-)take witnesses of ``owner``'s members at their current versions."""
+        fresh = [_Witness(owner, m) for m in members]
+        with self._lock:
+            self.witnesses = [w for w in self.witnesses if w.owner() is not owner] + fresh
 
     def holds(self) -> bool:
         """True while no witnessed index tensor was written in place (prunes dead owners)."""
@@ -61,10 +71,6 @@ class CheckedState:
                 self.witnesses = live
             return all(w.unchanged() for w in live)
 
-    def live_witnesses(self) -> list[_Witness]:
-        with self._lock:
-            return [w for w in self.witnesses if w.alive()]
-
 
 def tensor_key(t: torch.Tensor) -> Hashable:
     return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
@@ -72,10 +78,6 @@ def tensor_key(t: torch.Tensor) -> Hashable:
 
 def index_key(indices: Iterable[torch.Tensor], geometry: Hashable) -> IndexKey:
     return (*(tensor_key(t) for t in indices), geometry)
-
-
-def witnesses_for(owner: torch.Tensor, members: Iterable[torch.Tensor]) -> list[_Witness]:
-    return [_Witness(owner, m) for m in members]
 
 
 # ---------------------------------------------------------------------------------------------

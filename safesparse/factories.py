@@ -19,7 +19,7 @@ import torch
 from . import checked
 from .debug import is_debug
 from .invariants import COMPRESSED_LAYOUTS
-from .tensor import SafeSparseTensor, compressed_geometry, new_state, wrap
+from .tensor import SafeSparseTensor, compressed_geometry, record, wrap
 from .validation import (
     LAYOUTS,
     check_compressed_indices,
@@ -63,6 +63,7 @@ def _wants_check(check_invariants: bool | None) -> bool:
     return check_invariants is None or bool(check_invariants) or is_debug()
 
 
+@torch.compiler.disable
 def sparse_compressed_tensor(
     compressed_indices: Any,
     plain_indices: Any,
@@ -112,7 +113,7 @@ def sparse_compressed_tensor(
         device=vals.device, pin_memory=pin_memory, check_invariants=False,
     )
     out = wrap(plain_t, leaf_requires_grad=requires_grad)
-    new_state(out, inputs=(compressed, plain), inherit=() if prior is None else (prior,))
+    record(out, prior=prior, inputs=(compressed, plain))
     return out
 
 
@@ -162,6 +163,7 @@ def _coo_index(x: Any, device: torch.device | None) -> torch.Tensor:
     return t
 
 
+@torch.compiler.disable
 def sparse_coo_tensor(
     indices: Any,
     values: Any,
@@ -203,7 +205,7 @@ def sparse_coo_tensor(
         check_invariants=False, is_coalesced=is_coalesced,
     )
     out = wrap(plain_t, leaf_requires_grad=requires_grad)
-    new_state(out, inputs=(idx,), inherit=() if prior is None else (prior,))
+    record(out, prior=prior, inputs=(idx,))
     return out
 
 

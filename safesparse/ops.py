@@ -40,18 +40,20 @@ SafeSparseTensor.classify(PRESERVING, [
     # copies and views of the whole tensor
     T.clone, torch.clone, T.detach, torch.detach, T.detach_, T.requires_grad_,
     T.to, T.cpu, T.cuda, T.float, T.double, T.half, T.bfloat16, T.int, T.long, T.bool,
-    T.type, T.contiguous, T.coalesce if False else T.clone,
+    T.type, T.contiguous,
     # elementwise ops on values only
     T.neg, torch.neg, T.__neg__, T.abs, torch.abs, T.sqrt, torch.sqrt, T.sin, torch.sin,
     T.tanh, torch.tanh, T.relu, torch.relu, T.sign, torch.sign, T.square, torch.square,
     T.conj_physical, torch.conj_physical,
+    T.neg_, T.abs_, T.sqrt_, T.sin_, T.tanh_, T.relu_, T.sign_, T.square_,
 ])
 SafeSparseTensor.classify(scalar_else_trusted, [
     T.mul, torch.mul, T.__mul__, T.__rmul__, T.div, torch.div, T.__truediv__,
+    T.mul_, T.__imul__, T.div_, T.__itruediv__,
 ])
 SafeSparseTensor.classify(TRUSTED, [
     T.coalesce, T.add, torch.add, T.__add__, T.__radd__, T.sub, torch.sub, T.__sub__,
     torch.mm, T.mm, torch.matmul, T.matmul, T.__matmul__, torch.sparse.mm,
     T.to_sparse, T.to_sparse_coo, T.to_sparse_csr, T.to_sparse_csc, T.to_sparse_bsr,
-    T.to_sparse_bsc,
+    T.to_sparse_bsc, T.add_, T.__iadd__, T.sub_, T.__isub__,
 ])

@@ -129,6 +129,7 @@ class SafeSparseTensor(torch.Tensor):
         return dict(cls._OPS)
 
     @classmethod
+    @torch.compiler.disable  # graph-break: state tracking and validation are never traced
     def __torch_function__(
         cls,
         func: Callable[..., Any],
@@ -144,15 +145,33 @@ class SafeSparseTensor(torch.Tensor):
             _validate_inputs(func, args, kwargs)
         if entry is not None and entry.impl is not None:
             return entry.impl(func, args, kwargs)
+        kind = entry.kind_for(args, kwargs) if entry is not None else OpKind.UNKNOWN
+        # An in-place op bumps the tensor's version counter, which its index members share
+        # (torch 2.13), so a known-safe in-place op must re-record the state it keeps.
+        refresh = kind is not OpKind.UNKNOWN and _is_inplace(func) and not debug and all(
+            is_checked(x) for x in _sparse_inputs(args, kwargs))
         with DisableTorchFunctionSubclass():
             ret = func(*args, **kwargs)
-        kind = entry.kind_for(args, kwargs) if entry is not None else OpKind.UNKNOWN
+        if refresh and args and ret is args[0] and isinstance(ret, SafeSparseTensor):
+            record(ret, prior=ret._ss_state)
+            return ret
         return wrap_results(func, kind, args, kwargs, ret)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SafeSparseTensor:
+        if id(self) in memo:
+            return memo[id(self)]  # type: ignore[no-any-return]
+        with torch.no_grad():
+            out = self.clone()
+        out.requires_grad_(self.requires_grad)
+        memo[id(self)] = out
+        return out  # type: ignore[no-any-return]
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         with DisableTorchFunctionSubclass():
             body = torch.Tensor.__repr__(self)
-        return f"SafeSparseTensor(checked={is_checked(self)}, {body})"
+        prefix = f"{type(self).__name__}("
+        body = body[len(prefix):] if body.startswith(prefix) else body + ")"
+        return f"{prefix}checked={is_checked(self)}, {body}"
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         from .serialization import reduce_safe_sparse
@@ -169,10 +188,11 @@ class _ToSafe(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, plain: torch.Tensor) -> torch.Tensor:
+        ctx.set_materialize_grads(False)  # an undefined grad stays undefined (no sparse zeros)
         return torch.Tensor._make_subclass(SafeSparseTensor, plain, False)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+    def backward(ctx: Any, grad: torch.Tensor | None) -> torch.Tensor | None:
         return grad
 
 
@@ -181,10 +201,11 @@ class _ToPlain(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, safe: torch.Tensor) -> torch.Tensor:
+        ctx.set_materialize_grads(False)  # an undefined grad stays undefined (no sparse zeros)
         return torch.Tensor._make_subclass(torch.Tensor, safe, False)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+    def backward(ctx: Any, grad: torch.Tensor | None) -> torch.Tensor | None:
         return grad
 
 
@@ -201,6 +222,7 @@ def wrap(plain: torch.Tensor, state: CheckedState | None = None, *,
     return out
 
 
+@torch.compiler.disable
 def unwrap(t: torch.Tensor) -> torch.Tensor:
     """The plain torch tensor behind ``t`` (no copy; autograd stays connected)."""
     if not isinstance(t, SafeSparseTensor):
@@ -212,25 +234,29 @@ def unwrap(t: torch.Tensor) -> torch.Tensor:
     return torch.Tensor._make_subclass(torch.Tensor, t, False)
 
 
-def new_state(
+def record(
     t: SafeSparseTensor,
     *,
+    prior: CheckedState | None = None,
     inputs: Iterable[torch.Tensor] = (),
-    inherit: Iterable[CheckedState] = (),
 ) -> CheckedState:
-    """Record ``t`` as checked: witnesses for its own index members, for the caller's input
-    tensors sharing their storage, and the live witnesses of the states it derives from."""
+    """Mark ``t`` checked: join ``prior`` when ``t`` has the same index structure (a view, a
+    rebuild on the same indices), else start a new state for its own index tensors. The
+    caller's ``inputs`` that share storage with ``t``'s indices become witnesses too."""
+    key = key_of(t)
+    state = prior if prior is not None and prior.key == key else checked.register(
+        CheckedState(key))
     members = index_members(t)
+    state.witness(t, members)
     ptrs = {m.data_ptr() for m in members}
-    shared = [x for x in inputs if x.data_ptr() in ptrs and x.numel()]
-    witnesses = [w for s in inherit for w in s.live_witnesses()]
-    witnesses += checked.witnesses_for(t, members)
-    witnesses += [checked._Witness(x, x) for x in shared]
-    state = checked.register(CheckedState(key_of(t), witnesses))
+    for x in inputs:
+        if x.data_ptr() in ptrs and x.numel() and not isinstance(x, SafeSparseTensor):
+            state.witness(x, (x,))
     t._ss_state = state
     return state
 
 
+@torch.compiler.disable
 def is_checked(t: torch.Tensor) -> bool:
     """Whether ``t`` is a SafeSparseTensor whose index data is known valid and unmodified."""
     if not isinstance(t, SafeSparseTensor):
@@ -239,6 +265,7 @@ def is_checked(t: torch.Tensor) -> bool:
     return state is not None and state.key == key_of(t) and state.holds()
 
 
+@torch.compiler.disable
 def validate(t: torch.Tensor) -> SafeSparseTensor:
     """Validate ``t`` (once) and return it as a checked SafeSparseTensor sharing its storage.
 
@@ -262,7 +289,7 @@ def validate(t: torch.Tensor) -> SafeSparseTensor:
         else:
             validate_tensor(out)
             checked.count("validations")
-    new_state(out, inherit=() if prior is None else (prior,))
+    record(out, prior=prior)
     return out
 
 
@@ -274,6 +301,14 @@ def _validate_metadata_only(t: torch.Tensor) -> None:
     else:
         c, p = compressed_members(t)
         check_compressed_metadata(c, p, t.values(), tuple(t.shape), t.layout)
+
+
+_INPLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__"})
+
+
+def _is_inplace(func: Callable[..., Any]) -> bool:
+    name = getattr(func, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__")) or name in _INPLACE_DUNDERS
 
 
 def op_name(func: Callable[..., Any]) -> str:
@@ -301,7 +336,7 @@ def _validate_inputs(func: Callable[..., Any], args: tuple[Any, ...],
             except InvariantError as err:
                 raise err.with_context(op=op_name(func)) from None
             checked.count("validations")
-            new_state(t)
+            record(t)
 
 
 def wrap_results(
@@ -341,12 +376,14 @@ def _wrap_one(
         except InvariantError as err:
             raise err.with_context(op=op_name(func)) from None
         checked.count("validations")
-        new_state(out)
+        record(out)
         return out
-    states = [t._ss_state for t in inputs if is_checked(t)]
-    if kind is OpKind.UNKNOWN or len(states) != len(inputs) or not inputs:
+    if kind is OpKind.UNKNOWN or not inputs or not all(is_checked(t) for t in inputs):
         return out
-    new_state(out, inherit=[s for s in states if s is not None])
+    # A view or rebuild of the same index structure joins the input's state.
+    same = next((t._ss_state for t in inputs if t._ss_state is not None
+                 and t._ss_state.key == key_of(out)), None)
+    record(out, prior=same)
     return out
 
 

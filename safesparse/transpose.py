@@ -1,0 +1,133 @@
+"""Zero-copy transposes: CSR <-> CSC and BSR <-> BSC, batched and hybrid.
+
+Swapping the two sparse dims of a compressed tensor needs no data movement: the compressed and
+plain index tensors are reinterpreted (crow_indices become ccol_indices), and for blocked
+layouts the values are viewed with their two block dims swapped (seed 000: converting to
+blocks and transposing commute, with the blocksize swapped). Such block-transposed values are
+column-contiguous, which invariant 3.7 admits.
+
+torch 2.13 does this itself for non-hybrid tensors but refuses hybrid ones; this module builds
+the swapped tensor with torch's factory (``check_invariants=False``: the indices are the
+already-checked ones) for every case, so there is one code path. Other dim pairs keep torch's
+behaviour, except batch-with-sparse on compressed layouts, which gets a clear error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._C import DisableTorchFunctionSubclass
+
+from .tensor import OpKind, SafeSparseTensor, wrap_results
+from .validation import LAYOUTS, compressed_members
+
+T = torch.Tensor
+
+SWAPPED = {
+    torch.sparse_csr: torch.sparse_csc,
+    torch.sparse_csc: torch.sparse_csr,
+    torch.sparse_bsr: torch.sparse_bsc,
+    torch.sparse_bsc: torch.sparse_bsr,
+}
+
+
+def sparse_dims(t: torch.Tensor) -> tuple[int, int]:
+    """The two sparse dims of a compressed tensor (``-2-N, -1-N`` as non-negative dims)."""
+    compressed, _ = compressed_members(t)
+    m = compressed.dim() - 1
+    return m, m + 1
+
+
+def swap_compressed(t: torch.Tensor) -> torch.Tensor:
+    """The transpose of a plain compressed tensor's sparse dims, sharing all its storage."""
+    compressed, plain = compressed_members(t)
+    values = t.values()
+    m = compressed.dim() - 1
+    if LAYOUTS[t.layout].blocked:
+        values = values.transpose(m + 1, m + 2)
+    size = list(t.shape)
+    size[m], size[m + 1] = size[m + 1], size[m]
+    return torch.sparse_compressed_tensor(
+        compressed, plain, values, size, layout=SWAPPED[t.layout], dtype=values.dtype,
+        device=values.device, check_invariants=False,
+    )
+
+
+def _dims(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int]:
+    dim0 = args[1] if len(args) > 1 else kwargs["dim0"]
+    dim1 = args[2] if len(args) > 2 else kwargs["dim1"]
+    return int(dim0), int(dim1)
+
+
+def _finish(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+            out: torch.Tensor) -> Any:
+    return wrap_results(func, OpKind.PRESERVING, args, kwargs, out)
+
+
+def _torch_default(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                   kind: OpKind = OpKind.PRESERVING) -> Any:
+    with DisableTorchFunctionSubclass():
+        out = func(*args, **kwargs)
+    return wrap_results(func, kind, args, kwargs, out)
+
+
+@SafeSparseTensor.implements([T.transpose, torch.transpose, torch.swapaxes, T.swapaxes,
+                              torch.swapdims, T.swapdims], OpKind.PRESERVING)
+def _transpose(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    t = args[0]
+    if t.layout not in SWAPPED:
+        return _torch_default(func, args, kwargs)  # COO: torch permutes the index rows
+    ndim = t.dim()
+    d0, d1 = (d % ndim if ndim else d for d in _dims(args, kwargs))
+    with DisableTorchFunctionSubclass():
+        s0, s1 = sparse_dims(t)
+        if {d0, d1} == {s0, s1}:
+            return _finish(func, args, kwargs, swap_compressed(t))
+    if d0 == d1:
+        return _torch_default(func, args, kwargs)
+    batch = set(range(s0))
+    if (d0 in batch) != (d1 in batch) and {d0, d1} & {s0, s1}:
+        raise RuntimeError(
+            f"transpose({d0}, {d1}) of a {t.layout} tensor with {s0} batch dims would mix a "
+            f"batch dim with a sparse dim; only the sparse dims ({s0}, {s1}) can be swapped "
+            "without rebuilding the indices (convert with .to_sparse_coo() first)"
+        )
+    return _torch_default(func, args, kwargs, OpKind.TRUSTED)
+
+
+@SafeSparseTensor.implements([T.t, torch.t], OpKind.PRESERVING)
+def _t(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    t = args[0]
+    if t.layout in SWAPPED and t.dim() == 2:
+        with DisableTorchFunctionSubclass():
+            return _finish(func, args, kwargs, swap_compressed(t))
+    return _torch_default(func, args, kwargs)
+
+
+@SafeSparseTensor.implements([T.mT.__get__], OpKind.PRESERVING)  # type: ignore[attr-defined]
+def _mT(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    t = args[0]
+    if t.layout in SWAPPED:
+        with DisableTorchFunctionSubclass():
+            s0, s1 = sparse_dims(t)
+            if s1 == t.dim() - 1:  # non-hybrid: the last two dims are the sparse dims
+                return _finish(func, args, kwargs, swap_compressed(t))
+    return _torch_default(func, args, kwargs)
+
+
+@SafeSparseTensor.implements(
+    [T.adjoint, torch.adjoint, T.mH.__get__], OpKind.PRESERVING  # type: ignore[attr-defined]
+)
+def _adjoint(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    t = args[0]
+    if t.layout in SWAPPED:
+        with DisableTorchFunctionSubclass():
+            s0, s1 = sparse_dims(t)
+            if s1 == t.dim() - 1:
+                out = swap_compressed(t)
+                if out.is_complex():
+                    out = out.conj_physical()  # values-only copy; indices still shared
+                return _finish(func, args, kwargs, out)
+    return _torch_default(func, args, kwargs)
