@@ -1,0 +1,269 @@
+"""The documentation is executable: README.md and docs/*.md examples run as tests.
+
+Every fenced code block whose info string is exactly ``python`` is executed. The blocks of one
+file run in order in a single namespace (so an example can use names defined by an earlier one),
+inside a fresh temporary working directory. Any other info string (``python no-run``, ``pycon``,
+``bash``, ...) marks a block that is shown but not run.
+
+The README's "Set up" commands are also checked against ``.ci/run``, which must run them verbatim.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+CI_SCRIPT = ROOT / ".ci" / "run"
+DOC_FILES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+RUNNABLE_INFO = "python"
+SHELL_INFOS = {"bash", "sh", "shell", "console"}
+
+_OPEN_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
+_CLOSE_FENCE = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})[ \t]*$")
+_HEADING = re.compile(r"^(?P<level>#{1,6})[ \t]+(?P<title>.*?)[ \t#]*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced code block of a Markdown file."""
+
+    info: str  # the info string after the opening fence, stripped
+    code: str
+    line: int  # 1-based line number of the opening fence
+
+    @property
+    def runnable(self) -> bool:
+        return self.info == RUNNABLE_INFO
+
+
+def fenced_blocks(text: str, name: str = "<markdown>") -> list[Block]:
+    """The fenced code blocks of a Markdown document, in order."""
+    lines = text.splitlines()
+    blocks: list[Block] = []
+    i = 0
+    while i < len(lines):
+        opening = _OPEN_FENCE.match(lines[i])
+        if opening is None or (opening["fence"][0] == "`" and "`" in opening["info"]):
+            i += 1
+            continue
+        fence, indent = opening["fence"], len(opening["indent"])
+        body: list[str] = []
+        j = i + 1
+        while True:
+            if j == len(lines):
+                raise ValueError(f"{name}:{i + 1}: code fence {fence!r} is never closed")
+            closing = _CLOSE_FENCE.match(lines[j])
+            if (
+                closing is not None
+                and closing["fence"][0] == fence[0]
+                and len(closing["fence"]) >= len(fence)
+            ):
+                break
+            # Content lines lose (at most) the indentation of the opening fence.
+            line = lines[j]
+            stripped = len(line) - len(line.lstrip(" \t"))
+            body.append(line[min(indent, stripped) :])
+            j += 1
+        code = "\n".join(body) + "\n" if body else ""
+        blocks.append(Block(info=opening["info"].strip(), code=code, line=i + 1))
+        i = j + 1
+    return blocks
+
+
+def section_line_range(text: str, title: str) -> tuple[int, int]:
+    """1-based [start, end) line range of the section under the heading ``title``."""
+    lines = text.splitlines()
+    in_fence: str | None = None
+    start = level = None
+    for number, line in enumerate(lines, start=1):
+        fence = _OPEN_FENCE.match(line)
+        if fence is not None:
+            marker = fence["fence"]
+            if in_fence is None:
+                in_fence = marker
+            elif (
+                _CLOSE_FENCE.match(line)
+                and marker[0] == in_fence[0]
+                and len(marker) >= len(in_fence)
+            ):
+                in_fence = None
+            continue
+        if in_fence is not None:
+            continue
+        heading = _HEADING.match(line)
+        if heading is None:
+            continue
+        if start is None:
+            if heading["title"].strip().lower() == title.lower():
+                start, level = number, len(heading["level"])
+        elif level is not None and len(heading["level"]) <= level:
+            return start, number
+    if start is None:
+        raise LookupError(f"no heading {title!r}")
+    return start, len(lines) + 1
+
+
+def setup_commands() -> list[str]:
+    """The ``pip install`` lines of the shell block(s) under README's "Set up" heading."""
+    text = README.read_text(encoding="utf-8")
+    start, end = section_line_range(text, "Set up")
+    commands: list[str] = []
+    for block in fenced_blocks(text, README.name):
+        if not start < block.line < end or block.info.split(" ")[0] not in SHELL_INFOS:
+            continue
+        for line in block.code.splitlines():
+            command = line.strip().removeprefix("$ ").strip()
+            if command.startswith("pip install"):
+                commands.append(command)
+    return commands
+
+
+# --- the parser itself -------------------------------------------------------------------------
+
+
+def test_fenced_blocks_parser() -> None:
+    text = (
+        "intro\n"
+        "```python\n"
+        "x = 1\n"
+        "```\n"
+        "````python no-run\n"
+        "```\n"
+        "boom()\n"
+        "````\n"
+        "- item\n"
+        "  ~~~ python\n"
+        "  y = x + 1\n"
+        "\n"
+        "  ~~~\n"
+        "```bash\n"
+        "$ echo hi\n"
+        "```\n"
+    )
+    blocks = fenced_blocks(text)
+    assert [(b.info, b.line) for b in blocks] == [
+        ("python", 2),
+        ("python no-run", 5),
+        ("python", 10),
+        ("bash", 14),
+    ]
+    assert [b.runnable for b in blocks] == [True, False, True, False]
+    assert blocks[0].code == "x = 1\n"
+    assert blocks[1].code == "```\nboom()\n"
+    assert blocks[2].code == "y = x + 1\n\n"
+    with pytest.raises(ValueError, match="never closed"):
+        fenced_blocks("```python\nx = 1\n")
+
+
+# --- executable examples -----------------------------------------------------------------------
+
+
+def _restore_debug_mode(previous: bool | None) -> None:
+    """Undo ``ss.set_debug`` calls an example forgot to undo, so they cannot leak."""
+    ss = sys.modules.get("safesparse")
+    if ss is None or not hasattr(ss, "set_debug"):
+        return
+    ss.set_debug(bool(previous))
+
+
+def _debug_mode() -> bool | None:
+    ss = sys.modules.get("safesparse")
+    if ss is None or not hasattr(ss, "is_debug"):
+        return None
+    return bool(ss.is_debug())
+
+
+def test_readme_has_runnable_examples() -> None:
+    """Guard against a parser or formatting slip making the README test vacuous."""
+    blocks = fenced_blocks(README.read_text(encoding="utf-8"), README.name)
+    assert any(block.runnable for block in blocks), "README.md has no ```python block"
+
+
+@pytest.mark.parametrize("path", DOC_FILES, ids=[p.name for p in DOC_FILES])
+def test_examples_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks = [b for b in fenced_blocks(path.read_text(encoding="utf-8"), path.name) if b.runnable]
+    if not blocks:
+        pytest.skip(f"{path.name} has no ```{RUNNABLE_INFO} blocks")
+
+    monkeypatch.chdir(tmp_path)
+    # Examples may run `python -m safesparse ...` in a subprocess from the temporary directory;
+    # make sure it imports this checkout.
+    pythonpath = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv(
+        "PYTHONPATH", str(ROOT) if not pythonpath else os.pathsep.join([str(ROOT), pythonpath])
+    )
+    monkeypatch.delenv("SAFESPARSE_DEBUG", raising=False)
+
+    namespace: dict[str, object] = {"__name__": "__main__"}
+    debug_before = _debug_mode()
+    try:
+        for block in blocks:
+            # Pad with blank lines so tracebacks point at the Markdown file's own line numbers;
+            # the absolute path lets pytest show the failing line of the .md file.
+            source = "\n" * block.line + block.code
+            exec(compile(source, str(path), "exec"), namespace)
+    finally:
+        _restore_debug_mode(debug_before)
+
+
+# --- README set-up commands versus CI ------------------------------------------------------------
+
+
+def test_readme_setup_commands_are_run_by_ci() -> None:
+    commands = setup_commands()
+    assert len(commands) == 2, f"expected two `pip install` set-up commands, found {commands}"
+    ci_lines = [
+        line.strip()
+        for line in CI_SCRIPT.read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
+    positions = []
+    for command in commands:
+        hits = [n for n, line in enumerate(ci_lines) if line.startswith(command)]
+        assert hits, f".ci/run does not run the README set-up command verbatim: {command}"
+        positions.append(hits[0])
+    assert positions == sorted(positions), ".ci/run runs the set-up commands in another order"
+
+
+def test_ci_script_is_executable_and_strict() -> None:
+    text = CI_SCRIPT.read_text(encoding="utf-8")
+    assert text.startswith("#!"), ".ci/run needs a shebang line"
+    assert re.search(r"^set -euo pipefail$", text, re.MULTILINE)
+    if os.name == "posix":
+        assert os.access(CI_SCRIPT, os.X_OK), ".ci/run is not executable"
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("bash is not available")
+    result = subprocess.run([bash, "-n", str(CI_SCRIPT)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+# --- links -------------------------------------------------------------------------------------
+
+_LINK = re.compile(r"\[[^\]]*\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+@pytest.mark.parametrize("path", DOC_FILES, ids=[p.name for p in DOC_FILES])
+def test_relative_links_resolve(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    # Links inside code blocks are not links.
+    for block in fenced_blocks(text, path.name):
+        text = text.replace(block.code, "")
+    broken = []
+    for match in _LINK.finditer(text):
+        target = match["target"].split("#", 1)[0]
+        if not target or re.match(r"^[a-z][a-z0-9+.-]*:", target, re.IGNORECASE):
+            continue  # in-page anchor, or an absolute URL (https:, mailto:, ...)
+        if not (path.parent / target).exists():
+            broken.append(match["target"])
+    assert not broken, f"{path.name} links to missing files: {broken}"
