@@ -18,7 +18,10 @@ from typing import Any
 
 import torch
 
-from .tensor import OpKind, SafeSparseTensor
+from torch._C import DisableTorchFunctionSubclass
+
+from .tensor import OpKind, SafeSparseTensor, wrap_results
+from .validation import compressed_members
 
 T = torch.Tensor
 PRESERVING, TRUSTED = OpKind.PRESERVING, OpKind.TRUSTED
@@ -40,7 +43,7 @@ SafeSparseTensor.classify(PRESERVING, [
     # copies and views of the whole tensor
     T.clone, torch.clone, T.detach, torch.detach, T.detach_, T.requires_grad_,
     T.to, T.cpu, T.cuda, T.float, T.double, T.half, T.bfloat16, T.int, T.long, T.bool,
-    T.type, T.contiguous,
+    T.type,
     # elementwise ops on values only
     T.neg, torch.neg, T.__neg__, T.abs, torch.abs, T.sqrt, torch.sqrt, T.sin, torch.sin,
     T.tanh, torch.tanh, T.relu, torch.relu, T.sign, torch.sign, T.square, torch.square,
@@ -57,3 +60,27 @@ SafeSparseTensor.classify(TRUSTED, [
     T.to_sparse, T.to_sparse_coo, T.to_sparse_csr, T.to_sparse_csc, T.to_sparse_bsr,
     T.to_sparse_bsc, T.add_, T.__iadd__, T.sub_, T.__isub__,
 ])
+
+
+@SafeSparseTensor.implements([T.contiguous], PRESERVING)
+def _contiguous(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """torch refuses ``contiguous()`` on sparse tensors; here it means row-contiguous members.
+
+    A compressed tensor whose values are not contiguous (a block-transposed BSR/BSC view) gets a
+    contiguous copy of its values on the same, shared index tensors; anything else is returned
+    as it is.
+    """
+    t = args[0]
+    fmt = args[1] if len(args) > 1 else kwargs.get("memory_format", torch.contiguous_format)
+    if fmt not in (torch.contiguous_format, torch.preserve_format):
+        raise RuntimeError(f"contiguous(): sparse tensors support no memory format {fmt}")
+    with DisableTorchFunctionSubclass():
+        if t.layout == torch.sparse_coo or t.values().is_contiguous():
+            return t
+        compressed, plain = compressed_members(t)
+        values = t.values().contiguous()
+        out = torch.sparse_compressed_tensor(
+            compressed, plain, values, t.shape, layout=t.layout, dtype=values.dtype,
+            device=values.device, check_invariants=False,
+        )
+    return wrap_results(func, PRESERVING, args, kwargs, out)

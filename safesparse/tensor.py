@@ -140,22 +140,24 @@ class SafeSparseTensor(torch.Tensor):
         kwargs = kwargs or {}
         args = tuple(args)
         entry = cls._OPS.get(func)
-        debug = is_debug()
-        if debug:
-            _validate_inputs(func, args, kwargs)
-        if entry is not None and entry.impl is not None:
-            return entry.impl(func, args, kwargs)
-        kind = entry.kind_for(args, kwargs) if entry is not None else OpKind.UNKNOWN
-        # An in-place op bumps the tensor's version counter, which its index members share
-        # (torch 2.13), so a known-safe in-place op must re-record the state it keeps.
-        refresh = kind is not OpKind.UNKNOWN and _is_inplace(func) and not debug and all(
-            is_checked(x) for x in _sparse_inputs(args, kwargs))
+        # Everything below sees SafeSparseTensors as plain tensors: no re-entry from our own
+        # attribute accesses, and torch's results come back unwrapped for us to wrap.
         with DisableTorchFunctionSubclass():
+            debug = is_debug()
+            if debug:
+                _validate_inputs(func, args, kwargs)
+            if entry is not None and entry.impl is not None:
+                return entry.impl(func, args, kwargs)
+            kind = entry.kind_for(args, kwargs) if entry is not None else OpKind.UNKNOWN
+            # An in-place op bumps the tensor's version counter, which its index members share
+            # (torch 2.13), so a known-safe in-place op must re-record the state it keeps.
+            refresh = kind is not OpKind.UNKNOWN and _is_inplace(func) and not debug and all(
+                is_checked(x) for x in _sparse_inputs(args, kwargs))
             ret = func(*args, **kwargs)
-        if refresh and args and ret is args[0] and isinstance(ret, SafeSparseTensor):
-            record(ret, prior=ret._ss_state)
-            return ret
-        return wrap_results(func, kind, args, kwargs, ret)
+            if refresh and args and ret is args[0] and isinstance(ret, SafeSparseTensor):
+                record(ret, prior=ret._ss_state)
+                return ret
+            return wrap_results(func, kind, args, kwargs, ret)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SafeSparseTensor:
         if id(self) in memo:
