@@ -27,8 +27,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CATALOG",
-    "InvariantError",
     "Invariant",
+    "InvariantError",
     "OpKind",
     "SafeSparseTensor",
     "Stats",

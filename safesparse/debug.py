@@ -21,8 +21,9 @@ def _env_default() -> bool:
     return os.environ.get(_ENV_VAR, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+_ENV_DEFAULT = _env_default()  # read once, at import
 _DEBUG: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "safesparse_debug", default=_env_default()
+    "safesparse_debug", default=_ENV_DEFAULT
 )
 
 

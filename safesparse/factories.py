@@ -19,7 +19,7 @@ import torch
 from . import checked
 from .debug import is_debug
 from .invariants import COMPRESSED_LAYOUTS
-from .tensor import SafeSparseTensor, compressed_geometry, record, wrap
+from .tensor import SafeSparseTensor, compressed_geometry, not_traced, record, wrap
 from .validation import (
     LAYOUTS,
     check_compressed_indices,
@@ -59,11 +59,16 @@ def _as_size(size: SizeLike) -> tuple[int, ...] | None:
     return None if size is None else tuple(int(s) for s in size)
 
 
+def _pin(pin_memory: bool) -> dict[str, Any]:
+    """``pin_memory`` as a keyword torch's factories take (missing from torch's type stubs)."""
+    return {"pin_memory": pin_memory}
+
+
 def _wants_check(check_invariants: bool | None) -> bool:
     return check_invariants is None or bool(check_invariants) or is_debug()
 
 
-@torch.compiler.disable
+@not_traced
 def sparse_compressed_tensor(
     compressed_indices: Any,
     plain_indices: Any,
@@ -90,10 +95,10 @@ def sparse_compressed_tensor(
     if not _wants_check(check_invariants):
         plain_t = torch.sparse_compressed_tensor(
             compressed, plain, vals, shape, dtype=vals.dtype, layout=lay, device=dev,
-            pin_memory=pin_memory, check_invariants=False,
+            check_invariants=False, **_pin(pin_memory),
         ) if shape is not None else torch.sparse_compressed_tensor(
             compressed, plain, vals, dtype=vals.dtype, layout=lay, device=dev,
-            pin_memory=pin_memory, check_invariants=False,
+            check_invariants=False, **_pin(pin_memory),
         )
         return wrap(plain_t, None, leaf_requires_grad=requires_grad)
     meta = check_compressed_metadata(
@@ -110,7 +115,7 @@ def sparse_compressed_tensor(
         checked.count("skipped")
     plain_t = torch.sparse_compressed_tensor(
         compressed, plain, vals, meta.size, dtype=vals.dtype, layout=meta.info.layout,
-        device=vals.device, pin_memory=pin_memory, check_invariants=False,
+        device=vals.device, check_invariants=False, **_pin(pin_memory),
     )
     out = wrap(plain_t, leaf_requires_grad=requires_grad)
     record(out, prior=prior, inputs=(compressed, plain))
@@ -163,7 +168,7 @@ def _coo_index(x: Any, device: torch.device | None) -> torch.Tensor:
     return t
 
 
-@torch.compiler.disable
+@not_traced
 def sparse_coo_tensor(
     indices: Any,
     values: Any,
@@ -184,7 +189,7 @@ def sparse_coo_tensor(
     if not _wants_check(check_invariants):
         args = (idx, vals) if shape is None else (idx, vals, shape)
         plain_t = torch.sparse_coo_tensor(
-            *args, dtype=vals.dtype, device=dev, pin_memory=pin_memory,
+            *args, dtype=vals.dtype, device=dev, **_pin(pin_memory),
             check_invariants=False, is_coalesced=is_coalesced,
         )
         return wrap(plain_t, None, leaf_requires_grad=requires_grad)
@@ -201,7 +206,7 @@ def sparse_coo_tensor(
     else:
         checked.count("skipped")
     plain_t = torch.sparse_coo_tensor(
-        idx, vals, meta.size, dtype=vals.dtype, device=vals.device, pin_memory=pin_memory,
+        idx, vals, meta.size, dtype=vals.dtype, device=vals.device, **_pin(pin_memory),
         check_invariants=False, is_coalesced=is_coalesced,
     )
     out = wrap(plain_t, leaf_requires_grad=requires_grad)

@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
 from torch._C import DisableTorchFunctionSubclass
 
 from .tensor import OpKind, SafeSparseTensor, wrap_results

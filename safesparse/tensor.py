@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import torch
 from torch._C import DisableTorchFunctionSubclass
@@ -28,6 +28,12 @@ from .invariants import COMPRESSED_LAYOUTS, SPARSE_LAYOUTS
 from .validation import compressed_members, validate_tensor
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def not_traced(fn: F) -> F:
+    """``torch.compiler.disable`` with its type kept: torch.compile graph-breaks here, so
+    validation and checked-state bookkeeping always run eagerly, never traced."""
+    return cast(F, torch.compiler.disable(fn))  # type: ignore[no-untyped-call]
 
 
 class OpKind(enum.Enum):
@@ -129,7 +135,7 @@ class SafeSparseTensor(torch.Tensor):
         return dict(cls._OPS)
 
     @classmethod
-    @torch.compiler.disable  # graph-break: state tracking and validation are never traced
+    @not_traced
     def __torch_function__(
         cls,
         func: Callable[..., Any],
@@ -152,7 +158,7 @@ class SafeSparseTensor(torch.Tensor):
             # An in-place op bumps the tensor's version counter, which its index members share
             # (torch 2.13), so a known-safe in-place op must re-record the state it keeps.
             refresh = kind is not OpKind.UNKNOWN and _is_inplace(func) and not debug and all(
-                is_checked(x) for x in _sparse_inputs(args, kwargs))
+                _is_checked(x) for x in _sparse_inputs(args, kwargs))
             ret = func(*args, **kwargs)
             if refresh and args and ret is args[0] and isinstance(ret, SafeSparseTensor):
                 record(ret, prior=ret._ss_state)
@@ -163,17 +169,17 @@ class SafeSparseTensor(torch.Tensor):
         if id(self) in memo:
             return memo[id(self)]  # type: ignore[no-any-return]
         with torch.no_grad():
-            out = self.clone()
+            out = cast(SafeSparseTensor, self.clone())
         out.requires_grad_(self.requires_grad)
         memo[id(self)] = out
-        return out  # type: ignore[no-any-return]
+        return out
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:
+    def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
         with DisableTorchFunctionSubclass():
-            body = torch.Tensor.__repr__(self)
+            body: str = torch.Tensor.__repr__(self)  # type: ignore[no-untyped-call]
         prefix = f"{type(self).__name__}("
         body = body[len(prefix):] if body.startswith(prefix) else body + ")"
-        return f"{prefix}checked={is_checked(self)}, {body}"
+        return f"{prefix}checked={_is_checked(self)}, {body}"
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         from .serialization import reduce_safe_sparse
@@ -216,7 +222,7 @@ def wrap(plain: torch.Tensor, state: CheckedState | None = None, *,
     """A SafeSparseTensor sharing ``plain``'s data. ``leaf_requires_grad`` makes a new leaf."""
     if plain.requires_grad:
         with DisableTorchFunctionSubclass():
-            out = _ToSafe.apply(plain)
+            out = _ToSafe.apply(plain)  # type: ignore[no-untyped-call]
     else:
         out = torch.Tensor._make_subclass(SafeSparseTensor, plain, leaf_requires_grad)
     assert isinstance(out, SafeSparseTensor)
@@ -224,14 +230,14 @@ def wrap(plain: torch.Tensor, state: CheckedState | None = None, *,
     return out
 
 
-@torch.compiler.disable
+@not_traced
 def unwrap(t: torch.Tensor) -> torch.Tensor:
     """The plain torch tensor behind ``t`` (no copy; autograd stays connected)."""
     if not isinstance(t, SafeSparseTensor):
         return t
     if t.requires_grad:
         with DisableTorchFunctionSubclass():
-            out: torch.Tensor = _ToPlain.apply(t)
+            out: torch.Tensor = _ToPlain.apply(t)  # type: ignore[no-untyped-call]
         return out
     return torch.Tensor._make_subclass(torch.Tensor, t, False)
 
@@ -241,11 +247,13 @@ def record(
     *,
     prior: CheckedState | None = None,
     inputs: Iterable[torch.Tensor] = (),
+    key: IndexKey | None = None,
 ) -> CheckedState:
     """Mark ``t`` checked: join ``prior`` when ``t`` has the same index structure (a view, a
     rebuild on the same indices), else start a new state for its own index tensors. The
-    caller's ``inputs`` that share storage with ``t``'s indices become witnesses too."""
-    key = key_of(t)
+    caller's ``inputs`` that share storage with ``t``'s indices become witnesses too. ``key`` is
+    ``key_of(t)`` when the caller has it already."""
+    key = key_of(t) if key is None else key
     state = prior if prior is not None and prior.key == key else checked.register(
         CheckedState(key))
     members = index_members(t)
@@ -258,16 +266,20 @@ def record(
     return state
 
 
-@torch.compiler.disable
-def is_checked(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a SafeSparseTensor whose index data is known valid and unmodified."""
+def _is_checked(t: torch.Tensor) -> bool:
     if not isinstance(t, SafeSparseTensor):
         return False
     state = getattr(t, "_ss_state", None)
     return state is not None and state.key == key_of(t) and state.holds()
 
 
-@torch.compiler.disable
+@not_traced
+def is_checked(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a SafeSparseTensor whose index data is known valid and unmodified."""
+    return _is_checked(t)
+
+
+@not_traced
 def validate(t: torch.Tensor) -> SafeSparseTensor:
     """Validate ``t`` (once) and return it as a checked SafeSparseTensor sharing its storage.
 
@@ -279,7 +291,7 @@ def validate(t: torch.Tensor) -> SafeSparseTensor:
     if t.layout not in SPARSE_LAYOUTS:
         raise TypeError(f"validate() expects a sparse tensor, got layout {t.layout}")
     debug = is_debug()
-    if not debug and is_checked(t):
+    if not debug and _is_checked(t):
         checked.count("skipped")
         return t  # type: ignore[return-value]
     out = t if isinstance(t, SafeSparseTensor) else wrap(t)
@@ -331,7 +343,7 @@ def _validate_inputs(func: Callable[..., Any], args: tuple[Any, ...],
                      kwargs: dict[str, Any]) -> None:
     """Debug mode: inputs whose checked state was lost are validated before the op runs."""
     for t in _sparse_inputs(args, kwargs):
-        if t.layout in SPARSE_LAYOUTS and not is_checked(t):
+        if t.layout in SPARSE_LAYOUTS and not _is_checked(t):
             try:
                 with DisableTorchFunctionSubclass():
                     validate_tensor(t)
@@ -380,12 +392,13 @@ def _wrap_one(
         checked.count("validations")
         record(out)
         return out
-    if kind is OpKind.UNKNOWN or not inputs or not all(is_checked(t) for t in inputs):
+    if kind is OpKind.UNKNOWN or not inputs or not all(_is_checked(t) for t in inputs):
         return out
     # A view or rebuild of the same index structure joins the input's state.
-    same = next((t._ss_state for t in inputs if t._ss_state is not None
-                 and t._ss_state.key == key_of(out)), None)
-    record(out, prior=same)
+    key = key_of(out)
+    same = next((t._ss_state for t in inputs
+                 if t._ss_state is not None and t._ss_state.key == key), None)
+    record(out, prior=same, key=key)
     return out
 
 

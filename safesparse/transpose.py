@@ -111,7 +111,7 @@ def _mT(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any])
     t = args[0]
     if t.layout in SWAPPED:
         with DisableTorchFunctionSubclass():
-            s0, s1 = sparse_dims(t)
+            _, s1 = sparse_dims(t)
             if s1 == t.dim() - 1:  # non-hybrid: the last two dims are the sparse dims
                 return _finish(func, args, kwargs, swap_compressed(t))
     return _torch_default(func, args, kwargs)
@@ -124,7 +124,7 @@ def _adjoint(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
     t = args[0]
     if t.layout in SWAPPED:
         with DisableTorchFunctionSubclass():
-            s0, s1 = sparse_dims(t)
+            _, s1 = sparse_dims(t)
             if s1 == t.dim() - 1:
                 out = swap_compressed(t)
                 if out.is_complex():

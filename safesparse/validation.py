@@ -65,7 +65,9 @@ class LayoutInfo:
 
 
 LAYOUTS: Final[dict[torch.layout, LayoutInfo]] = {
-    torch.sparse_csr: LayoutInfo(torch.sparse_csr, "crow_indices", "col_indices", "row", False, True),
+    torch.sparse_csr: LayoutInfo(
+        torch.sparse_csr, "crow_indices", "col_indices", "row", False, True
+    ),
     torch.sparse_csc: LayoutInfo(
         torch.sparse_csc, "ccol_indices", "row_indices", "column", False, False
     ),
@@ -110,7 +112,9 @@ class CooMeta:
     nnz: int
 
 
-def _fail(layout: torch.layout, iid: str, detail: str = "", **location: object) -> InvariantError:
+def _fail(
+    layout: torch.layout, iid: str, detail: str = "", /, **location: object
+) -> InvariantError:
     return InvariantError(layout, iid, detail, location=location)
 
 
@@ -210,7 +214,8 @@ def check_compressed_metadata(
     if size is None:
         # Estimation (seed 000): everything but the plain extent comes from the member shapes.
         if len(vshape) < m + 1 + nblock:
-            raise _fail(lay, "3.4", f"values have {len(vshape)} dims, need at least {m + 1 + nblock}")
+            raise _fail(lay, "3.4", f"values have {len(vshape)} dims, need at least "
+                        f"{m + 1 + nblock}")
         nc = cshape[-1] - 1 if cshape else 0
         sparse = (nc * blocksize[0], 0) if info.row_compressed else (0, nc * blocksize[1])
         size = cshape[:-1] + sparse + vshape[m + 1 + nblock:]
@@ -244,13 +249,13 @@ def check_compressed_metadata(
     n_compressed = nc_opt if nc_opt is not None else max(cshape[-1] - 1, 0)
     # A zero-size block dim on the plain side leaves no addressable plain slot.
     n_plain = np_opt if np_opt is not None else 0
-    if cshape != batch + (n_compressed + 1,):
+    if cshape != (*batch, n_compressed + 1):
         raise _fail(lay, "3.8", f"{info.compressed_name} shape {cshape}, expected "
-                    f"{batch + (n_compressed + 1,)}", shape=cshape)
+                    f"{(*batch, n_compressed + 1)}", shape=cshape)
     nnz = pshape[-1]
-    if pshape != batch + (nnz,):
+    if pshape != (*batch, nnz):
         raise _fail(lay, "3.9", f"{info.plain_name} shape {pshape}, expected "
-                    f"{batch + (nnz,)}", shape=pshape)
+                    f"{(*batch, nnz)}", shape=pshape)
     expected_v = batch + (nnz,) + (blocksize if info.blocked else ()) + tuple(size[m + 2:])
     if vshape != expected_v:
         raise _fail(lay, "3.10", f"values shape {vshape}, expected {expected_v}", shape=vshape)
@@ -302,7 +307,7 @@ def check_coo_metadata(
     if values.dim() < 1 or values.shape[0] != nnz:
         raise _fail(lay, "3.3", f"indices shape {(s, nnz)} but values hold "
                     f"{values.shape[0] if values.dim() else 0} entries")
-    expected_v = (nnz,) + tuple(size[s:])
+    expected_v = (nnz, *tuple(size[s:]))
     if _shape(values) != expected_v:
         raise _fail(lay, "3.4", f"values shape {_shape(values)}, expected {expected_v}",
                     shape=_shape(values))
@@ -356,9 +361,10 @@ def _bad_order(c: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     interior positions (empty leading/trailing lines, or hostile compressed values).
     """
     nnz = p.shape[1]
-    bad = torch.zeros_like(p, dtype=torch.bool)
     if nnz < 2:
-        return bad
+        return torch.zeros_like(p, dtype=torch.bool)
+    bad = torch.empty_like(p, dtype=torch.bool)
+    bad[:, -1] = False
     torch.le(p[:, 1:], p[:, :-1], out=bad[:, :-1])
     starts = c[:, 1:-1].to(torch.int64) - 1  # pair (j-1, j) where line starts at j
     pad = nnz - 1
@@ -378,20 +384,22 @@ def _bad_too_large(p: torch.Tensor, bound: int | torch.Tensor) -> torch.Tensor:
     return p >= bound
 
 
-def _coo_bad_order(indices: torch.Tensor, size: Size) -> torch.Tensor:
-    """COO 5.3 per position j-1: index tuple j is not lexicographically after tuple j-1."""
+def _coo_bad_order(indices: torch.Tensor, size: Size | None) -> torch.Tensor:
+    """COO 5.3 per position j-1: index tuple j is not lexicographically after tuple j-1.
+
+    With the sizes known and small enough, compares row-major linear indices; otherwise (or
+    while the size is still being estimated) compares the tuples dim by dim.
+    """
     s, nnz = indices.shape
     if nnz < 2:
         return torch.zeros(max(nnz - 1, 0), dtype=torch.bool, device=indices.device)
     prev, nxt = indices[:, :-1], indices[:, 1:]
-    extents = size[:s]
-    if math.prod(extents) < 2**62:
+    extents = size[:s] if size is not None else None
+    if extents is not None and math.prod(extents) < 2**62:
         # Row-major linear index: exact whenever the bounds (5.1/5.2) hold.
-        strides = torch.tensor(
-            [math.prod(extents[d + 1:]) for d in range(s)], dtype=torch.int64,
-            device=indices.device,
-        ).unsqueeze(1)
-        key = (indices * strides).sum(0) if s > 1 else indices[0]
+        key = indices[s - 1]
+        for d in range(s - 2, -1, -1):  # loop over sparse dims, not over nnz
+            key = torch.add(key, indices[d], alpha=math.prod(extents[d + 1:]))
         return key[1:] <= key[:-1]
     after = torch.zeros(nnz - 1, dtype=torch.bool, device=indices.device)
     tie = torch.ones(nnz - 1, dtype=torch.bool, device=indices.device)
@@ -480,32 +488,27 @@ def _with_plain_extent(meta: CompressedMeta, extent: int) -> CompressedMeta:
 def check_coo_indices(
     meta: CooMeta, indices: torch.Tensor, *, is_coalesced: bool, estimate: bool = False
 ) -> CooMeta:
-    """Check COO 5.1-5.3 with one host sync (5.3 only when marked coalesced)."""
+    """Check COO 5.1-5.3 with one host sync (5.3 only when marked coalesced).
+
+    ``estimate=True`` (size was omitted): the sparse extents (max + 1) are read in the same sync.
+    """
     s, nnz = indices.shape
     if nnz == 0:
         return meta
     lo, hi = torch.aminmax(indices, dim=1)
     ok = ~_bad_negative(lo).any()
-    if estimate:
-        extents = hi + 1
-        size = tuple(meta.size)
-    else:
+    if not estimate:
         bounds = torch.tensor(meta.size[:s], dtype=torch.int64, device=indices.device)
         ok = ok & ~_bad_too_large(hi, bounds).any()
-        size = meta.size
-    if is_coalesced and not estimate:
-        ok = ok & ~_coo_bad_order(indices, size).any()
+    if is_coalesced:
+        ok = ok & ~_coo_bad_order(indices, None if estimate else meta.size).any()
     if estimate:
-        values = torch.cat([ok.to(torch.int64).reshape(1), extents]).tolist()
-        flag, resolved = values[0], tuple(int(x) for x in values[1:])
-        size = resolved + tuple(meta.size[s:])
-        meta = CooMeta(size, s, nnz)
-        if flag and is_coalesced:
-            flag = not bool(_coo_bad_order(indices, size).any())
-        if not flag:
-            raise diagnose_coo(meta, indices, is_coalesced=is_coalesced)
-        return meta
-    if not bool(ok):
+        read = torch.cat([ok.to(torch.int64).reshape(1), hi + 1]).tolist()
+        meta = CooMeta(tuple(read[1:]) + tuple(meta.size[s:]), s, nnz)
+        flag = bool(read[0])
+    else:
+        flag = bool(ok)
+    if not flag:
         raise diagnose_coo(meta, indices, is_coalesced=is_coalesced)
     return meta
 
