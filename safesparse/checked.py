@@ -1,19 +1,25 @@
-"""Checked-state tracking: which index tensors were validated together, and whether they changed.
+"""Checked-state tracking: which index data was validated, and whether it changed since.
 
-A :class:`CheckedState` is the proof that a set of index tensors satisfies every index invariant
-for one geometry (compressed/plain extents, or COO sparse sizes). It holds *witnesses*: for each
-tensor object that can write the validated index storage through torch (the caller's input
-tensors, the members of every tensor built on those indices), a ``detach()`` alias sharing that
-tensor's version counter, and the counter's value at validation. An in-place write through any
-of them bumps the counter, and the state stops holding.
+One :class:`IndexState` exists per index *structure*: the index member tensors of a sparse
+tensor, identified by data pointer, shape, strides, dtype and device. Every SafeSparseTensor
+built on that structure joins the same state, checked or not: its views, its rebuilds with new
+values, an unchecked tensor built on the same index tensors. The state records which
+geometries (compressed/plain extents, or COO sparse sizes) validation has *proven*, and holds
+*witnesses*: for each tensor object that can write the structure through torch (the members of
+every joined tensor, the caller's input index tensors), a ``detach()`` alias sharing that
+object's version counter, with the counter's value when last proven. An in-place write through
+any of them bumps its counter; the state then stops holding and forgets its proofs, for every
+tensor sharing it. Proving retakes every witness at its current version, since validation has
+just read the current data.
 
-Limits, the same as autograd's own in-place detection: writes that bypass torch's version
-counters (``.data``, NumPy views, raw pointers) are not seen. Debug mode ignores the cache.
+Limits, the same as autograd's own in-place detection: writes through objects safesparse never
+saw (``.data``, NumPy views, a plain torch tensor built elsewhere on the same storage) bypass
+the witnessed counters and are not seen. Debug mode ignores the cache.
 
-The cache maps an index key (data pointers, shapes, strides, dtypes, geometry) to the newest
-state for it, through weak references: a state lives only as long as a tensor carries it, so the
-cache never keeps tensors alive and never grows past the live tensors. Because a live state holds
-aliases of its index storage, that storage cannot be freed and reused while the key is cached.
+The cache maps index keys to states through weak references: a state lives only while a
+tensor carries it, so the cache never keeps tensors alive and never grows past the live
+tensors. A live state's witnesses alias its index storage, so that memory cannot be freed and
+reused under a cached key.
 """
 
 from __future__ import annotations
@@ -43,61 +49,93 @@ class _Witness:
         return self.alias._version == self.version
 
 
-class CheckedState:
-    """Proof that one index structure was validated; shared by every tensor built on it.
+class IndexState:
+    """What is known about one index structure; shared by every tensor built on it."""
 
-    Each tensor that can write the structure's storage adds witnesses for its members, so a
-    write through any of them is seen by all tensors sharing the structure.
-    """
-
-    __slots__ = ("__weakref__", "_lock", "key", "witnesses")
+    __slots__ = ("__weakref__", "_lock", "key", "proven", "witnesses")
 
     def __init__(self, key: IndexKey) -> None:
         self.key = key
+        self.proven: set[Hashable] = set()
         self.witnesses: list[_Witness] = []
         self._lock = threading.Lock()
 
     def witness(self, owner: torch.Tensor, members: Iterable[torch.Tensor]) -> None:
-        """(Re-)take witnesses of ``owner``'s members at their current versions."""
-        fresh = [_Witness(owner, m) for m in members]
+        """Watch ``owner``'s members. A tensor joining a state that holds is taken at its
+        current version; one joining a state that no longer holds cannot revive it."""
         with self._lock:
-            self.witnesses = [w for w in self.witnesses if w.owner() is not owner] + fresh
+            if any(w.owner() is owner for w in self.witnesses):
+                return
+            self.witnesses += [_Witness(owner, m) for m in members]
+
+    def witnesses_owner(self, owner: torch.Tensor) -> bool:
+        with self._lock:
+            return any(w.owner() is owner for w in self.witnesses)
+
+    def _holds(self) -> bool:
+        live = [w for w in self.witnesses if w.alive()]
+        if len(live) != len(self.witnesses):
+            self.witnesses = live
+        if all(w.unchanged() for w in live):
+            return True
+        self.proven.clear()
+        return False
 
     def holds(self) -> bool:
         """True while no witnessed index tensor was written in place (prunes dead owners)."""
         with self._lock:
-            live = [w for w in self.witnesses if w.alive()]
-            if len(live) != len(self.witnesses):
-                self.witnesses = live
-            return all(w.unchanged() for w in live)
+            return self._holds()
+
+    def is_proven(self, geometry: Hashable) -> bool:
+        with self._lock:
+            return geometry in self.proven and self._holds()
+
+    def prove(self, geometry: Hashable) -> None:
+        """Validation just passed for ``geometry`` on the current data."""
+        with self._lock:
+            if not self._holds():
+                for w in self.witnesses:
+                    w.version = w.alias._version
+            self.proven.add(geometry)
+
+    def retake(self, owner: torch.Tensor) -> None:
+        """``owner`` wrote only values (a known-safe in-place op): re-arm its witnesses."""
+        with self._lock:
+            intact = all(w.unchanged() for w in self.witnesses if w.owner() is not owner)
+            if intact:
+                for w in self.witnesses:
+                    if w.owner() is owner:
+                        w.version = w.alias._version
 
 
 def tensor_key(t: torch.Tensor) -> Hashable:
     return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
 
 
-def index_key(indices: Iterable[torch.Tensor], geometry: Hashable) -> IndexKey:
-    return (*(tensor_key(t) for t in indices), geometry)
+def index_key(indices: Iterable[torch.Tensor]) -> IndexKey:
+    return tuple(tensor_key(t) for t in indices)
 
 
 # ---------------------------------------------------------------------------------------------
-# The cache of validated index structures
+# The cache of index structures
 
-_cache: weakref.WeakValueDictionary[IndexKey, CheckedState] = weakref.WeakValueDictionary()
+_cache: weakref.WeakValueDictionary[IndexKey, IndexState] = weakref.WeakValueDictionary()
 _cache_lock = threading.Lock()
 
 
-def lookup(key: IndexKey) -> CheckedState | None:
-    """The state proving ``key`` valid, if one is alive and still holds."""
+def state_for(key: IndexKey) -> IndexState:
+    """The live state of this index structure, created if none is alive."""
     with _cache_lock:
         state = _cache.get(key)
-    return state if state is not None and state.holds() else None
+        if state is None:
+            state = _cache[key] = IndexState(key)
+        return state
 
 
-def register(state: CheckedState) -> CheckedState:
+def lookup(key: IndexKey) -> IndexState | None:
+    """The live state of this index structure, if any (not created)."""
     with _cache_lock:
-        _cache[state.key] = state
-    return state
+        return _cache.get(key)
 
 
 def cache_size() -> int:
@@ -107,9 +145,12 @@ def cache_size() -> int:
 
 
 def clear_cache() -> None:
-    """Forget every cached validation: the next build validates its indices again."""
+    """Forget every proof: the next build or validate checks its indices again."""
     with _cache_lock:
-        _cache.clear()
+        states = list(_cache.values())
+    for state in states:
+        with state._lock:
+            state.proven.clear()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ again: only the O(1) metadata checks run (see :mod:`safesparse.checked`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
@@ -19,7 +19,14 @@ import torch
 from . import checked
 from .debug import is_debug
 from .invariants import COMPRESSED_LAYOUTS
-from .tensor import SafeSparseTensor, compressed_geometry, not_traced, record, wrap
+from .tensor import (
+    SafeSparseTensor,
+    compressed_geometry,
+    not_traced,
+    prove,
+    witness_inputs,
+    wrap,
+)
 from .validation import (
     LAYOUTS,
     check_compressed_indices,
@@ -64,6 +71,19 @@ def _pin(pin_memory: bool) -> dict[str, Any]:
     return {"pin_memory": pin_memory}
 
 
+def _proven(indices: tuple[torch.Tensor, ...], geometry: Hashable) -> bool:
+    """Whether these index tensors are proven valid for ``geometry`` (outside debug mode).
+
+    Index tensors whose version counter has moved are only trusted through a state that
+    witnesses them; ``_version == 0`` means no write ever went through them.
+    """
+    if is_debug():
+        return False
+    state = checked.lookup(checked.index_key(indices))
+    return (state is not None and state.is_proven(geometry)
+            and all(x._version == 0 or state.witnesses_owner(x) for x in indices))
+
+
 def _wants_check(check_invariants: bool | None) -> bool:
     return check_invariants is None or bool(check_invariants) or is_debug()
 
@@ -100,63 +120,108 @@ def sparse_compressed_tensor(
             compressed, plain, vals, dtype=vals.dtype, layout=lay, device=dev,
             check_invariants=False, **_pin(pin_memory),
         )
-        return wrap(plain_t, None, leaf_requires_grad=requires_grad)
+        out = wrap(plain_t, leaf_requires_grad=requires_grad)
+        witness_inputs(out, (compressed, plain))
+        return out
     meta = check_compressed_metadata(
         compressed, plain, vals, shape, lay, dtype=dtype, device=dev, requested_layout=lay,
     )
-    prior = None
-    if shape is not None and not is_debug():
-        prior = checked.lookup(checked.index_key(
-            (compressed, plain), compressed_geometry(meta.n_compressed, meta.n_plain)))
-    if prior is None:
+    known = shape is not None and _proven(
+        (compressed, plain), compressed_geometry(meta.n_compressed, meta.n_plain))
+    if known:
+        checked.count("skipped")
+    else:
         meta = check_compressed_indices(meta, compressed, plain, estimate=shape is None)
         checked.count("validations")
-    else:
-        checked.count("skipped")
     plain_t = torch.sparse_compressed_tensor(
         compressed, plain, vals, meta.size, dtype=vals.dtype, layout=meta.info.layout,
         device=vals.device, check_invariants=False, **_pin(pin_memory),
     )
     out = wrap(plain_t, leaf_requires_grad=requires_grad)
-    record(out, prior=prior, inputs=(compressed, plain))
+    witness_inputs(out, (compressed, plain))
+    prove(out)
     return out
 
 
-def _compressed_factory(layout: torch.layout, doc_name: str) -> Any:
-    info = LAYOUTS[layout]
-
-    def factory(
-        compressed_indices: Any,
-        plain_indices: Any,
-        values: Any,
-        size: SizeLike = None,
-        *,
-        dtype: torch.dtype | None = None,
-        device: DeviceLike = None,
-        pin_memory: bool = False,
-        requires_grad: bool = False,
-        check_invariants: bool | None = None,
-    ) -> SafeSparseTensor:
-        return sparse_compressed_tensor(
-            compressed_indices, plain_indices, values, size, dtype=dtype, layout=layout,
-            device=device, pin_memory=pin_memory, requires_grad=requires_grad,
-            check_invariants=check_invariants,
-        )
-
-    factory.__name__ = factory.__qualname__ = doc_name
-    factory.__doc__ = (
-        f"Validated ``torch.{doc_name}({info.compressed_name}, {info.plain_name}, values, "
-        "size=None, *, dtype=None, device=None, pin_memory=False, requires_grad=False, "
-        "check_invariants=None)``.\n\nEvery invariant of the catalog is checked before torch "
-        "sees the data; violations raise :class:`safesparse.InvariantError`."
+def sparse_csr_tensor(
+    crow_indices: Any,
+    col_indices: Any,
+    values: Any,
+    size: SizeLike = None,
+    *,
+    dtype: torch.dtype | None = None,
+    device: DeviceLike = None,
+    pin_memory: bool = False,
+    requires_grad: bool = False,
+    check_invariants: bool | None = None,
+) -> SafeSparseTensor:
+    """Validated ``torch.sparse_csr_tensor``: every invariant is checked before torch sees the
+    data; a violation raises :class:`safesparse.InvariantError`."""
+    return sparse_compressed_tensor(
+        crow_indices, col_indices, values, size, dtype=dtype, layout=torch.sparse_csr,
+        device=device, pin_memory=pin_memory, requires_grad=requires_grad,
+        check_invariants=check_invariants,
     )
-    return factory
 
 
-sparse_csr_tensor = _compressed_factory(torch.sparse_csr, "sparse_csr_tensor")
-sparse_csc_tensor = _compressed_factory(torch.sparse_csc, "sparse_csc_tensor")
-sparse_bsr_tensor = _compressed_factory(torch.sparse_bsr, "sparse_bsr_tensor")
-sparse_bsc_tensor = _compressed_factory(torch.sparse_bsc, "sparse_bsc_tensor")
+def sparse_csc_tensor(
+    ccol_indices: Any,
+    row_indices: Any,
+    values: Any,
+    size: SizeLike = None,
+    *,
+    dtype: torch.dtype | None = None,
+    device: DeviceLike = None,
+    pin_memory: bool = False,
+    requires_grad: bool = False,
+    check_invariants: bool | None = None,
+) -> SafeSparseTensor:
+    """Validated ``torch.sparse_csc_tensor`` (see :func:`sparse_csr_tensor`)."""
+    return sparse_compressed_tensor(
+        ccol_indices, row_indices, values, size, dtype=dtype, layout=torch.sparse_csc,
+        device=device, pin_memory=pin_memory, requires_grad=requires_grad,
+        check_invariants=check_invariants,
+    )
+
+
+def sparse_bsr_tensor(
+    crow_indices: Any,
+    col_indices: Any,
+    values: Any,
+    size: SizeLike = None,
+    *,
+    dtype: torch.dtype | None = None,
+    device: DeviceLike = None,
+    pin_memory: bool = False,
+    requires_grad: bool = False,
+    check_invariants: bool | None = None,
+) -> SafeSparseTensor:
+    """Validated ``torch.sparse_bsr_tensor`` (see :func:`sparse_csr_tensor`)."""
+    return sparse_compressed_tensor(
+        crow_indices, col_indices, values, size, dtype=dtype, layout=torch.sparse_bsr,
+        device=device, pin_memory=pin_memory, requires_grad=requires_grad,
+        check_invariants=check_invariants,
+    )
+
+
+def sparse_bsc_tensor(
+    ccol_indices: Any,
+    row_indices: Any,
+    values: Any,
+    size: SizeLike = None,
+    *,
+    dtype: torch.dtype | None = None,
+    device: DeviceLike = None,
+    pin_memory: bool = False,
+    requires_grad: bool = False,
+    check_invariants: bool | None = None,
+) -> SafeSparseTensor:
+    """Validated ``torch.sparse_bsc_tensor`` (see :func:`sparse_csr_tensor`)."""
+    return sparse_compressed_tensor(
+        ccol_indices, row_indices, values, size, dtype=dtype, layout=torch.sparse_bsc,
+        device=device, pin_memory=pin_memory, requires_grad=requires_grad,
+        check_invariants=check_invariants,
+    )
 
 
 def _coo_index(x: Any, device: torch.device | None) -> torch.Tensor:
@@ -192,25 +257,27 @@ def sparse_coo_tensor(
             *args, dtype=vals.dtype, device=dev, **_pin(pin_memory),
             check_invariants=False, is_coalesced=is_coalesced,
         )
-        return wrap(plain_t, None, leaf_requires_grad=requires_grad)
+        out = wrap(plain_t, leaf_requires_grad=requires_grad)
+        witness_inputs(out, (idx,))
+        return out
     meta = check_coo_metadata(idx, vals, shape, dtype=dtype, device=dev)
     coalesced = bool(is_coalesced)
-    prior = None
-    if shape is not None and not is_debug():
-        for flag in {coalesced, True}:
-            prior = prior or checked.lookup(checked.index_key(
-                (idx,), ("coo", tuple(shape[: meta.sparse_dim]), flag)))
-    if prior is None:
+    sparse_size = tuple(meta.size[: meta.sparse_dim])
+    # an index set proven coalesced is also valid for an uncoalesced tensor
+    known = shape is not None and any(
+        _proven((idx,), ("coo", sparse_size, flag)) for flag in {coalesced, True})
+    if known:
+        checked.count("skipped")
+    else:
         meta = check_coo_indices(meta, idx, is_coalesced=coalesced, estimate=shape is None)
         checked.count("validations")
-    else:
-        checked.count("skipped")
     plain_t = torch.sparse_coo_tensor(
         idx, vals, meta.size, dtype=vals.dtype, device=vals.device, **_pin(pin_memory),
         check_invariants=False, is_coalesced=is_coalesced,
     )
     out = wrap(plain_t, leaf_requires_grad=requires_grad)
-    record(out, prior=prior, inputs=(idx,))
+    witness_inputs(out, (idx,))
+    prove(out)
     return out
 
 

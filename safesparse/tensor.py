@@ -21,7 +21,7 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 
 from . import checked
-from .checked import CheckedState, IndexKey
+from .checked import IndexKey, IndexState
 from .debug import is_debug
 from .errors import InvariantError
 from .invariants import COMPRESSED_LAYOUTS, SPARSE_LAYOUTS
@@ -93,7 +93,7 @@ def compressed_geometry(n_compressed: int, n_plain: int) -> Hashable:
 
 
 def key_of(t: torch.Tensor) -> IndexKey:
-    return checked.index_key(index_members(t), geometry_of(t))
+    return checked.index_key(index_members(t))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,7 +108,8 @@ class SafeSparseTensor(torch.Tensor):
     and member tensors are plain tensors.
     """
 
-    _ss_state: CheckedState | None
+    _ss_state: IndexState | None  # the state of the index structure this tensor is built on
+    _ss_trusted: bool  # False: built unchecked (check_invariants=False, unknown op)
     _OPS: ClassVar[dict[Callable[..., Any], OpEntry]] = {}
 
     @classmethod
@@ -161,7 +162,7 @@ class SafeSparseTensor(torch.Tensor):
                 _is_checked(x) for x in _sparse_inputs(args, kwargs))
             ret = func(*args, **kwargs)
             if refresh and args and ret is args[0] and isinstance(ret, SafeSparseTensor):
-                record(ret, prior=ret._ss_state)
+                state_of(ret).retake(ret)
                 return ret
             return wrap_results(func, kind, args, kwargs, ret)
 
@@ -217,17 +218,51 @@ class _ToPlain(torch.autograd.Function):
         return grad
 
 
-def wrap(plain: torch.Tensor, state: CheckedState | None = None, *,
+def wrap(plain: torch.Tensor, *, trusted: bool = False,
          leaf_requires_grad: bool = False) -> SafeSparseTensor:
-    """A SafeSparseTensor sharing ``plain``'s data. ``leaf_requires_grad`` makes a new leaf."""
+    """A SafeSparseTensor sharing ``plain``'s data, joined to its index structure's state.
+
+    ``trusted`` says whether the caller vouches for it (a validated or derived tensor; it still
+    counts as checked only while its structure's proof holds). ``leaf_requires_grad`` makes a
+    new autograd leaf; a ``plain`` that requires grad stays connected to its graph instead.
+    """
     if plain.requires_grad:
-        with DisableTorchFunctionSubclass():
-            out = _ToSafe.apply(plain)  # type: ignore[no-untyped-call]
+        out = _ToSafe.apply(plain)  # type: ignore[no-untyped-call]
     else:
         out = torch.Tensor._make_subclass(SafeSparseTensor, plain, leaf_requires_grad)
     assert isinstance(out, SafeSparseTensor)
-    out._ss_state = state
+    out._ss_trusted = trusted
+    out._ss_state = None
+    state_of(out)
     return out
+
+
+def state_of(t: SafeSparseTensor) -> IndexState:
+    """The state of ``t``'s index structure, joining it (witnessing ``t``'s members) if ``t``
+    is new to it or its members were replaced since."""
+    state = t._ss_state
+    members = index_members(t)
+    key = checked.index_key(members)
+    if state is None or state.key != key:
+        state = checked.state_for(key)
+        state.witness(t, members)
+        t._ss_state = state
+    return state
+
+
+def witness_inputs(t: SafeSparseTensor, inputs: Iterable[torch.Tensor]) -> None:
+    """The caller's index tensors that ``t`` shares storage with can write it: watch them."""
+    state = state_of(t)
+    ptrs = {m.data_ptr() for m in index_members(t)}
+    for x in inputs:
+        if x.data_ptr() in ptrs and x.numel() and not isinstance(x, SafeSparseTensor):
+            state.witness(x, (x,))
+
+
+def prove(t: SafeSparseTensor) -> None:
+    """``t`` was just validated (or derived from checked tensors): record it as checked."""
+    state_of(t).prove(geometry_of(t))
+    t._ss_trusted = True
 
 
 @not_traced
@@ -242,35 +277,12 @@ def unwrap(t: torch.Tensor) -> torch.Tensor:
     return torch.Tensor._make_subclass(torch.Tensor, t, False)
 
 
-def record(
-    t: SafeSparseTensor,
-    *,
-    prior: CheckedState | None = None,
-    inputs: Iterable[torch.Tensor] = (),
-    key: IndexKey | None = None,
-) -> CheckedState:
-    """Mark ``t`` checked: join ``prior`` when ``t`` has the same index structure (a view, a
-    rebuild on the same indices), else start a new state for its own index tensors. The
-    caller's ``inputs`` that share storage with ``t``'s indices become witnesses too. ``key`` is
-    ``key_of(t)`` when the caller has it already."""
-    key = key_of(t) if key is None else key
-    state = prior if prior is not None and prior.key == key else checked.register(
-        CheckedState(key))
-    members = index_members(t)
-    state.witness(t, members)
-    ptrs = {m.data_ptr() for m in members}
-    for x in inputs:
-        if x.data_ptr() in ptrs and x.numel() and not isinstance(x, SafeSparseTensor):
-            state.witness(x, (x,))
-    t._ss_state = state
-    return state
-
-
 def _is_checked(t: torch.Tensor) -> bool:
-    if not isinstance(t, SafeSparseTensor):
+    if not isinstance(t, SafeSparseTensor) or not getattr(t, "_ss_trusted", False):
         return False
-    state = getattr(t, "_ss_state", None)
-    return state is not None and state.key == key_of(t) and state.holds()
+    state = t._ss_state
+    return (state is not None and state.key == key_of(t)
+            and state.is_proven(geometry_of(t)))
 
 
 @not_traced
@@ -288,23 +300,29 @@ def validate(t: torch.Tensor) -> SafeSparseTensor:
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"validate() expects a torch sparse tensor, got {type(t).__name__}")
-    if t.layout not in SPARSE_LAYOUTS:
-        raise TypeError(f"validate() expects a sparse tensor, got layout {t.layout}")
-    debug = is_debug()
-    if not debug and _is_checked(t):
-        checked.count("skipped")
-        return t  # type: ignore[return-value]
-    out = t if isinstance(t, SafeSparseTensor) else wrap(t)
-    prior = None if debug else checked.lookup(key_of(out))
     with DisableTorchFunctionSubclass():
-        if prior is not None:
-            _validate_metadata_only(out)
+        if t.layout not in SPARSE_LAYOUTS:
+            raise TypeError(f"validate() expects a sparse tensor, got layout {t.layout}")
+        debug = is_debug()
+        if not debug and _is_checked(t):
+            checked.count("skipped")
+            return t  # type: ignore[return-value]
+        out = t if isinstance(t, SafeSparseTensor) else wrap(t)
+        state = state_of(out)
+        if not debug and _fresh(out) and state.is_proven(geometry_of(out)):
+            _validate_metadata_only(out)  # the index data is proven; its metadata is O(1)
             checked.count("skipped")
         else:
             validate_tensor(out)
             checked.count("validations")
-    record(out, prior=prior)
+        prove(out)
     return out
+
+
+def _fresh(t: torch.Tensor) -> bool:
+    """Whether ``t``'s own version counter never moved: no write through ``t`` that a proof
+    made before ``t`` was known could have missed."""
+    return all(m._version == 0 for m in index_members(t))
 
 
 def _validate_metadata_only(t: torch.Tensor) -> None:
@@ -326,7 +344,10 @@ def _is_inplace(func: Callable[..., Any]) -> bool:
 
 
 def op_name(func: Callable[..., Any]) -> str:
-    name = getattr(func, "__name__", None) or repr(func)
+    """A readable name: ``mul``, or ``mT`` for a property getter."""
+    name: str = getattr(func, "__name__", None) or repr(func)
+    if name == "__get__":  # a property: name the descriptor, not its getter
+        name = getattr(getattr(func, "__self__", None), "__name__", name)
     return name
 
 
@@ -350,7 +371,7 @@ def _validate_inputs(func: Callable[..., Any], args: tuple[Any, ...],
             except InvariantError as err:
                 raise err.with_context(op=op_name(func)) from None
             checked.count("validations")
-            record(t)
+            prove(t)
 
 
 def wrap_results(
@@ -378,28 +399,27 @@ def _wrap_one(
     if ret.layout not in SPARSE_LAYOUTS:
         return ret
     if isinstance(ret, SafeSparseTensor):
-        # In-place ops return their input; the key comparison in is_checked notices if the
-        # op replaced the index members.
+        # An in-place op returned its input: in debug mode the result is validated like any
+        # other; otherwise is_checked notices if the op replaced or wrote the index members.
+        if is_debug():
+            _validate_result(func, ret)
         return ret
     inputs = _sparse_inputs(args, kwargs)
     out = wrap(ret)
     if is_debug():
-        try:
-            with DisableTorchFunctionSubclass():
-                validate_tensor(out)
-        except InvariantError as err:
-            raise err.with_context(op=op_name(func)) from None
-        checked.count("validations")
-        record(out)
-        return out
-    if kind is OpKind.UNKNOWN or not inputs or not all(_is_checked(t) for t in inputs):
-        return out
-    # A view or rebuild of the same index structure joins the input's state.
-    key = key_of(out)
-    same = next((t._ss_state for t in inputs
-                 if t._ss_state is not None and t._ss_state.key == key), None)
-    record(out, prior=same, key=key)
+        _validate_result(func, out)
+    elif kind is not OpKind.UNKNOWN and inputs and all(_is_checked(t) for t in inputs):
+        prove(out)  # derived from checked tensors by a known op: no validation
     return out
+
+
+def _validate_result(func: Callable[..., Any], out: SafeSparseTensor) -> None:
+    try:
+        validate_tensor(out)
+    except InvariantError as err:
+        raise err.with_context(op=op_name(func)) from None
+    checked.count("validations")
+    prove(out)
 
 
 def is_sparse(t: object) -> bool:

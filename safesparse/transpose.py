@@ -40,10 +40,14 @@ def sparse_dims(t: torch.Tensor) -> tuple[int, int]:
     return m, m + 1
 
 
-def swap_compressed(t: torch.Tensor) -> torch.Tensor:
-    """The transpose of a plain compressed tensor's sparse dims, sharing all its storage."""
+def swap_compressed(t: torch.Tensor, *, conj: bool = False) -> torch.Tensor:
+    """The transpose of a plain compressed tensor's sparse dims, sharing all its storage.
+
+    ``conj=True`` (the adjoint of a complex tensor) conjugates a copy of the values; the index
+    tensors are still shared.
+    """
     compressed, plain = compressed_members(t)
-    values = t.values()
+    values = t.values().conj_physical() if conj else t.values()
     m = compressed.dim() - 1
     if LAYOUTS[t.layout].blocked:
         values = values.transpose(m + 1, m + 2)
@@ -80,7 +84,10 @@ def _transpose(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
     if t.layout not in SWAPPED:
         return _torch_default(func, args, kwargs)  # COO: torch permutes the index rows
     ndim = t.dim()
-    d0, d1 = (d % ndim if ndim else d for d in _dims(args, kwargs))
+    dims = _dims(args, kwargs)
+    if any(not -ndim <= d < ndim for d in dims):
+        return _torch_default(func, args, kwargs)  # torch raises its own IndexError
+    d0, d1 = (d % ndim for d in dims)
     with DisableTorchFunctionSubclass():
         s0, s1 = sparse_dims(t)
         if {d0, d1} == {s0, s1}:
@@ -126,8 +133,5 @@ def _adjoint(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
         with DisableTorchFunctionSubclass():
             _, s1 = sparse_dims(t)
             if s1 == t.dim() - 1:
-                out = swap_compressed(t)
-                if out.is_complex():
-                    out = out.conj_physical()  # values-only copy; indices still shared
-                return _finish(func, args, kwargs, out)
+                return _finish(func, args, kwargs, swap_compressed(t, conj=t.is_complex()))
     return _torch_default(func, args, kwargs)

@@ -42,6 +42,7 @@ _UNSUPPORTED_VALUE_DTYPES: Final = frozenset(
 )
 
 Size = tuple[int, ...]
+_INT64_MAX: Final = 2**63 - 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,6 +224,8 @@ def check_compressed_metadata(
     if n < 0 or any(s < 0 for s in size):
         raise _fail(lay, "3.1", f"size {size} cannot hold {m} batch dims and 2 sparse dims",
                     size=size)
+    if math.prod(size) > _INT64_MAX:
+        raise _fail(lay, "3.1", f"size {size} has more than 2**63 - 1 elements", size=size)
     for dim, b in ((m, blocksize[0]), (m + 1, blocksize[1])):
         if (b == 0 and size[dim] != 0) or (b > 0 and size[dim] % b):
             raise _fail(lay, "3.1", f"size[{dim}] = {size[dim]} is not divisible by the "
@@ -272,10 +275,18 @@ def check_compressed_metadata(
 
 
 def values_layout_ok(values: torch.Tensor, batch_dims: int, blocked: bool) -> bool:
-    """Invariant 3.7: contiguous, or (blocked) contiguous with the two block dims swapped."""
-    if values.is_contiguous():
+    """Invariant 3.7: contiguous, or (blocked) contiguous with the two block dims swapped.
+
+    Only meaningful for strided values with the block dims present (2.3 / 3.4 come first);
+    anything else is reported as satisfying 3.7 so that those ids are the ones raised.
+    """
+    if values.layout != torch.strided or values.is_contiguous():
         return True
-    return blocked and values.transpose(batch_dims + 1, batch_dims + 2).is_contiguous()
+    if not blocked:
+        return False
+    if values.dim() < batch_dims + 3 or batch_dims < 0:
+        return True
+    return values.transpose(batch_dims + 1, batch_dims + 2).is_contiguous()
 
 
 def check_coo_metadata(
@@ -316,9 +327,15 @@ def check_coo_metadata(
         raise _fail(lay, "4.1", f"got device {dev}", device=str(dev))
     if indices.device != dev or values.device != dev:
         raise _fail(lay, "4.2", f"indices on {indices.device}, values on {values.device}")
-    if any(x < 0 for x in size):
-        raise _fail(lay, "3.2", f"negative size {tuple(size)}", size=tuple(size))
+    check_coo_size(tuple(size))
     return CooMeta(tuple(size), s, nnz)
+
+
+def check_coo_size(size: Size) -> None:
+    """COO 3.2 beyond the dim count: a size torch can represent (non-negative, numel fits)."""
+    if any(x < 0 for x in size) or math.prod(size) > _INT64_MAX:
+        raise _fail(torch.sparse_coo, "3.2", f"size {size} is negative or has more than "
+                    "2**63 - 1 elements", size=size)
 
 
 # --------------------------------------------------------------------------------------------
@@ -465,12 +482,20 @@ def check_compressed_indices(
     if c.numel() == 0 and not estimate:
         return meta  # empty batch: nothing to check
     if estimate:
+        # A zero-size block dim on the plain side has no addressable plain slot, whatever
+        # the estimate says: bound the plain indices as an explicit size would.
+        plain_block = meta.blocksize[1] if meta.info.row_compressed else meta.blocksize[0]
+        bound = 0 if plain_block == 0 else None
         est = _estimate_plain_extent(c, p)
-        ok = _compressed_flags(c, p, meta.nnz, None)
+        ok = _compressed_flags(c, p, meta.nnz, bound)
         flag, extent = torch.stack([ok.to(torch.int64), est]).tolist()
         if not flag:
-            raise diagnose_compressed(meta, c, p, None)
-        return _with_plain_extent(meta, int(extent))
+            raise diagnose_compressed(meta, c, p, bound)
+        resolved = _with_plain_extent(meta, int(extent))
+        if math.prod(resolved.size) > _INT64_MAX:
+            raise _fail(meta.info.layout, "3.1", f"estimated size {resolved.size} has more "
+                        "than 2**63 - 1 elements", size=resolved.size)
+        return resolved
     if not bool(_compressed_flags(c, p, meta.nnz, meta.n_plain)):
         raise diagnose_compressed(meta, c, p, meta.n_plain)
     return meta
@@ -503,13 +528,18 @@ def check_coo_indices(
     if is_coalesced:
         ok = ok & ~_coo_bad_order(indices, None if estimate else meta.size).any()
     if estimate:
-        read = torch.cat([ok.to(torch.int64).reshape(1), hi + 1]).tolist()
-        meta = CooMeta(tuple(read[1:]) + tuple(meta.size[s:]), s, nnz)
-        flag = bool(read[0])
+        # max + 1 must itself be a valid size: an index of 2**63 - 1 has none (5.2)
+        ok = ok & (hi < _INT64_MAX).all()
+        read = torch.cat([ok.to(torch.int64).reshape(1), hi.clamp(max=_INT64_MAX - 1) + 1])
+        values = read.tolist()
+        meta = CooMeta(tuple(values[1:]) + tuple(meta.size[s:]), s, nnz)
+        flag = bool(values[0])
     else:
         flag = bool(ok)
     if not flag:
         raise diagnose_coo(meta, indices, is_coalesced=is_coalesced)
+    if estimate:
+        check_coo_size(meta.size)
     return meta
 
 
