@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-IndexKey = tuple[Hashable, ...]
+IndexKey = tuple[tuple[int, Hashable, Hashable, torch.dtype, torch.device], ...]
 
 
 class _Witness:
@@ -108,7 +108,8 @@ class IndexState:
                         w.version = w.alias._version
 
 
-def tensor_key(t: torch.Tensor) -> Hashable:
+def tensor_key(t: torch.Tensor) -> tuple[int, Hashable, Hashable, torch.dtype, torch.device]:
+    """Identity of one index tensor: data pointer first (``witness_inputs`` relies on it)."""
     return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
 
 

@@ -29,6 +29,7 @@ from .tensor import (
 )
 from .validation import (
     LAYOUTS,
+    CompressedMeta,
     check_compressed_indices,
     check_compressed_metadata,
     check_coo_indices,
@@ -126,8 +127,7 @@ def sparse_compressed_tensor(
     meta = check_compressed_metadata(
         compressed, plain, vals, shape, lay, dtype=dtype, device=dev, requested_layout=lay,
     )
-    known = shape is not None and _proven(
-        (compressed, plain), compressed_geometry(meta.n_compressed, meta.n_plain))
+    known = shape is not None and _proven((compressed, plain), _geometry(meta))
     if known:
         checked.count("skipped")
     else:
@@ -139,8 +139,12 @@ def sparse_compressed_tensor(
     )
     out = wrap(plain_t, leaf_requires_grad=requires_grad)
     witness_inputs(out, (compressed, plain))
-    prove(out)
+    prove(out, _geometry(meta))
     return out
+
+
+def _geometry(meta: CompressedMeta) -> Hashable:
+    return compressed_geometry(meta.n_compressed, meta.n_plain)
 
 
 def sparse_csr_tensor(
@@ -277,7 +281,7 @@ def sparse_coo_tensor(
     )
     out = wrap(plain_t, leaf_requires_grad=requires_grad)
     witness_inputs(out, (idx,))
-    prove(out)
+    prove(out)  # the built tensor's coalesced flag is torch's: ask it
     return out
 
 

@@ -232,9 +232,15 @@ def wrap(plain: torch.Tensor, *, trusted: bool = False,
         out = torch.Tensor._make_subclass(SafeSparseTensor, plain, leaf_requires_grad)
     assert isinstance(out, SafeSparseTensor)
     out._ss_trusted = trusted
-    out._ss_state = None
-    state_of(out)
+    _join(out, index_members(out))
     return out
+
+
+def _join(t: SafeSparseTensor, members: tuple[torch.Tensor, ...]) -> IndexState:
+    state = checked.state_for(checked.index_key(members))
+    state.witness(t, members)
+    t._ss_state = state
+    return state
 
 
 def state_of(t: SafeSparseTensor) -> IndexState:
@@ -242,26 +248,26 @@ def state_of(t: SafeSparseTensor) -> IndexState:
     is new to it or its members were replaced since."""
     state = t._ss_state
     members = index_members(t)
-    key = checked.index_key(members)
-    if state is None or state.key != key:
-        state = checked.state_for(key)
-        state.witness(t, members)
-        t._ss_state = state
+    if state is None or state.key != checked.index_key(members):
+        state = _join(t, members)
     return state
 
 
 def witness_inputs(t: SafeSparseTensor, inputs: Iterable[torch.Tensor]) -> None:
-    """The caller's index tensors that ``t`` shares storage with can write it: watch them."""
-    state = state_of(t)
-    ptrs = {m.data_ptr() for m in index_members(t)}
+    """The caller's index tensors that ``t`` (just wrapped) shares storage with can write it:
+    watch them too."""
+    state = t._ss_state if t._ss_state is not None else state_of(t)
+    ptrs = {entry[0] for entry in state.key}  # the data pointers of t's index members
     for x in inputs:
         if x.data_ptr() in ptrs and x.numel() and not isinstance(x, SafeSparseTensor):
             state.witness(x, (x,))
 
 
-def prove(t: SafeSparseTensor) -> None:
-    """``t`` was just validated (or derived from checked tensors): record it as checked."""
-    state_of(t).prove(geometry_of(t))
+def prove(t: SafeSparseTensor, geometry: Hashable | None = None) -> None:
+    """``t`` (just wrapped, or just given its current state) was validated or derived from
+    checked tensors: record it as checked. ``geometry`` is ``geometry_of(t)`` if known."""
+    state = t._ss_state if t._ss_state is not None else state_of(t)
+    state.prove(geometry_of(t) if geometry is None else geometry)
     t._ss_trusted = True
 
 
@@ -371,6 +377,7 @@ def _validate_inputs(func: Callable[..., Any], args: tuple[Any, ...],
             except InvariantError as err:
                 raise err.with_context(op=op_name(func)) from None
             checked.count("validations")
+            state_of(t)
             prove(t)
 
 
