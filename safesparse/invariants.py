@@ -38,7 +38,7 @@ COMPRESSED: Final[dict[str, Invariant]] = _table(
     [
         ("1.1", "compressed indices dtype equals the index dtype"),
         ("1.2", "plain indices dtype equals the index dtype (the two index dtypes agree)"),
-        ("1.3", "the index dtype is int32 or int64"),
+        ("1.3", "the index dtype is int32 or int64 (int32 only if nnz and both block extents fit)"),
         ("1.4", "values dtype equals the requested dtype"),
         ("1.5", "values dtype is one torch supports for this layout"),
         ("2.1", "compressed indices are a strided tensor"),
@@ -48,7 +48,7 @@ COMPRESSED: Final[dict[str, Invariant]] = _table(
         (
             "3.1",
             "size == batchsize + (n_compressed * block0, n_plain * block1) + densesize, "
-            "with the sparse sizes divisible by the blocksize",
+            "with the sparse sizes divisible by the blocksize and at most 2**63 - 1 elements",
         ),
         ("3.2", "compressed indices have M + 1 dims"),
         ("3.3", "plain indices have M + 1 dims"),
@@ -87,7 +87,11 @@ COO: Final[dict[str, Invariant]] = _table(
         ("2.1", "indices are a strided tensor"),
         ("2.2", "values are a strided tensor"),
         ("3.1", "indices have 2 dims"),
-        ("3.2", "sparse_dim + dense_dim == len(size), with sparse_dim >= 1"),
+        (
+            "3.2",
+            "sparse_dim + dense_dim == len(size), with sparse_dim >= 1, and size is "
+            "non-negative with at most 2**63 - 1 elements",
+        ),
         ("3.3", "indices shape == (sparse_dim, nnz)"),
         ("3.4", "values shape == (nnz,) + size[sparse_dim:]"),
         ("4.1", "the device is one torch supports for the layout"),

@@ -43,6 +43,22 @@ _UNSUPPORTED_VALUE_DTYPES: Final = frozenset(
 
 Size = tuple[int, ...]
 _INT64_MAX: Final = 2**63 - 1
+_INT32_MAX: Final = 2**31 - 1
+
+
+def numel_overflows(size: Size) -> bool:
+    """Whether torch's numel (multiplied dim by dim, in order) overflows int64 for ``size``."""
+    n = 1
+    for extent in size:
+        n *= extent
+        if n > _INT64_MAX:
+            return True
+    return False
+
+
+def index_contiguous(t: torch.Tensor) -> bool:
+    """3.5 / 3.6: contiguous, with unit stride on the last dim even where its size is 1."""
+    return t.is_contiguous() and (t.dim() == 0 or t.stride(-1) == 1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -224,7 +240,7 @@ def check_compressed_metadata(
     if n < 0 or any(s < 0 for s in size):
         raise _fail(lay, "3.1", f"size {size} cannot hold {m} batch dims and 2 sparse dims",
                     size=size)
-    if math.prod(size) > _INT64_MAX:
+    if numel_overflows(size):
         raise _fail(lay, "3.1", f"size {size} has more than 2**63 - 1 elements", size=size)
     for dim, b in ((m, blocksize[0]), (m + 1, blocksize[1])):
         if (b == 0 and size[dim] != 0) or (b > 0 and size[dim] % b):
@@ -238,9 +254,9 @@ def check_compressed_metadata(
     if values.dim() != m + 1 + nblock + n:
         raise _fail(lay, "3.4", f"values have {values.dim()} dims, expected "
                     f"{m + 1 + nblock + n} (M={m}, N={n})")
-    if not compressed.is_contiguous():
+    if not index_contiguous(compressed):
         raise _fail(lay, "3.5", f"{info.compressed_name} strides {compressed.stride()}")
-    if not plain.is_contiguous():
+    if not index_contiguous(plain):
         raise _fail(lay, "3.6", f"{info.plain_name} strides {plain.stride()}")
     if not values_layout_ok(values, m, info.blocked):
         raise _fail(lay, "3.7", f"values shape {vshape} has strides {values.stride()}")
@@ -262,6 +278,7 @@ def check_compressed_metadata(
     expected_v = batch + (nnz,) + (blocksize if info.blocked else ()) + tuple(size[m + 2:])
     if vshape != expected_v:
         raise _fail(lay, "3.10", f"values shape {vshape}, expected {expected_v}", shape=vshape)
+    check_index_capacity(info, index_dtype, nnz, n_compressed, n_plain)
     # 4.x devices
     dev = device if device is not None else values.device
     _check_device(lay, dev, [
@@ -272,6 +289,17 @@ def check_compressed_metadata(
     return CompressedMeta(
         info, tuple(size), batch, blocksize, tuple(size[m + 2:]), n_compressed, n_plain, nnz
     )
+
+
+def check_index_capacity(
+    info: LayoutInfo, index_dtype: torch.dtype, nnz: int, n_compressed: int, n_plain: int
+) -> None:
+    """1.3, second half: int32 indices must be able to hold nnz and both block extents (the
+    shapes they describe are only known once the 3.x checks passed)."""
+    if index_dtype == torch.int32 and max(nnz, n_compressed, n_plain) > _INT32_MAX:
+        raise _fail(info.layout, "1.3", f"int32 indices cannot address nnz = {nnz}, "
+                    f"n_compressed = {n_compressed}, n_plain = {n_plain}",
+                    dtype=str(index_dtype))
 
 
 def values_layout_ok(values: torch.Tensor, batch_dims: int, blocked: bool) -> bool:
@@ -333,7 +361,7 @@ def check_coo_metadata(
 
 def check_coo_size(size: Size) -> None:
     """COO 3.2 beyond the dim count: a size torch can represent (non-negative, numel fits)."""
-    if any(x < 0 for x in size) or math.prod(size) > _INT64_MAX:
+    if any(x < 0 for x in size) or numel_overflows(size):
         raise _fail(torch.sparse_coo, "3.2", f"size {size} is negative or has more than "
                     "2**63 - 1 elements", size=size)
 
@@ -364,11 +392,15 @@ def _row_counts(c: torch.Tensor) -> torch.Tensor:
     return c.to(torch.int64).diff(dim=1)
 
 
-def _bad_counts(c: torch.Tensor, n_plain: int | None) -> torch.Tensor:
-    """5.3 per (batch, line): count < 0 or count > n_plain (upper bound skipped when estimated)."""
+def _bad_lines(c: torch.Tensor, nnz: int, n_plain: int) -> torch.Tensor:
+    """5.3 per (batch, line i): the count compressed[i+1] - compressed[i] is < 0 or > n_plain.
+
+    Every compressed value must then lie in [0, nnz]; checking that too keeps hostile int64
+    values from wrapping the differences around into range.
+    """
+    nxt = c[:, 1:]
     d = _row_counts(c)
-    bad = d < 0
-    return bad if n_plain is None else bad | (d > n_plain)
+    return (nxt < 0) | ~_le_bound(nxt, nnz) | (d < 0) | (d > n_plain)
 
 
 def _bad_order(c: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -401,28 +433,18 @@ def _bad_too_large(p: torch.Tensor, bound: int | torch.Tensor) -> torch.Tensor:
     return p >= bound
 
 
-def _coo_bad_order(indices: torch.Tensor, size: Size | None) -> torch.Tensor:
-    """COO 5.3 per position j-1: index tuple j is not lexicographically after tuple j-1.
-
-    With the sizes known and small enough, compares row-major linear indices; otherwise (or
-    while the size is still being estimated) compares the tuples dim by dim.
-    """
+def _coo_bad_order(indices: torch.Tensor) -> torch.Tensor:
+    """COO 5.3 per position j-1: index tuple j is not lexicographically after tuple j-1."""
     s, nnz = indices.shape
     if nnz < 2:
         return torch.zeros(max(nnz - 1, 0), dtype=torch.bool, device=indices.device)
     prev, nxt = indices[:, :-1], indices[:, 1:]
-    extents = size[:s] if size is not None else None
-    if extents is not None and math.prod(extents) < 2**62:
-        # Row-major linear index: exact whenever the bounds (5.1/5.2) hold.
-        key = indices[s - 1]
-        for d in range(s - 2, -1, -1):  # loop over sparse dims, not over nnz
-            key = torch.add(key, indices[d], alpha=math.prod(extents[d + 1:]))
-        return key[1:] <= key[:-1]
-    after = torch.zeros(nnz - 1, dtype=torch.bool, device=indices.device)
-    tie = torch.ones(nnz - 1, dtype=torch.bool, device=indices.device)
-    for d in range(s):  # loop over sparse dims, not over nnz
+    after = nxt[0] > prev[0]
+    tie = nxt[0] == prev[0]
+    for d in range(1, s):  # loop over sparse dims, not over nnz
         after |= tie & (nxt[d] > prev[d])
-        tie &= nxt[d] == prev[d]
+        if d < s - 1:
+            tie &= nxt[d] == prev[d]
     return ~after
 
 
@@ -430,28 +452,32 @@ def _coo_bad_order(indices: torch.Tensor, size: Size | None) -> torch.Tensor:
 # Fast path
 
 
-def _compressed_flags(
-    c: torch.Tensor, p: torch.Tensor, nnz: int, n_plain: int | None
-) -> torch.Tensor:
+def _any(mask: torch.Tensor) -> torch.Tensor:
+    """``mask.any()`` as a 0-dim bool tensor, through a uint8 max (torch's bool ``any`` is not
+    vectorised on CPU; the max is ~30x faster at 1e7 elements)."""
+    if mask.numel() == 0:
+        return torch.zeros((), dtype=torch.bool, device=mask.device)
+    return mask.reshape(-1).view(torch.uint8).amax() != 0
+
+
+def _none(*bad: torch.Tensor) -> torch.Tensor:
+    """True when none of the 0-dim ``bad`` flags is set (one stacked reduction)."""
+    return ~torch.stack([b.reshape(()) for b in bad]).any()
+
+
+def _compressed_flags(c: torch.Tensor, p: torch.Tensor, nnz: int, n_plain: int) -> torch.Tensor:
     """All compressed index invariants as one 0-dim bool tensor (no sync).
 
-    Shortcut for 5.4/5.5: given 5.1-5.3 (lines partition the plain indices) and 5.6 (each line
-    strictly increasing), a line's minimum is its first entry and its maximum its last, so the
-    bounds are checked on O(lines) gathered entries instead of O(nnz). If 5.1-5.3 or 5.6 fail,
-    the flag is false anyway and the diagnostic path checks 5.4/5.5 in full.
+    5.4/5.5 are violated by some plain index exactly when they are violated by the minimum or
+    the maximum, so their predicates are applied to ``aminmax`` results; the other invariants
+    reduce their masks (5.1-5.3 are per line: O(rows)).
     """
-    ok = ~(_bad_first(c).any() | _bad_last(c, nnz).any() | _bad_counts(c, n_plain).any())
-    if nnz == 0:
-        return ok
-    ok = ok & ~_bad_order(c, p).any()
-    lo = c[:, :-1].to(torch.int64).clamp(0, nnz - 1)
-    hi = (c[:, 1:].to(torch.int64) - 1).clamp(0, nnz - 1)
-    nonempty = _row_counts(c) > 0
-    first, last = p.gather(1, lo), p.gather(1, hi)
-    ok = ok & ~(nonempty & _bad_negative(first)).any()
-    if n_plain is not None:
-        ok = ok & ~(nonempty & _bad_too_large(last, n_plain)).any()
-    return ok
+    bad = [_any(_bad_first(c)), _any(_bad_last(c, nnz)), _any(_bad_lines(c, nnz, n_plain))]
+    if p.numel():
+        bad.append(_any(_bad_order(c, p)))
+        lo, hi = torch.aminmax(p)
+        bad += [_bad_negative(lo), _bad_too_large(hi, n_plain)]
+    return _none(*bad)
 
 
 def _flatten_batch(meta: CompressedMeta, compressed: torch.Tensor, plain: torch.Tensor
@@ -464,7 +490,7 @@ def _estimate_plain_extent(c: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """Seed 000's rule: max(plain.max() + 1, max line count), as a 0-dim int64 tensor."""
     est = torch.zeros((), dtype=torch.int64, device=c.device)
     if p.numel():
-        est = torch.maximum(est, p.max().to(torch.int64) + 1)
+        est = torch.maximum(est, p.max().to(torch.int64).clamp(max=_INT64_MAX - 1) + 1)
     if c.shape[1] > 1 and c.numel():
         est = torch.maximum(est, _row_counts(c).max())
     return est
@@ -482,17 +508,19 @@ def check_compressed_indices(
     if c.numel() == 0 and not estimate:
         return meta  # empty batch: nothing to check
     if estimate:
-        # A zero-size block dim on the plain side has no addressable plain slot, whatever
-        # the estimate says: bound the plain indices as an explicit size would.
+        # Without a size the plain extent is max + 1, which must exist (an index of 2**63 - 1
+        # has none: 5.5); a zero-size block dim on the plain side has no plain slot at all.
         plain_block = meta.blocksize[1] if meta.info.row_compressed else meta.blocksize[0]
-        bound = 0 if plain_block == 0 else None
+        bound = 0 if plain_block == 0 else _INT64_MAX
         est = _estimate_plain_extent(c, p)
         ok = _compressed_flags(c, p, meta.nnz, bound)
         flag, extent = torch.stack([ok.to(torch.int64), est]).tolist()
         if not flag:
             raise diagnose_compressed(meta, c, p, bound)
         resolved = _with_plain_extent(meta, int(extent))
-        if math.prod(resolved.size) > _INT64_MAX:
+        check_index_capacity(meta.info, compressed.dtype, meta.nnz, meta.n_compressed,
+                             resolved.n_plain)
+        if numel_overflows(resolved.size):
             raise _fail(meta.info.layout, "3.1", f"estimated size {resolved.size} has more "
                         "than 2**63 - 1 elements", size=resolved.size)
         return resolved
@@ -520,18 +548,22 @@ def check_coo_indices(
     s, nnz = indices.shape
     if nnz == 0:
         return meta
-    lo, hi = torch.aminmax(indices, dim=1)
-    ok = ~_bad_negative(lo).any()
-    if not estimate:
-        bounds = torch.tensor(meta.size[:s], dtype=torch.int64, device=indices.device)
-        ok = ok & ~_bad_too_large(hi, bounds).any()
+    bad: list[torch.Tensor] = []
+    highs: list[torch.Tensor] = []
+    for d in range(s):  # loop over sparse dims: a flat aminmax per row is the fastest form
+        lo, hi = torch.aminmax(indices[d])
+        bad.append(_bad_negative(lo))
+        if estimate:
+            # max + 1 must itself be a valid size: an index of 2**63 - 1 has none (5.2)
+            bad.append(_bad_too_large(hi, _INT64_MAX))
+            highs.append(hi.clamp(max=_INT64_MAX - 1) + 1)
+        else:
+            bad.append(_bad_too_large(hi, meta.size[d]))
     if is_coalesced:
-        ok = ok & ~_coo_bad_order(indices, None if estimate else meta.size).any()
+        bad.append(_any(_coo_bad_order(indices)))
+    ok = _none(*bad)
     if estimate:
-        # max + 1 must itself be a valid size: an index of 2**63 - 1 has none (5.2)
-        ok = ok & (hi < _INT64_MAX).all()
-        read = torch.cat([ok.to(torch.int64).reshape(1), hi.clamp(max=_INT64_MAX - 1) + 1])
-        values = read.tolist()
+        values = torch.stack([ok.to(torch.int64), *highs]).tolist()
         meta = CooMeta(tuple(values[1:]) + tuple(meta.size[s:]), s, nnz)
         flag = bool(values[0])
     else:
@@ -566,7 +598,7 @@ def _where(meta: CompressedMeta, b: int) -> str:
 
 
 def diagnose_compressed(
-    meta: CompressedMeta, c: torch.Tensor, p: torch.Tensor, n_plain: int | None
+    meta: CompressedMeta, c: torch.Tensor, p: torch.Tensor, n_plain: int
 ) -> InvariantError:
     """The first violated index invariant of a compressed tensor (5.1 ... 5.6) with location."""
     info, lay = meta.info, meta.info.layout
@@ -584,7 +616,7 @@ def diagnose_compressed(
         return _fail(lay, "5.2", f"{_where(meta, b)}{cn}[{meta.n_compressed}] = {v}, "
                      f"nnz = {meta.nnz}", batch=_batch_index(meta, b),
                      position=meta.n_compressed, value=v)
-    hit = _first(_bad_counts(c, n_plain))
+    hit = _first(_bad_lines(c, meta.nnz, n_plain))
     if hit is not None:
         b, i = hit
         lo, hi = int(c[b, i]), int(c[b, i + 1])
@@ -594,9 +626,9 @@ def diagnose_compressed(
                      position=i + 1, value=hi - lo)
     for iid, mask in (
         ("5.4", _bad_negative(p)),
-        ("5.5", _bad_too_large(p, n_plain) if n_plain is not None else None),
+        ("5.5", _bad_too_large(p, n_plain)),
     ):
-        hit = _first(mask) if mask is not None else None
+        hit = _first(mask)
         if hit is not None:
             b, j = hit
             return _located(meta, c, p, iid, b, j, f"{pn}[{j}] = {int(p[b, j])}"
@@ -635,7 +667,7 @@ def diagnose_coo(meta: CooMeta, indices: torch.Tensor, *, is_coalesced: bool) ->
                      f"{int(indices[d, j])}, size[{d}] = {meta.size[d]}",
                      position=j, dim=d, value=int(indices[d, j]))
     if is_coalesced:
-        hit = _first(_coo_bad_order(indices, meta.size))
+        hit = _first(_coo_bad_order(indices))
         if hit is not None:
             (j,) = hit
             cur, prev = indices[:, j + 1].tolist(), indices[:, j].tolist()
