@@ -44,6 +44,7 @@ _UNSUPPORTED_VALUE_DTYPES: Final = frozenset(
 Size = tuple[int, ...]
 _INT64_MAX: Final = 2**63 - 1
 _INT32_MAX: Final = 2**31 - 1
+_LARGE: Final = 1 << 16  # masks at least this long are reduced through uint8 (see _any)
 
 
 def numel_overflows(size: Size) -> bool:
@@ -383,8 +384,8 @@ def _bad_first(c: torch.Tensor) -> torch.Tensor:
 
 
 def _bad_last(c: torch.Tensor, nnz: int) -> torch.Tensor:
-    """5.2 per batch: compressed[..., -1] != nnz."""
-    return ~(_le_bound(c[:, -1], nnz) & (c[:, -1] >= nnz))
+    """5.2 per batch: compressed[..., -1] != nnz (1.3 guarantees nnz fits the index dtype)."""
+    return c[:, -1] != nnz
 
 
 def _row_counts(c: torch.Tensor) -> torch.Tensor:
@@ -396,11 +397,15 @@ def _bad_lines(c: torch.Tensor, nnz: int, n_plain: int) -> torch.Tensor:
     """5.3 per (batch, line i): the count compressed[i+1] - compressed[i] is < 0 or > n_plain.
 
     Every compressed value must then lie in [0, nnz]; checking that too keeps hostile int64
-    values from wrapping the differences around into range.
+    values from wrapping the differences around into range (int32 values are widened first,
+    so their differences are exact).
     """
-    nxt = c[:, 1:]
     d = _row_counts(c)
-    return (nxt < 0) | ~_le_bound(nxt, nnz) | (d < 0) | (d > n_plain)
+    bad = (d < 0) | (d > n_plain)
+    if c.dtype == torch.int64:
+        nxt = c[:, 1:]
+        bad |= (nxt < 0) | (nxt > nnz)
+    return bad
 
 
 def _bad_order(c: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -418,7 +423,9 @@ def _bad_order(c: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     starts = c[:, 1:-1].to(torch.int64) - 1  # pair (j-1, j) where line starts at j
     pad = nnz - 1
     starts = torch.where((starts < 0) | (starts >= pad), pad, starts)
-    return bad.scatter_(1, starts, False)
+    rows = torch.arange(0, bad.numel(), nnz, device=p.device).unsqueeze(1)
+    bad.view(-1).index_fill_(0, (starts + rows).reshape(-1), False)
+    return bad
 
 
 def _bad_negative(p: torch.Tensor) -> torch.Tensor:
@@ -453,10 +460,10 @@ def _coo_bad_order(indices: torch.Tensor) -> torch.Tensor:
 
 
 def _any(mask: torch.Tensor) -> torch.Tensor:
-    """``mask.any()`` as a 0-dim bool tensor, through a uint8 max (torch's bool ``any`` is not
-    vectorised on CPU; the max is ~30x faster at 1e7 elements)."""
-    if mask.numel() == 0:
-        return torch.zeros((), dtype=torch.bool, device=mask.device)
+    """``mask.any()`` as a 0-dim bool tensor. Large masks go through a uint8 max: torch's bool
+    ``any`` is not vectorised on CPU, and the max is ~30x faster at 1e7 elements."""
+    if mask.numel() < _LARGE:
+        return mask.any()
     return mask.reshape(-1).view(torch.uint8).amax() != 0
 
 
