@@ -230,9 +230,9 @@ def sparse_bsc_tensor(
 
 def _coo_index(x: Any, device: torch.device | None) -> torch.Tensor:
     t = _as_index(x, device)
-    # torch converts integer indices of other widths to int64; anything else is refused (1.1)
-    if t.dtype != torch.int64 and not t.dtype.is_floating_point and not t.dtype.is_complex \
-            and t.dtype != torch.bool:
+    # torch converts integer (and bool) indices of other widths to int64; floating point and
+    # complex indices are refused (1.1)
+    if t.dtype != torch.int64 and not t.dtype.is_floating_point and not t.dtype.is_complex:
         t = t.to(torch.int64)
     return t
 
