@@ -17,12 +17,12 @@ from typing import Any
 import torch
 
 from . import checked
+from ._compile import not_traced
 from .debug import is_debug
 from .invariants import COMPRESSED_LAYOUTS
 from .tensor import (
     SafeSparseTensor,
     compressed_geometry,
-    not_traced,
     prove,
     witness_inputs,
     wrap,

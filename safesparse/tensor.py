@@ -21,6 +21,7 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 
 from . import checked
+from ._compile import not_traced
 from .checked import IndexKey, IndexState
 from .debug import is_debug
 from .errors import InvariantError
@@ -28,12 +29,6 @@ from .invariants import COMPRESSED_LAYOUTS, SPARSE_LAYOUTS
 from .validation import compressed_members, validate_tensor
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def not_traced(fn: F) -> F:
-    """``torch.compiler.disable`` with its type kept: torch.compile graph-breaks here, so
-    validation and checked-state bookkeeping always run eagerly, never traced."""
-    return cast(F, torch.compiler.disable(fn))  # type: ignore[no-untyped-call]
 
 
 class OpKind(enum.Enum):

@@ -1,0 +1,91 @@
+"""The torch.compile boundary: validation and checked-state bookkeeping are never traced.
+
+Functions marked :func:`not_traced` run through ``torch.compiler.disable``, so dynamo
+graph-breaks at them and they always run eagerly. Applying ``torch.compiler.disable`` imports
+``torch._dynamo`` (about two seconds), which a program that never compiles should not pay. So
+each marked function calls through a one-element cell holding its implementation; the cells are
+switched to the disabled versions the moment ``torch._dynamo`` is imported (a meta-path hook
+watches for it), which happens before dynamo can trace anything.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any, TypeVar, cast
+
+import torch
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_cells: list[list[Callable[..., Any]]] = []
+_armed = False
+_lock = threading.Lock()
+
+
+def not_traced(fn: F) -> F:
+    """Mark ``fn`` as a graph break for torch.compile (see the module docstring)."""
+    cell: list[Callable[..., Any]] = [fn]
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return cell[0](*args, **kwargs)
+
+    with _lock:
+        _cells.append(cell)
+        if _armed:
+            cell[0] = _disable(fn)
+    return cast(F, call)
+
+
+def _disable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return cast(Callable[..., Any], torch.compiler.disable(fn))  # type: ignore[no-untyped-call]
+
+
+def _arm() -> None:
+    global _armed
+    with _lock:
+        if _armed:
+            return
+        _armed = True
+        for cell in _cells:
+            cell[0] = _disable(cell[0])
+
+
+class _DynamoWatcher(importlib.abc.MetaPathFinder):
+    """Arms the cells right after ``torch._dynamo`` has been imported."""
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "torch._dynamo":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        loader = spec.loader if spec is not None else None
+        if spec is None or loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            _arm()
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+if "torch._dynamo" in sys.modules:
+    _arm()
+else:
+    sys.meta_path.insert(0, _DynamoWatcher())
