@@ -34,55 +34,80 @@ import torch
 IndexKey = tuple[tuple[int, Hashable, Hashable, torch.dtype, torch.device], ...]
 
 
-class _Witness:
-    __slots__ = ("alias", "owner", "version")
+class _Watch:
+    """The witnessed members of one owner: aliases sharing its version counter(s), and the
+    version each had when the state last held."""
 
-    def __init__(self, owner: torch.Tensor, member: torch.Tensor) -> None:
+    __slots__ = ("aliases", "owner", "versions")
+
+    def __init__(self, owner: torch.Tensor, members: Iterable[torch.Tensor]) -> None:
         self.owner = weakref.ref(owner)
-        self.alias = member.detach()  # shares the version counter of ``member``
-        self.version = member._version
-
-    def alive(self) -> bool:
-        return self.owner() is not None
+        # The members of a sparse tensor come from its accessors, which return a fresh alias
+        # on every call: keep those. A caller's own tensor gets a detach() alias, so that the
+        # state never keeps the caller's object alive.
+        self.aliases = [m if m is not owner else m.detach() for m in members]
+        self.versions = [m._version for m in self.aliases]
 
     def unchanged(self) -> bool:
-        return self.alias._version == self.version
+        for alias, version in zip(self.aliases, self.versions, strict=True):
+            if alias._version != version:
+                return False
+        return True
+
+    def rearm(self) -> None:
+        self.versions = [a._version for a in self.aliases]
 
 
 class IndexState:
     """What is known about one index structure; shared by every tensor built on it."""
 
-    __slots__ = ("__weakref__", "_lock", "key", "proven", "witnesses")
+    __slots__ = ("__weakref__", "_lock", "_watches", "key", "proven")
 
     def __init__(self, key: IndexKey) -> None:
         self.key = key
         self.proven: set[Hashable] = set()
-        self.witnesses: list[_Witness] = []
+        self._watches: dict[int, _Watch] = {}  # by id(owner); stale ids are pruned
         self._lock = threading.Lock()
+
+    def _watch_of(self, owner: torch.Tensor) -> _Watch | None:
+        watch = self._watches.get(id(owner))
+        return watch if watch is not None and watch.owner() is owner else None
 
     def witness(self, owner: torch.Tensor, members: Iterable[torch.Tensor]) -> None:
         """Watch ``owner``'s members. A tensor joining a state that holds is taken at its
         current version; one joining a state that no longer holds cannot revive it."""
         with self._lock:
-            if any(w.owner() is owner for w in self.witnesses):
+            if self._watch_of(owner) is not None:
                 return
-            self.witnesses += [_Witness(owner, m) for m in members]
+            if len(self._watches) >= 8:
+                self._prune()
+            self._watches[id(owner)] = _Watch(owner, members)
 
     def witnesses_owner(self, owner: torch.Tensor) -> bool:
         with self._lock:
-            return any(w.owner() is owner for w in self.witnesses)
+            return self._watch_of(owner) is not None
+
+    def witness_count(self) -> int:
+        with self._lock:
+            self._prune()
+            return sum(len(w.aliases) for w in self._watches.values())
+
+    def _prune(self) -> None:
+        dead = [i for i, w in self._watches.items() if w.owner() is None]
+        for i in dead:
+            del self._watches[i]
 
     def _holds(self) -> bool:
-        live = [w for w in self.witnesses if w.alive()]
-        if len(live) != len(self.witnesses):
-            self.witnesses = live
-        if all(w.unchanged() for w in live):
-            return True
-        self.proven.clear()
-        return False
+        # Watches of dead owners are checked too (pruned only as the dict grows): their
+        # aliases share the structure's storage, so checking them can only catch more.
+        for watch in self._watches.values():
+            if not watch.unchanged():
+                self.proven.clear()
+                return False
+        return True
 
     def holds(self) -> bool:
-        """True while no witnessed index tensor was written in place (prunes dead owners)."""
+        """True while no witnessed index tensor was written in place."""
         with self._lock:
             return self._holds()
 
@@ -90,22 +115,30 @@ class IndexState:
         with self._lock:
             return geometry in self.proven and self._holds()
 
+    def derive(self, geometry: Hashable) -> bool:
+        """A tensor derived from checked tensors by a known op has ``geometry``: record it while
+        the state holds (no re-arming: no data was read). Returns whether it holds."""
+        with self._lock:
+            if not self._holds():
+                return False
+            self.proven.add(geometry)
+            return True
+
     def prove(self, geometry: Hashable) -> None:
         """Validation just passed for ``geometry`` on the current data."""
         with self._lock:
             if not self._holds():
-                for w in self.witnesses:
-                    w.version = w.alias._version
+                for w in self._watches.values():
+                    w.rearm()
             self.proven.add(geometry)
 
     def retake(self, owner: torch.Tensor) -> None:
         """``owner`` wrote only values (a known-safe in-place op): re-arm its witnesses."""
         with self._lock:
-            intact = all(w.unchanged() for w in self.witnesses if w.owner() is not owner)
-            if intact:
-                for w in self.witnesses:
-                    if w.owner() is owner:
-                        w.version = w.alias._version
+            mine = self._watch_of(owner)
+            others = (w for i, w in self._watches.items() if i != id(owner))
+            if mine is not None and all(w.unchanged() for w in others if w.owner() is not None):
+                mine.rearm()
 
 
 def tensor_key(t: torch.Tensor) -> tuple[int, Hashable, Hashable, torch.dtype, torch.device]:

@@ -18,6 +18,7 @@ import torch
 
 from . import checked
 from ._compile import not_traced
+from .checked import IndexKey
 from .debug import is_debug
 from .invariants import COMPRESSED_LAYOUTS
 from .tensor import (
@@ -29,7 +30,6 @@ from .tensor import (
 )
 from .validation import (
     LAYOUTS,
-    CompressedMeta,
     check_compressed_indices,
     check_compressed_metadata,
     check_coo_indices,
@@ -72,7 +72,7 @@ def _pin(pin_memory: bool) -> dict[str, Any]:
     return {"pin_memory": pin_memory}
 
 
-def _proven(indices: tuple[torch.Tensor, ...], geometry: Hashable) -> bool:
+def _proven(key: IndexKey, indices: tuple[torch.Tensor, ...], geometry: Hashable) -> bool:
     """Whether these index tensors are proven valid for ``geometry`` (outside debug mode).
 
     Index tensors whose version counter has moved are only trusted through a state that
@@ -80,7 +80,7 @@ def _proven(indices: tuple[torch.Tensor, ...], geometry: Hashable) -> bool:
     """
     if is_debug():
         return False
-    state = checked.lookup(checked.index_key(indices))
+    state = checked.lookup(key)
     return (state is not None and state.is_proven(geometry)
             and all(x._version == 0 or state.witnesses_owner(x) for x in indices))
 
@@ -127,7 +127,9 @@ def sparse_compressed_tensor(
     meta = check_compressed_metadata(
         compressed, plain, vals, shape, lay, dtype=dtype, device=dev, requested_layout=lay,
     )
-    known = shape is not None and _proven((compressed, plain), _geometry(meta))
+    key = checked.index_key((compressed, plain))
+    geometry = compressed_geometry(meta.n_compressed, meta.n_plain)
+    known = shape is not None and _proven(key, (compressed, plain), geometry)
     if known:
         checked.count("skipped")
     else:
@@ -137,14 +139,10 @@ def sparse_compressed_tensor(
         compressed, plain, vals, meta.size, dtype=vals.dtype, layout=meta.info.layout,
         device=vals.device, check_invariants=False, **_pin(pin_memory),
     )
-    out = wrap(plain_t, leaf_requires_grad=requires_grad)
-    witness_inputs(out, (compressed, plain))
-    prove(out, _geometry(meta))
-    return out
-
-
-def _geometry(meta: CompressedMeta) -> Hashable:
-    return compressed_geometry(meta.n_compressed, meta.n_plain)
+    if not known:  # estimation may have resolved the plain extent
+        geometry = compressed_geometry(meta.n_compressed, meta.n_plain)
+    return _finish(wrap(plain_t, leaf_requires_grad=requires_grad, key=key),
+                   (compressed, plain), key, known, geometry)
 
 
 def sparse_csr_tensor(
@@ -268,8 +266,9 @@ def sparse_coo_tensor(
     coalesced = bool(is_coalesced)
     sparse_size = tuple(meta.size[: meta.sparse_dim])
     # an index set proven coalesced is also valid for an uncoalesced tensor
+    key = checked.index_key((idx,))
     known = shape is not None and any(
-        _proven((idx,), ("coo", sparse_size, flag)) for flag in {coalesced, True})
+        _proven(key, (idx,), ("coo", sparse_size, flag)) for flag in {coalesced, True})
     if known:
         checked.count("skipped")
     else:
@@ -279,9 +278,20 @@ def sparse_coo_tensor(
         idx, vals, meta.size, dtype=vals.dtype, device=vals.device, **_pin(pin_memory),
         check_invariants=False, is_coalesced=is_coalesced,
     )
-    out = wrap(plain_t, leaf_requires_grad=requires_grad)
-    witness_inputs(out, (idx,))
-    prove(out)  # the built tensor's coalesced flag is torch's: ask it
+    # geometry None: the built tensor's coalesced flag is torch's, so ask the tensor
+    return _finish(wrap(plain_t, leaf_requires_grad=requires_grad, key=key), (idx,), key, known,
+                   None)
+
+
+def _finish(out: SafeSparseTensor, inputs: tuple[torch.Tensor, ...], key: IndexKey,
+            known: bool, geometry: Hashable | None) -> SafeSparseTensor:
+    """Witness the caller's index tensors and record the result as checked: on a cache hit
+    (``known``) the index structure is already proven, so nothing is re-armed."""
+    witness_inputs(out, inputs)
+    if known and out._ss_state is not None and out._ss_state.key == key:
+        out._ss_trusted = True
+    else:
+        prove(out, geometry)
     return out
 
 

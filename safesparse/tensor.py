@@ -68,7 +68,22 @@ def index_members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def geometry_of(t: torch.Tensor) -> Hashable:
-    """What, beyond the index tensors themselves, their validity depends on."""
+    """What, beyond the index tensors themselves, their validity depends on.
+
+    Cached on a SafeSparseTensor against its shape (the only input that can change while the
+    index members stay the same tensors)."""
+    with DisableTorchFunctionSubclass():
+        shape = t.shape
+        cached = getattr(t, "_ss_geometry", None)
+        if cached is not None and cached[0] == shape:
+            return cast(Hashable, cached[1])
+        geometry = _geometry(t)
+        if isinstance(t, SafeSparseTensor):
+            t._ss_geometry = (shape, geometry)
+        return geometry
+
+
+def _geometry(t: torch.Tensor) -> Hashable:
     with DisableTorchFunctionSubclass():
         if t.layout == torch.sparse_coo:
             return ("coo", tuple(t.shape[: t.sparse_dim()]), t.is_coalesced())
@@ -95,6 +110,20 @@ def key_of(t: torch.Tensor) -> IndexKey:
 # The class
 
 
+_T = torch.Tensor
+#: Ops that only read metadata or return member tensors: passed straight to torch (also in
+#: debug mode: they run no kernel over the index data and return nothing sparse).
+_GETTERS = ("shape", "layout", "dtype", "device", "requires_grad", "is_sparse", "grad_fn",
+            "is_leaf", "ndim", "is_cuda")
+_INSPECTION: frozenset[Callable[..., Any]] = frozenset({
+    *(getattr(_T, name).__get__ for name in _GETTERS),
+    _T.dim, _T.size, _T.numel, _T.nelement, _T.sparse_dim, _T.dense_dim, _T._nnz,
+    _T.crow_indices, _T.col_indices, _T.ccol_indices, _T.row_indices, _T.values,
+    _T._values, _T._indices, _T.indices, _T.is_coalesced, _T.data_ptr, _T.element_size,
+    _T.get_device, _T.is_floating_point, _T.is_complex,
+})
+
+
 class SafeSparseTensor(torch.Tensor):
     """A torch sparse tensor (COO, CSR, CSC, BSR, BSC) that remembers it was checked.
 
@@ -105,6 +134,7 @@ class SafeSparseTensor(torch.Tensor):
 
     _ss_state: IndexState | None  # the state of the index structure this tensor is built on
     _ss_trusted: bool  # False: built unchecked (check_invariants=False, unknown op)
+    _ss_geometry: tuple[torch.Size, Hashable]  # cache of geometry_of(self) for a shape
     _OPS: ClassVar[dict[Callable[..., Any], OpEntry]] = {}
 
     @classmethod
@@ -139,6 +169,10 @@ class SafeSparseTensor(torch.Tensor):
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        if func in _INSPECTION:
+            # Metadata and member accessors: no sparse result, no kernel over the index data.
+            with DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
         args = tuple(args)
         entry = cls._OPS.get(func)
@@ -213,13 +247,14 @@ class _ToPlain(torch.autograd.Function):
         return grad
 
 
-def wrap(plain: torch.Tensor, *, trusted: bool = False,
-         leaf_requires_grad: bool = False) -> SafeSparseTensor:
+def wrap(plain: torch.Tensor, *, trusted: bool = False, leaf_requires_grad: bool = False,
+         key: IndexKey | None = None) -> SafeSparseTensor:
     """A SafeSparseTensor sharing ``plain``'s data, joined to its index structure's state.
 
     ``trusted`` says whether the caller vouches for it (a validated or derived tensor; it still
     counts as checked only while its structure's proof holds). ``leaf_requires_grad`` makes a
     new autograd leaf; a ``plain`` that requires grad stays connected to its graph instead.
+    ``key`` is the index key of the tensors ``plain`` was built from, if the caller has it.
     """
     if plain.requires_grad:
         out = _ToSafe.apply(plain)  # type: ignore[no-untyped-call]
@@ -227,12 +262,16 @@ def wrap(plain: torch.Tensor, *, trusted: bool = False,
         out = torch.Tensor._make_subclass(SafeSparseTensor, plain, leaf_requires_grad)
     assert isinstance(out, SafeSparseTensor)
     out._ss_trusted = trusted
-    _join(out, index_members(out))
+    _join(out, index_members(out), key)
     return out
 
 
-def _join(t: SafeSparseTensor, members: tuple[torch.Tensor, ...]) -> IndexState:
-    state = checked.state_for(checked.index_key(members))
+def _join(t: SafeSparseTensor, members: tuple[torch.Tensor, ...],
+          key: IndexKey | None = None) -> IndexState:
+    # A caller's key is reused when the members are still those tensors (torch did not copy).
+    if key is None or [m.data_ptr() for m in members] != [k[0] for k in key]:
+        key = checked.index_key(members)
+    state = checked.state_for(key)
     state.witness(t, members)
     t._ss_state = state
     return state
@@ -259,11 +298,18 @@ def witness_inputs(t: SafeSparseTensor, inputs: Iterable[torch.Tensor]) -> None:
 
 
 def prove(t: SafeSparseTensor, geometry: Hashable | None = None) -> None:
-    """``t`` (just wrapped, or just given its current state) was validated or derived from
-    checked tensors: record it as checked. ``geometry`` is ``geometry_of(t)`` if known."""
+    """``t`` (just wrapped, or just given its current state) was validated: record it as
+    checked. ``geometry`` is ``geometry_of(t)`` if the caller knows it."""
     state = t._ss_state if t._ss_state is not None else state_of(t)
     state.prove(geometry_of(t) if geometry is None else geometry)
     t._ss_trusted = True
+
+
+def derive(t: SafeSparseTensor, geometry: Hashable | None = None) -> None:
+    """``t`` (just wrapped) came from checked tensors through a known op: checked, without
+    validation, as long as its index structure's state holds."""
+    state = t._ss_state if t._ss_state is not None else state_of(t)
+    t._ss_trusted = state.derive(geometry_of(t) if geometry is None else geometry)
 
 
 @not_traced
@@ -382,10 +428,12 @@ def wrap_results(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     ret: Any,
+    geometry: Hashable | None = None,
 ) -> Any:
-    """Re-wrap the sparse tensors in ``ret`` and give them their checked state."""
+    """Re-wrap the sparse tensors in ``ret`` and give them their checked state. ``geometry``:
+    that of a single sparse result, when the op knows it (a transpose keeps its input's)."""
     if isinstance(ret, torch.Tensor):
-        return _wrap_one(func, kind, args, kwargs, ret)
+        return _wrap_one(func, kind, args, kwargs, ret, geometry)
     if isinstance(ret, (tuple, list)):
         return type(ret)(wrap_results(func, kind, args, kwargs, r) for r in ret)
     return ret
@@ -397,6 +445,7 @@ def _wrap_one(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     ret: torch.Tensor,
+    geometry: Hashable | None = None,
 ) -> torch.Tensor:
     if ret.layout not in SPARSE_LAYOUTS:
         return ret
@@ -411,7 +460,7 @@ def _wrap_one(
     if is_debug():
         _validate_result(func, out)
     elif kind is not OpKind.UNKNOWN and inputs and all(_is_checked(t) for t in inputs):
-        prove(out)  # derived from checked tensors by a known op: no validation
+        derive(out, geometry)  # derived from checked tensors by a known op: no validation
     return out
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from .tensor import OpKind, SafeSparseTensor, wrap_results
+from .tensor import OpKind, SafeSparseTensor, geometry_of, wrap_results
 from .validation import LAYOUTS, compressed_members
 
 T = torch.Tensor
@@ -67,7 +67,8 @@ def _dims(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int]:
 
 def _finish(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
             out: torch.Tensor) -> Any:
-    return wrap_results(func, OpKind.PRESERVING, args, kwargs, out)
+    # The swapped tensor has the input's index structure and extents: the same geometry.
+    return wrap_results(func, OpKind.PRESERVING, args, kwargs, out, geometry_of(args[0]))
 
 
 def _torch_default(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],

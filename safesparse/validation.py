@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 import torch
 
@@ -109,8 +109,7 @@ def compressed_members(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # Results of the metadata stage
 
 
-@dataclass(frozen=True)
-class CompressedMeta:
+class CompressedMeta(NamedTuple):
     """What the metadata stage established about a compressed tensor."""
 
     info: LayoutInfo
@@ -123,8 +122,7 @@ class CompressedMeta:
     nnz: int
 
 
-@dataclass(frozen=True)
-class CooMeta:
+class CooMeta(NamedTuple):
     size: Size
     sparse_dim: int
     nnz: int
