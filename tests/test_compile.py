@@ -88,3 +88,22 @@ def test_compiled_factory_validates() -> None:
     with pytest.raises(ss.InvariantError) as info:
         compiled(crow, torch.tensor([1, 5]), torch.tensor([2.0, 3.0]), x)
     assert info.value.invariant == "5.5"
+
+
+def test_import_does_not_load_dynamo_and_compile_arms_the_boundary() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, safesparse as ss\n"
+        "from safesparse import _compile\n"
+        "assert 'torch._dynamo' not in sys.modules, 'import safesparse loaded dynamo'\n"
+        "assert not _compile._armed\n"
+        "torch.compile(lambda x: x + 1)\n"
+        "assert _compile._armed, 'importing dynamo did not arm the compile boundary'\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
