@@ -111,6 +111,8 @@ def key_of(t: torch.Tensor) -> IndexKey:
 
 
 _T = torch.Tensor
+#: Runs a torch function with subclass dispatch off and returns its raw result (torch's C impl).
+_run_plain: Callable[..., Any] = torch._C._disabled_torch_function_impl
 #: Ops that only read metadata or return member tensors: passed straight to torch (also in
 #: debug mode: they run no kernel over the index data and return nothing sparse).
 _GETTERS = ("shape", "layout", "dtype", "device", "requires_grad", "is_sparse", "grad_fn",
@@ -171,8 +173,7 @@ class SafeSparseTensor(torch.Tensor):
     ) -> Any:
         if func in _INSPECTION:
             # Metadata and member accessors: no sparse result, no kernel over the index data.
-            with DisableTorchFunctionSubclass():
-                return func(*args, **(kwargs or {}))
+            return _run_plain(func, types, args, kwargs or {})
         kwargs = kwargs or {}
         args = tuple(args)
         entry = cls._OPS.get(func)

@@ -35,8 +35,7 @@ SWAPPED = {
 
 def sparse_dims(t: torch.Tensor) -> tuple[int, int]:
     """The two sparse dims of a compressed tensor (``-2-N, -1-N`` as non-negative dims)."""
-    compressed, _ = compressed_members(t)
-    m = compressed.dim() - 1
+    m = t.dim() - 2 - t.dense_dim()
     return m, m + 1
 
 
