@@ -25,7 +25,7 @@ from ._compile import not_traced
 from .checked import IndexKey, IndexState
 from .debug import is_debug
 from .errors import InvariantError
-from .invariants import COMPRESSED_LAYOUTS, SPARSE_LAYOUTS
+from .invariants import SPARSE_LAYOUTS
 from .validation import compressed_members, validate_tensor
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -248,12 +248,10 @@ class _ToPlain(torch.autograd.Function):
         return grad
 
 
-def wrap(plain: torch.Tensor, *, trusted: bool = False, leaf_requires_grad: bool = False,
+def wrap(plain: torch.Tensor, *, leaf_requires_grad: bool = False,
          key: IndexKey | None = None) -> SafeSparseTensor:
-    """A SafeSparseTensor sharing ``plain``'s data, joined to its index structure's state.
-
-    ``trusted`` says whether the caller vouches for it (a validated or derived tensor; it still
-    counts as checked only while its structure's proof holds). ``leaf_requires_grad`` makes a
+    """A SafeSparseTensor sharing ``plain``'s data, joined to its index structure's state, not
+    yet checked (see :func:`prove` and :func:`derive`). ``leaf_requires_grad`` makes a
     new autograd leaf; a ``plain`` that requires grad stays connected to its graph instead.
     ``key`` is the index key of the tensors ``plain`` was built from, if the caller has it.
     """
@@ -262,7 +260,7 @@ def wrap(plain: torch.Tensor, *, trusted: bool = False, leaf_requires_grad: bool
     else:
         out = torch.Tensor._make_subclass(SafeSparseTensor, plain, leaf_requires_grad)
     assert isinstance(out, SafeSparseTensor)
-    out._ss_trusted = trusted
+    out._ss_trusted = False
     _join(out, index_members(out), key)
     return out
 
@@ -358,7 +356,7 @@ def validate(t: torch.Tensor) -> SafeSparseTensor:
         out = t if isinstance(t, SafeSparseTensor) else wrap(t)
         state = state_of(out)
         if not debug and _fresh(out) and state.is_proven(geometry_of(out)):
-            _validate_metadata_only(out)  # the index data is proven; its metadata is O(1)
+            validate_tensor(out, check_indices=False)  # indices proven; metadata is O(1)
             checked.count("skipped")
         else:
             validate_tensor(out)
@@ -371,16 +369,6 @@ def _fresh(t: torch.Tensor) -> bool:
     """Whether ``t``'s own version counter never moved: no write through ``t`` that a proof
     made before ``t`` was known could have missed."""
     return all(m._version == 0 for m in index_members(t))
-
-
-def _validate_metadata_only(t: torch.Tensor) -> None:
-    from .validation import check_compressed_metadata, check_coo_metadata
-
-    if t.layout == torch.sparse_coo:
-        check_coo_metadata(t._indices(), t._values(), tuple(t.shape))
-    else:
-        c, p = compressed_members(t)
-        check_compressed_metadata(c, p, t.values(), tuple(t.shape), t.layout)
 
 
 _INPLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__"})
@@ -413,14 +401,7 @@ def _validate_inputs(func: Callable[..., Any], args: tuple[Any, ...],
     """Debug mode: inputs whose checked state was lost are validated before the op runs."""
     for t in _sparse_inputs(args, kwargs):
         if t.layout in SPARSE_LAYOUTS and not _is_checked(t):
-            try:
-                with DisableTorchFunctionSubclass():
-                    validate_tensor(t)
-            except InvariantError as err:
-                raise err.with_context(op=op_name(func)) from None
-            checked.count("validations")
-            state_of(t)
-            prove(t)
+            _validate_in_debug(func, t)
 
 
 def wrap_results(
@@ -454,29 +435,23 @@ def _wrap_one(
         # An in-place op returned its input: in debug mode the result is validated like any
         # other; otherwise is_checked notices if the op replaced or wrote the index members.
         if is_debug():
-            _validate_result(func, ret)
+            _validate_in_debug(func, ret)
         return ret
     inputs = _sparse_inputs(args, kwargs)
     out = wrap(ret)
     if is_debug():
-        _validate_result(func, out)
+        _validate_in_debug(func, out)
     elif kind is not OpKind.UNKNOWN and inputs and all(_is_checked(t) for t in inputs):
         derive(out, geometry)  # derived from checked tensors by a known op: no validation
     return out
 
 
-def _validate_result(func: Callable[..., Any], out: SafeSparseTensor) -> None:
+def _validate_in_debug(func: Callable[..., Any], t: SafeSparseTensor) -> None:
+    """Debug mode: validate ``t`` fully (no cache), naming ``func`` in the error."""
     try:
-        validate_tensor(out)
+        validate_tensor(t)
     except InvariantError as err:
         raise err.with_context(op=op_name(func)) from None
     checked.count("validations")
-    prove(out)
-
-
-def is_sparse(t: object) -> bool:
-    return isinstance(t, torch.Tensor) and t.layout in SPARSE_LAYOUTS
-
-
-def is_compressed(t: torch.Tensor) -> bool:
-    return t.layout in COMPRESSED_LAYOUTS
+    state_of(t)  # an in-place op may have replaced the members
+    prove(t)

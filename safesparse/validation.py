@@ -723,12 +723,15 @@ def validate_coo(
     return meta
 
 
-def validate_tensor(t: torch.Tensor) -> None:
-    """Validate every invariant of an existing torch sparse tensor (any sparse layout)."""
+def validate_tensor(t: torch.Tensor, *, check_indices: bool = True) -> None:
+    """Validate every invariant of an existing torch sparse tensor (any sparse layout);
+    ``check_indices=False``: the O(1) metadata invariants only (index data known valid)."""
     if t.layout == torch.sparse_coo:
-        validate_coo(t._indices(), t._values(), tuple(t.shape), is_coalesced=t.is_coalesced())
+        validate_coo(t._indices(), t._values(), tuple(t.shape), is_coalesced=t.is_coalesced(),
+                     check_indices=check_indices)
     elif t.layout in COMPRESSED_LAYOUTS:
         compressed, plain = compressed_members(t)
-        validate_compressed(compressed, plain, t.values(), tuple(t.shape), t.layout)
+        validate_compressed(compressed, plain, t.values(), tuple(t.shape), t.layout,
+                            check_indices=check_indices)
     else:
         raise TypeError(f"expected a sparse tensor, got layout {t.layout}")
