@@ -114,11 +114,9 @@ def sparse_compressed_tensor(
         vals = vals.contiguous()  # torch accepts any strides; its kernels assume 3.7
     shape = _as_size(size)
     if not _wants_check(check_invariants):
+        sized = () if shape is None else (shape,)  # torch takes no explicit size=None
         plain_t = torch.sparse_compressed_tensor(
-            compressed, plain, vals, shape, dtype=vals.dtype, layout=lay, device=dev,
-            check_invariants=False, **_pin(pin_memory),
-        ) if shape is not None else torch.sparse_compressed_tensor(
-            compressed, plain, vals, dtype=vals.dtype, layout=lay, device=dev,
+            compressed, plain, vals, *sized, dtype=vals.dtype, layout=lay, device=dev,
             check_invariants=False, **_pin(pin_memory),
         )
         out = wrap(plain_t, leaf_requires_grad=requires_grad)
