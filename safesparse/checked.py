@@ -6,11 +6,12 @@ built on that structure joins the same state, checked or not: its views, its reb
 values, an unchecked tensor built on the same index tensors. The state records which
 geometries (compressed/plain extents, or COO sparse sizes) validation has *proven*, and holds
 *witnesses*: for each tensor object that can write the structure through torch (the members of
-every joined tensor, the caller's input index tensors), a ``detach()`` alias sharing that
-object's version counter, with the counter's value when last proven. An in-place write through
-any of them bumps its counter; the state then stops holding and forgets its proofs, for every
-tensor sharing it. Proving retakes every witness at its current version, since validation has
-just read the current data.
+every joined tensor, the caller's input index tensors), an alias sharing that object's version
+counter, with the counter's value when last proven. An in-place write through any of them
+bumps its counter; the state then stops holding and forgets its proofs, for every tensor
+sharing it. Proving (after a validation) retakes every witness at its current version, since
+validation has just read the current data; deriving (a known op on checked tensors) only adds
+a geometry while the state still holds.
 
 Limits, the same as autograd's own in-place detection: writes through objects safesparse never
 saw (``.data``, NumPy views, a plain torch tensor built elsewhere on the same storage) bypass
