@@ -32,23 +32,47 @@ def _is_scalar(x: Any) -> bool:
     )
 
 
+def positive_power(args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpKind:
+    """``t ** p`` for a scalar p > 0 keeps zeros zero (the indices); anything else is unknown."""
+    exponent = args[1] if len(args) > 1 else kwargs.get("exponent")
+    ok = isinstance(exponent, (int, float)) and not isinstance(exponent, bool) and exponent > 0
+    return PRESERVING if ok else OpKind.UNKNOWN
+
+
 def scalar_else_trusted(args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpKind:
     """Multiplying/dividing by a scalar keeps the indices; with a tensor, torch builds new ones."""
     other = args[1] if len(args) > 1 else kwargs.get("other")
     return PRESERVING if _is_scalar(other) else TRUSTED
 
 
+#: Zero-preserving elementwise ops torch applies to the values of a sparse tensor alone (f(0) is
+#: 0, so the index data of the result is the input's): function, method and in-place forms.
+VALUES_ONLY = (
+    "abs", "absolute", "angle", "arcsin", "arcsinh", "arctan", "arctanh", "asin", "asinh",
+    "atan", "atanh", "ceil", "conj_physical", "deg2rad", "erf", "erfinv", "expm1", "fix",
+    "floor", "frac", "isinf", "isnan", "isneginf", "isposinf", "log1p", "nan_to_num", "neg",
+    "negative", "positive", "rad2deg", "relu", "round", "sgn", "sign", "signbit", "sin", "sinh",
+    "sqrt", "square", "tan", "tanh", "trunc",
+)
+
+
+def _forms(names: tuple[str, ...]) -> list[Any]:
+    """``torch.name``, ``Tensor.name`` and ``Tensor.name_`` for each name, where torch has them."""
+    return [f for name in names
+            for f in (getattr(torch, name, None), getattr(T, name, None),
+                      getattr(T, name + "_", None))
+            if f is not None]
+
+
 SafeSparseTensor.classify(PRESERVING, [
     # copies and views of the whole tensor
     T.clone, torch.clone, T.detach, torch.detach, T.detach_, T.requires_grad_,
     T.to, T.cpu, T.cuda, T.float, T.double, T.half, T.bfloat16, T.int, T.long, T.bool,
-    T.type,
+    T.type, T.pin_memory, T.__neg__, T.__pos__, T.__abs__,
     # elementwise ops on values only
-    T.neg, torch.neg, T.__neg__, T.abs, torch.abs, T.sqrt, torch.sqrt, T.sin, torch.sin,
-    T.tanh, torch.tanh, T.relu, torch.relu, T.sign, torch.sign, T.square, torch.square,
-    T.conj_physical, torch.conj_physical,
-    T.neg_, T.abs_, T.sqrt_, T.sin_, T.tanh_, T.relu_, T.sign_, T.square_,
+    *_forms(VALUES_ONLY),
 ])
+SafeSparseTensor.classify(positive_power, [T.pow, torch.pow, T.__pow__, T.pow_, T.__ipow__])
 SafeSparseTensor.classify(scalar_else_trusted, [
     T.mul, torch.mul, T.__mul__, T.__rmul__, T.div, torch.div, T.__truediv__,
     T.mul_, T.__imul__, T.div_, T.__itruediv__,

@@ -160,7 +160,14 @@ class SafeSparseTensor(torch.Tensor):
 
     @classmethod
     def op_table(cls) -> dict[Callable[..., Any], OpEntry]:
+        """A copy of the table (func -> entry)."""
         return dict(cls._OPS)
+
+    @classmethod
+    def set_op_table(cls, table: dict[Callable[..., Any], OpEntry]) -> None:
+        """Replace the whole table, e.g. with a copy taken by :meth:`op_table` earlier."""
+        cls._OPS.clear()
+        cls._OPS.update(table)
 
     @classmethod
     @not_traced
@@ -371,7 +378,7 @@ def _fresh(t: torch.Tensor) -> bool:
     return all(m._version == 0 for m in index_members(t))
 
 
-_INPLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__"})
+_INPLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ipow__"})
 
 
 def _is_inplace(func: Callable[..., Any]) -> bool:
