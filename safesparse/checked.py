@@ -1,158 +1,313 @@
-"""Checked-state tracking: which index data was validated, and whether it changed since.
+"""Checked state: the one module that decides whether a tensor counts as checked.
 
-One :class:`IndexState` exists per index *structure*: the index member tensors of a sparse
-tensor, identified by data pointer, shape, strides, dtype and device. Every SafeSparseTensor
-built on that structure joins the same state, checked or not: its views, its rebuilds with new
-values, an unchecked tensor built on the same index tensors. The state records which
-geometries (compressed/plain extents, or COO sparse sizes) validation has *proven*, and holds
-*witnesses*: for each tensor object that can write the structure through torch (the members of
-every joined tensor, the caller's input index tensors), an alias sharing that object's version
-counter, with the counter's value when last proven. An in-place write through any of them
-bumps its counter; the state then stops holding and forgets its proofs, for every tensor
-sharing it. Proving (after a validation) retakes every witness at its current version, since
-validation has just read the current data; deriving (a known op on checked tensors) only adds
-a geometry while the state still holds.
+When is a tensor checked
+------------------------
+A SafeSparseTensor is checked when validation has passed on its current index data, or when an
+operation known to keep index data (a view or a copy of it) made it from tensors that were
+checked before and after the operation ran. It stops being checked as soon as any tensor that
+can write that index data (every tensor built on it, the index tensors it was built from, the
+members it handed out) writes it in place, unless the write is one known to keep it valid.
+Index data this process cannot watch (inference tensors, storage shared with other processes)
+is never remembered: it is validated again whenever its state is asked for.
 
-Limits, the same as autograd's own in-place detection: writes through objects safesparse never
-saw (``.data``, NumPy views, a plain torch tensor built elsewhere on the same storage) bypass
-the witnessed counters and are not seen. Debug mode ignores the cache.
+How it is remembered
+--------------------
+Each SafeSparseTensor carries one :class:`Record` (attribute ``_ss``). Records of tensors built
+on the same index *structure* (member tensors with the same data pointer, shape, strides, dtype
+and device) share one :class:`IndexState`, found through a weak cache keyed by the structure.
+The state holds
 
-The cache maps index keys to states through weak references: a state lives only while a
-tensor carries it, so the cache never keeps tensors alive and never grows past the live
-tensors. A live state's witnesses alias its index storage, so that memory cannot be freed and
-reused under a cached key.
+* the *geometries* (compressed/plain extents, or COO sparse sizes and coalesced flag) that
+  validation has proven for the current data, and
+* one :class:`Watch` per tensor object that can write the structure: an alias sharing that
+  object's version counter, and the counter's value when the proofs were made. torch bumps the
+  counter on every in-place write, through the object or anything sharing its counter (the
+  members a sparse tensor hands out share its counter; so do views of them).
+
+A moved counter voids every proof of the state, for every tensor sharing it. A watch is only
+dropped once its owner and every member it handed out are gone, and only after it was checked:
+a write through a tensor that has died since is still seen. Proofs are made from a snapshot of
+the counters taken *before* validation read the data, so a write landing during validation is
+never blessed.
+
+Limits: writes through objects safesparse never saw or handed out bypass the counters (``.data``
+of a member, NumPy views, ``detach()`` of a handed-out member once the member itself is gone,
+a plain tensor built elsewhere on the same storage). Debug mode ignores all of this and
+validates every input and result.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch._C import DisableTorchFunctionSubclass
 
-IndexKey = tuple[tuple[int, Hashable, Hashable, torch.dtype, torch.device], ...]
+from .validation import compressed_members
+
+__all__ = [
+    "IndexKey",
+    "IndexState",
+    "Record",
+    "Snapshot",
+    "Stats",
+    "cache_size",
+    "clear_cache",
+    "count",
+    "geometry_of",
+    "index_key",
+    "index_members",
+    "reset_stats",
+    "stats",
+]
+
+IndexKey = tuple[tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype, torch.device], ...]
 
 
-class _Watch:
-    """The witnessed members of one owner: aliases sharing its version counter(s), and the
-    version each had when the state last held."""
+# ---------------------------------------------------------------------------------------------
+# Members, keys and geometries of sparse tensors
 
-    __slots__ = ("aliases", "owner", "versions")
 
-    def __init__(self, owner: torch.Tensor, members: Iterable[torch.Tensor]) -> None:
+def index_members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The index tensors of a sparse tensor (compressed + plain, or the COO indices)."""
+    with DisableTorchFunctionSubclass():
+        if t.layout == torch.sparse_coo:
+            return (t._indices(),)
+        return compressed_members(t)
+
+
+def index_key(indices: Iterable[torch.Tensor]) -> IndexKey:
+    """Identity of an index structure: per member, data pointer, shape, strides, dtype, device."""
+    return tuple((m.data_ptr(), tuple(m.shape), m.stride(), m.dtype, m.device) for m in indices)
+
+
+def compressed_geometry(n_compressed: int, n_plain: int) -> Hashable:
+    return ("compressed", n_compressed, n_plain)
+
+
+def coo_geometry(sparse_size: Sequence[int], coalesced: bool) -> Hashable:
+    return ("coo", tuple(sparse_size), bool(coalesced))
+
+
+def geometry_of(t: torch.Tensor) -> Hashable:
+    """What, beyond the index tensors themselves, their validity depends on."""
+    with DisableTorchFunctionSubclass():
+        if t.layout == torch.sparse_coo:
+            return coo_geometry(t.shape[: t.sparse_dim()], t.is_coalesced())
+        compressed, _ = compressed_members(t)
+        m = compressed.dim() - 1
+        blocked = t.layout in (torch.sparse_bsr, torch.sparse_bsc)
+        vshape = t.values().shape
+        b0, b1 = (vshape[m + 1], vshape[m + 2]) if blocked else (1, 1)
+        rows, cols = t.shape[m], t.shape[m + 1]
+        row_compressed = t.layout in (torch.sparse_csr, torch.sparse_bsr)
+        extent, block = (cols, b1) if row_compressed else (rows, b0)
+        return compressed_geometry(compressed.shape[-1] - 1, extent // block if block else 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Watches and index states
+
+
+class Watch:
+    """One tensor object that can write an index structure: an alias sharing its version
+    counter, the counter's value when the state's proofs were made, and weak references to
+    the members it handed out (which share its counter and may outlive it)."""
+
+    __slots__ = ("alias", "handed", "owner", "version")
+
+    def __init__(self, owner: torch.Tensor, alias: torch.Tensor) -> None:
         self.owner = weakref.ref(owner)
-        # The members of a sparse tensor come from its accessors, which return a fresh alias
-        # on every call: keep those. A caller's own tensor gets a detach() alias, so that the
-        # state never keeps the caller's object alive.
-        self.aliases = [m if m is not owner else m.detach() for m in members]
-        self.versions = [m._version for m in self.aliases]
+        self.alias = alias
+        self.version = alias._version
+        self.handed: list[weakref.ref[torch.Tensor]] = []
 
-    def unchanged(self) -> bool:
-        for alias, version in zip(self.aliases, self.versions, strict=True):
-            if alias._version != version:
-                return False
-        return True
+    def changed(self) -> bool:
+        return self.alias._version != self.version
 
-    def rearm(self) -> None:
-        self.versions = [a._version for a in self.aliases]
+    def gone(self) -> bool:
+        """Nothing but our own alias can write through this counter any more."""
+        return self.owner() is None and all(h() is None for h in self.handed)
+
+    def hand_out(self, member: torch.Tensor) -> None:
+        if len(self.handed) >= 16:
+            self.handed = [h for h in self.handed if h() is not None]
+        self.handed.append(weakref.ref(member))
+
+
+#: A snapshot of an index state's counters, taken before validation reads the data.
+Snapshot = dict[int, int]
 
 
 class IndexState:
     """What is known about one index structure; shared by every tensor built on it."""
 
-    __slots__ = ("__weakref__", "_lock", "_watches", "key", "proven")
+    __slots__ = ("__weakref__", "_limit", "key", "lock", "proven", "retired", "watches")
 
     def __init__(self, key: IndexKey) -> None:
         self.key = key
         self.proven: set[Hashable] = set()
-        self._watches: dict[int, _Watch] = {}  # by id(owner); stale ids are pruned
-        self._lock = threading.Lock()
+        self.watches: dict[int, Watch] = {}  # by id(owner), checked against the weak owner
+        self.retired: list[Watch] = []  # watches whose owner died; dropped once gone
+        self.lock = threading.Lock()
+        self._limit = 8
 
-    def _watch_of(self, owner: torch.Tensor) -> _Watch | None:
-        watch = self._watches.get(id(owner))
-        return watch if watch is not None and watch.owner() is owner else None
+    # -- all methods below with a leading underscore expect ``self.lock`` to be held --------
 
-    def witness(self, owner: torch.Tensor, members: Iterable[torch.Tensor]) -> None:
-        """Watch ``owner``'s members. A tensor joining a state that holds is taken at its
-        current version; one joining a state that no longer holds cannot revive it."""
-        with self._lock:
-            if self._watch_of(owner) is not None:
-                return
-            if len(self._watches) >= 8:
-                self._prune()
-            self._watches[id(owner)] = _Watch(owner, members)
-
-    def witnesses_owner(self, owner: torch.Tensor) -> bool:
-        with self._lock:
-            return self._watch_of(owner) is not None
-
-    def witness_count(self) -> int:
-        with self._lock:
-            self._prune()
-            return sum(len(w.aliases) for w in self._watches.values())
-
-    def _prune(self) -> None:
-        dead = [i for i, w in self._watches.items() if w.owner() is None]
-        for i in dead:
-            del self._watches[i]
+    def _all(self) -> Iterable[Watch]:
+        yield from self.watches.values()
+        yield from self.retired
 
     def _holds(self) -> bool:
-        # Watches of dead owners are checked too (pruned only as the dict grows): their
-        # aliases share the structure's storage, so checking them can only catch more.
-        for watch in self._watches.values():
-            if not watch.unchanged():
+        for w in self.watches.values():
+            if w.alias._version != w.version:
+                self.proven.clear()
+                return False
+        for w in self.retired:
+            if w.alias._version != w.version:
                 self.proven.clear()
                 return False
         return True
 
+    def _watch_of(self, owner: torch.Tensor) -> Watch | None:
+        w = self.watches.get(id(owner))
+        return w if w is not None and w.owner() is owner else None
+
+    def _witness(self, owner: torch.Tensor, alias: torch.Tensor) -> Watch:
+        i = id(owner)
+        old = self.watches.get(i)
+        if old is not None:
+            if old.owner() is owner:
+                return old
+            self.retired.append(old)  # the id was reused: its owner died; keep checking it
+        if len(self.watches) + len(self.retired) >= self._limit:
+            self._prune()
+        w = self.watches[i] = Watch(owner, alias)
+        return w
+
+    def _prune(self) -> None:
+        """Retire the watches of dead owners and drop the gone ones, after checking them."""
+        for i in [i for i, w in self.watches.items() if w.owner() is None]:
+            self.retired.append(self.watches.pop(i))
+        keep = []
+        for w in self.retired:
+            if w.changed():
+                self.proven.clear()  # written before it died: no proof survives it
+            if not w.gone():
+                keep.append(w)  # a member it handed out can still write through its counter
+        self.retired = keep
+        self._limit = max(8, 2 * (len(self.watches) + len(self.retired)))
+
+    # -- public, locking ---------------------------------------------------------------------
+
+    def witness(self, owner: torch.Tensor, alias: torch.Tensor) -> Watch:
+        """Watch ``owner`` (through ``alias``, which shares its version counter). A tensor
+        joining is taken at its current version: it cannot revive a state that stopped
+        holding, since that state has no proofs left."""
+        with self.lock:
+            return self._witness(owner, alias)
+
     def holds(self) -> bool:
-        """True while no witnessed index tensor was written in place."""
-        with self._lock:
+        """True while no watched tensor was written in place since the proofs were made."""
+        with self.lock:
             return self._holds()
 
     def is_proven(self, geometry: Hashable) -> bool:
-        with self._lock:
+        with self.lock:
             return geometry in self.proven and self._holds()
 
+    def snapshot(self) -> Snapshot:
+        """The counters now: pass to :meth:`prove` once validation has read the data."""
+        with self.lock:
+            return {id(w): w.alias._version for w in self._all()}
+
+    def prove(self, geometry: Hashable, snap: Snapshot) -> bool:
+        """Validation passed for ``geometry`` on the data as it was at ``snap``. Proven only if
+        no counter moved since (a write during validation); returns whether it was."""
+        with self.lock:
+            for w in self._all():
+                now = w.alias._version
+                if snap.get(id(w), w.version) != now:
+                    return False
+            if not self._holds():  # the proofs were void: re-arm at the validated versions
+                for w in self._all():
+                    w.version = w.alias._version
+            self.proven.add(geometry)
+            return True
+
     def derive(self, geometry: Hashable) -> bool:
-        """A tensor derived from checked tensors by a known op has ``geometry``: record it while
-        the state holds (no re-arming: no data was read). Returns whether it holds."""
-        with self._lock:
+        """A tensor made by a known op from checked tensors has ``geometry``: record it while
+        the state holds (nothing is re-armed: no data was read). Returns whether it holds."""
+        with self.lock:
             if not self._holds():
                 return False
             self.proven.add(geometry)
             return True
 
-    def prove(self, geometry: Hashable) -> None:
-        """Validation just passed for ``geometry`` on the current data."""
-        with self._lock:
-            if not self._holds():
-                for w in self._watches.values():
-                    w.rearm()
-            self.proven.add(geometry)
-
-    def retake(self, owner: torch.Tensor) -> None:
-        """``owner`` wrote only values (a known-safe in-place op): re-arm its witnesses."""
-        with self._lock:
+    def rearm(self, owner: torch.Tensor, geometry: Hashable) -> bool:
+        """``owner`` ran an in-place op known to keep its index data valid for ``geometry``:
+        take its counter as it is now, if every other watch still holds."""
+        with self.lock:
             mine = self._watch_of(owner)
-            others = (w for i, w in self._watches.items() if i != id(owner))
-            if mine is not None and all(w.unchanged() for w in others if w.owner() is not None):
-                mine.rearm()
+            if mine is None or geometry not in self.proven:
+                return False
+            for w in self._all():
+                if w is not mine and w.changed():
+                    self.proven.clear()
+                    return False
+            mine.version = mine.alias._version
+            return True
 
+    def hand_out(self, owner: torch.Tensor, member: torch.Tensor) -> None:
+        """``owner`` handed ``member`` (sharing its counter) to the user: keep watching
+        ``owner``'s counter while ``member`` lives, even after ``owner`` dies."""
+        with self.lock:
+            w = self._watch_of(owner)
+            if w is None:
+                return
+            w.hand_out(member)
+        member._ss_state = self  # type: ignore[attr-defined]  # see knows()
 
-def tensor_key(t: torch.Tensor) -> tuple[int, Hashable, Hashable, torch.dtype, torch.device]:
-    """Identity of one index tensor: data pointer first (``witness_inputs`` relies on it)."""
-    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
+    def knows(self, x: torch.Tensor) -> bool:
+        """Whether writes through the plain tensor ``x`` are seen here: it is a watched owner,
+        or a member handed out by one (sharing that owner's counter)."""
+        if x.__dict__.get("_ss_state") is self:
+            return True
+        with self.lock:
+            return self._watch_of(x) is not None
 
-
-def index_key(indices: Iterable[torch.Tensor]) -> IndexKey:
-    return tuple(tensor_key(t) for t in indices)
+    def watch_count(self) -> int:
+        with self.lock:
+            self._prune()
+            return len(self.watches) + len(self.retired)
 
 
 # ---------------------------------------------------------------------------------------------
-# The cache of index structures
+# Records: the checked state of one tensor
+
+
+class Record:
+    """The checked state of one SafeSparseTensor.
+
+    ``state`` is the shared state of its index structure (None for volatile tensors), ``ptrs``
+    the data pointers of its members when it joined (members replaced or moved, e.g. by
+    ``share_memory_()``, make it unchecked), ``geometry`` what it was proven for when
+    ``trusted`` (validated, or derived by a known op). ``volatile`` tensors (inference tensors,
+    shared memory) are validated whenever their state is asked for.
+    """
+
+    __slots__ = ("geometry", "ptrs", "state", "trusted", "volatile")
+
+    def __init__(self, state: IndexState | None, ptrs: tuple[int, ...], volatile: bool) -> None:
+        self.state = state
+        self.ptrs = ptrs
+        self.volatile = volatile
+        self.trusted = False
+        self.geometry: Hashable = None
+
 
 _cache: weakref.WeakValueDictionary[IndexKey, IndexState] = weakref.WeakValueDictionary()
 _cache_lock = threading.Lock()
@@ -173,6 +328,173 @@ def lookup(key: IndexKey) -> IndexState | None:
         return _cache.get(key)
 
 
+def _unwatchable(t: torch.Tensor, members: Sequence[torch.Tensor]) -> bool:
+    """Whether writes to ``t``'s index data can happen unseen by any counter here."""
+    return t.is_inference() or any(m.is_shared() for m in members)  # type: ignore[no-untyped-call]
+
+
+def join(t: torch.Tensor, members: Sequence[torch.Tensor] | None = None,
+         key: IndexKey | None = None) -> Record:
+    """Give ``t`` (a fresh wrapper) a record, joined to its index structure's state and watched
+    there. ``key``: the structure's key, if the caller has it (reused while the pointers match)."""
+    with DisableTorchFunctionSubclass():
+        if members is None:
+            members = index_members(t)
+        ptrs = tuple(m.data_ptr() for m in members)
+        if _unwatchable(t, members):
+            rec = Record(None, ptrs, True)
+        else:
+            if key is None or ptrs != tuple(k[0] for k in key):
+                key = index_key(members)
+            state = state_for(key)
+            state.witness(t, members[0] if members else t)
+            rec = Record(state, ptrs, False)
+    t._ss = rec  # type: ignore[attr-defined]
+    return rec
+
+
+def record(t: torch.Tensor) -> Record | None:
+    rec: Record | None = t.__dict__.get("_ss")
+    return rec
+
+
+def current_record(t: torch.Tensor) -> Record:
+    """``t``'s record, re-joined if its members were replaced or moved since it joined."""
+    rec = record(t)
+    with DisableTorchFunctionSubclass():
+        members = index_members(t)
+        if rec is None or rec.ptrs != tuple(m.data_ptr() for m in members):
+            rec = join(t, members)
+    return rec
+
+
+# -- the rule -----------------------------------------------------------------------------
+
+
+def is_checked(t: torch.Tensor,
+               revalidate: Callable[[torch.Tensor], bool] | None = None) -> bool:
+    """The rule of the module docstring. ``revalidate(t)`` answers for volatile tensors (a
+    full validation); without it they count as unchecked."""
+    rec = record(t)
+    if rec is None or not rec.trusted:
+        return False
+    if rec.volatile:
+        return revalidate is not None and revalidate(t)
+    state = rec.state
+    assert state is not None
+    with DisableTorchFunctionSubclass():
+        if t.layout == torch.sparse_coo:
+            if (t._indices().data_ptr(),) != rec.ptrs:
+                return False
+        else:
+            c, p = compressed_members(t)
+            if (c.data_ptr(), p.data_ptr()) != rec.ptrs:
+                return False
+    return state.is_proven(rec.geometry)
+
+
+def snapshot(t: torch.Tensor) -> Snapshot:
+    """Counters of ``t``'s state before validation reads its data (see :meth:`IndexState.prove`)."""
+    rec = current_record(t)
+    return rec.state.snapshot() if rec.state is not None else {}
+
+
+def mark_validated(t: torch.Tensor, geometry: Hashable, snap: Snapshot) -> bool:
+    """Validation passed on ``t``'s data as it was at ``snap``: record ``t`` as checked.
+    Returns False (``t`` stays unchecked) if a watched counter moved meanwhile."""
+    rec = current_record(t)
+    ok = True if rec.state is None else rec.state.prove(geometry, snap)
+    rec.trusted = ok
+    rec.geometry = geometry
+    return ok
+
+
+def mark_derived(t: torch.Tensor, geometry: Hashable) -> bool:
+    """``t`` was made by a known op from tensors checked before and after it ran, and has
+    ``geometry``: checked without validation, while its state holds."""
+    rec = current_record(t)
+    ok = True if rec.state is None else rec.state.derive(geometry)
+    rec.trusted = ok
+    rec.geometry = geometry
+    return ok
+
+
+def mark_copied(t: torch.Tensor, geometry: Hashable, snap: Snapshot) -> bool:
+    """``t`` was just overwritten in place (``copy_``) with index data known valid for
+    ``geometry``; ``snap`` was taken before the write. Proven if no *other* counter moved."""
+    rec = current_record(t)
+    if rec.state is None:
+        rec.trusted, rec.geometry = True, geometry
+        return True
+    with rec.state.lock:
+        mine = rec.state._watch_of(t)
+        if mine is not None:
+            snap = {**snap, id(mine): mine.alias._version}
+    ok = rec.state.prove(geometry, snap)
+    rec.trusted = ok
+    rec.geometry = geometry
+    return ok
+
+
+def mark_known(t: torch.Tensor, geometry: Hashable) -> bool:
+    """``t`` (just built) is on index tensors whose state proves ``geometry`` (a cache hit)."""
+    rec = current_record(t)
+    ok = rec.state is not None and rec.state.is_proven(geometry)
+    rec.trusted = ok
+    rec.geometry = geometry
+    return ok
+
+
+def mark_unchecked(t: torch.Tensor) -> None:
+    rec = record(t)
+    if rec is not None:
+        rec.trusted = False
+
+
+def after_inplace(t: torch.Tensor, keeps_indices: bool) -> None:
+    """``t`` ran an in-place op. One known to keep index data valid re-arms ``t``'s own watch
+    (if everything else still holds); any other makes ``t`` unchecked (its shared state stops
+    holding by itself if the op wrote index data)."""
+    rec = record(t)
+    if rec is None:
+        return
+    if not keeps_indices or not rec.trusted:
+        rec.trusted = False
+        return
+    if rec.volatile:
+        return
+    fresh = current_record(t)
+    if fresh is not rec or fresh.state is None or not fresh.state.rearm(t, rec.geometry):
+        fresh.trusted = False
+
+
+def hand_out(t: torch.Tensor, member: torch.Tensor) -> None:
+    """``t`` handed out ``member`` (an index member alias sharing its counter)."""
+    rec = record(t)
+    if rec is not None and rec.state is not None:
+        rec.state.hand_out(t, member)
+
+
+def watch(t: torch.Tensor, owner: torch.Tensor) -> None:
+    """``owner`` (a plain tensor: an index tensor ``t`` was built from, or the plain sparse
+    tensor ``t`` wraps) can write ``t``'s index data: watch it too."""
+    rec = record(t)
+    if rec is None or rec.state is None or owner is t:
+        return
+    if owner.layout == torch.strided:
+        alias = owner.detach()
+    else:
+        members = index_members(owner)
+        alias = members[0] if members else owner
+    rec.state.witness(owner, alias)
+
+
+def shares_index_data(t: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether the plain tensor ``x`` is one of ``t``'s index members' storage."""
+    rec = record(t)
+    return rec is not None and x.numel() > 0 and x.data_ptr() in rec.ptrs
+
+
 def cache_size() -> int:
     """Number of live cached index structures (for tests and diagnostics)."""
     with _cache_lock:
@@ -184,7 +506,7 @@ def clear_cache() -> None:
     with _cache_lock:
         states = list(_cache.values())
     for state in states:
-        with state._lock:
+        with state.lock:
             state.proven.clear()
 
 
@@ -194,10 +516,14 @@ def clear_cache() -> None:
 
 @dataclass(frozen=True)
 class Stats:
-    """Counters since the last :func:`reset_stats`."""
+    """Counters since the last :func:`reset_stats`.
 
-    validations: int = 0  # full index validations run
-    skipped: int = 0  # index validations avoided because the state was known
+    ``validations``: full O(nnz) index validations run. ``skipped``: index validations avoided
+    because the index data was already known valid (a rebuild on checked indices, ``validate``
+    of a checked tensor)."""
+
+    validations: int = 0
+    skipped: int = 0
 
 
 _stats_lock = threading.Lock()
@@ -210,11 +536,13 @@ def count(field: str) -> None:
 
 
 def stats() -> Stats:
+    """The validation counters since the last :func:`reset_stats` (thread-safe)."""
     with _stats_lock:
         return Stats(**_counts)
 
 
 def reset_stats() -> None:
+    """Set the counters of :func:`stats` back to zero."""
     with _stats_lock:
         for k in _counts:
             _counts[k] = 0

@@ -21,13 +21,7 @@ from ._compile import not_traced
 from .checked import IndexKey
 from .debug import is_debug
 from .invariants import COMPRESSED_LAYOUTS
-from .tensor import (
-    SafeSparseTensor,
-    compressed_geometry,
-    prove,
-    witness_inputs,
-    wrap,
-)
+from .tensor import SafeSparseTensor, compressed_geometry, wrap
 from .validation import (
     LAYOUTS,
     check_compressed_indices,
@@ -76,13 +70,28 @@ def _proven(key: IndexKey, indices: tuple[torch.Tensor, ...], geometry: Hashable
     """Whether these index tensors are proven valid for ``geometry`` (outside debug mode).
 
     Index tensors whose version counter has moved are only trusted through a state that
-    witnesses them; ``_version == 0`` means no write ever went through them.
+    sees writes through them; ``_version == 0`` means no write ever went through them.
     """
     if is_debug():
         return False
     state = checked.lookup(key)
     return (state is not None and state.is_proven(geometry)
-            and all(x._version == 0 or state.witnesses_owner(x) for x in indices))
+            and all(x._version == 0 or state.knows(x) for x in indices))
+
+
+class _Before:
+    """What validation must be compared against: the counters of the index tensors (and of
+    their state, if one is alive) taken before the O(nnz) checks read them."""
+
+    __slots__ = ("snap", "versions")
+
+    def __init__(self, key: IndexKey, indices: tuple[torch.Tensor, ...]) -> None:
+        state = checked.lookup(key)
+        self.snap = state.snapshot() if state is not None else {}
+        self.versions = [x._version for x in indices]
+
+    def unchanged(self, indices: tuple[torch.Tensor, ...]) -> bool:
+        return [x._version for x in indices] == self.versions
 
 
 def _wants_check(check_invariants: bool | None) -> bool:
@@ -120,7 +129,7 @@ def sparse_compressed_tensor(
             check_invariants=False, **_pin(pin_memory),
         )
         out = wrap(plain_t, leaf_requires_grad=requires_grad)
-        witness_inputs(out, (compressed, plain))
+        _watch_inputs(out, (compressed, plain))
         return out
     meta = check_compressed_metadata(
         compressed, plain, vals, shape, lay, dtype=dtype, device=dev, requested_layout=lay,
@@ -128,9 +137,11 @@ def sparse_compressed_tensor(
     key = checked.index_key((compressed, plain))
     geometry = compressed_geometry(meta.n_compressed, meta.n_plain)
     known = shape is not None and _proven(key, (compressed, plain), geometry)
+    before = None
     if known:
         checked.count("skipped")
     else:
+        before = _Before(key, (compressed, plain))
         meta = check_compressed_indices(meta, compressed, plain, estimate=shape is None)
         checked.count("validations")
     plain_t = torch.sparse_compressed_tensor(
@@ -140,7 +151,7 @@ def sparse_compressed_tensor(
     if not known:  # estimation may have resolved the plain extent
         geometry = compressed_geometry(meta.n_compressed, meta.n_plain)
     return _finish(wrap(plain_t, leaf_requires_grad=requires_grad, key=key),
-                   (compressed, plain), key, known, geometry)
+                   (compressed, plain), before, geometry)
 
 
 def sparse_csr_tensor(
@@ -258,7 +269,7 @@ def sparse_coo_tensor(
             check_invariants=False, is_coalesced=is_coalesced,
         )
         out = wrap(plain_t, leaf_requires_grad=requires_grad)
-        witness_inputs(out, (idx,))
+        _watch_inputs(out, (idx,))
         return out
     meta = check_coo_metadata(idx, vals, shape, dtype=dtype, device=dev)
     coalesced = bool(is_coalesced)
@@ -267,30 +278,43 @@ def sparse_coo_tensor(
     key = checked.index_key((idx,))
     known = shape is not None and any(
         _proven(key, (idx,), ("coo", sparse_size, flag)) for flag in {coalesced, True})
+    before = None
     if known:
         checked.count("skipped")
     else:
+        before = _Before(key, (idx,))
         meta = check_coo_indices(meta, idx, is_coalesced=coalesced, estimate=shape is None)
         checked.count("validations")
     plain_t = torch.sparse_coo_tensor(
         idx, vals, meta.size, dtype=vals.dtype, device=vals.device, **_pin(pin_memory),
         check_invariants=False, is_coalesced=is_coalesced,
     )
-    # geometry None: the built tensor's coalesced flag is torch's, so ask the tensor
-    return _finish(wrap(plain_t, leaf_requires_grad=requires_grad, key=key), (idx,), key, known,
-                   None)
+    # the built tensor's coalesced flag is torch's, so ask the tensor
+    out = wrap(plain_t, leaf_requires_grad=requires_grad, key=key)
+    return _finish(out, (idx,), before, checked.geometry_of(out))
 
 
-def _finish(out: SafeSparseTensor, inputs: tuple[torch.Tensor, ...], key: IndexKey,
-            known: bool, geometry: Hashable | None) -> SafeSparseTensor:
-    """Witness the caller's index tensors and record the result as checked: on a cache hit
-    (``known``) the index structure is already proven, so nothing is re-armed."""
-    witness_inputs(out, inputs)
-    if known and out._ss_state is not None and out._ss_state.key == key:
-        out._ss_trusted = True
-    else:
-        prove(out, geometry)
-    return out
+def _finish(out: SafeSparseTensor, inputs: tuple[torch.Tensor, ...], before: _Before | None,
+            geometry: Hashable) -> SafeSparseTensor:
+    """Watch the caller's index tensors that ``out`` shares, and record ``out`` as checked: on a
+    cache hit (``before`` None) through the proven state; after a validation only if no watched
+    counter moved while it read the data (else the tensor is refused: another thread is
+    writing the index data)."""
+    _watch_inputs(out, inputs)
+    if before is None:
+        if checked.mark_known(out, geometry):
+            return out
+    elif before.unchanged(inputs) and checked.mark_validated(out, geometry, before.snap):
+        return out
+    raise RuntimeError("safesparse: the index tensors changed while they were validated "
+                       "(another thread writes them); build the tensor again")
+
+
+def _watch_inputs(out: SafeSparseTensor, inputs: tuple[torch.Tensor, ...]) -> None:
+    """The caller's index tensors that ``out`` shares storage with can write it: watch them."""
+    for x in inputs:
+        if checked.shares_index_data(out, x) and not isinstance(x, SafeSparseTensor):
+            checked.watch(out, x)
 
 
 __all__ = [

@@ -1,15 +1,19 @@
-"""The op table of :class:`SafeSparseTensor`: how each torch op's sparse result is trusted.
+"""The op table of :class:`SafeSparseTensor`: what each torch op's sparse result is worth.
 
 Three kinds (:class:`OpKind`):
 
-* ``PRESERVING`` - the result has the input's index data (a view, or a copy of it): it is
-  checked without validation.
-* ``TRUSTED`` - torch built new indices itself (coalesce, add, sparse @ sparse, conversions):
-  checked outside debug mode, when every sparse input was checked.
+* ``PRESERVING`` - the result keeps the input's index data (a view, or a copy of it): checked
+  without validation when every sparse input was checked before and after the op.
+* ``NEW_INDICES`` - torch builds new index data (coalesce, add, sparse @ sparse, conversions):
+  the result is validated before it counts as checked (torch 2.13's own kernels emit invalid
+  tensors). An invalid result is repaired where a repair exists (:data:`tensor.REPAIRS`),
+  otherwise refused with an error naming the op; never returned.
 * ``UNKNOWN`` - everything not listed: the result is a SafeSparseTensor, but unchecked.
 
-Strided results are never wrapped, whatever the kind. Extend the table with
-``SafeSparseTensor.classify(kind, [funcs])`` or ``@SafeSparseTensor.implements([funcs], kind)``.
+Whatever the kind, a sparse input that is not a checked SafeSparseTensor (a plain torch tensor
+included) leaves the result unchecked. Strided results are never wrapped. Extend the table
+with ``SafeSparseTensor.classify([funcs], kind)`` or
+``@SafeSparseTensor.implements([funcs], kind)``.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from .tensor import OpKind, SafeSparseTensor, wrap_results
+from . import checked
+from .tensor import REPAIRS, OpKind, SafeSparseTensor, _inputs_checked, _is_checked, wrap_results
 from .validation import compressed_members
 
 T = torch.Tensor
-PRESERVING, TRUSTED = OpKind.PRESERVING, OpKind.TRUSTED
+PRESERVING, NEW_INDICES = OpKind.PRESERVING, OpKind.NEW_INDICES
 
 
 def _is_scalar(x: Any) -> bool:
@@ -39,10 +44,10 @@ def positive_power(args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpKind:
     return PRESERVING if ok else OpKind.UNKNOWN
 
 
-def scalar_else_trusted(args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpKind:
+def scalar_else_new(args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpKind:
     """Multiplying/dividing by a scalar keeps the indices; with a tensor, torch builds new ones."""
     other = args[1] if len(args) > 1 else kwargs.get("other")
-    return PRESERVING if _is_scalar(other) else TRUSTED
+    return PRESERVING if _is_scalar(other) else NEW_INDICES
 
 
 #: Zero-preserving elementwise ops torch applies to the values of a sparse tensor alone (f(0) is
@@ -64,25 +69,25 @@ def _forms(names: tuple[str, ...]) -> list[Any]:
             if f is not None]
 
 
-SafeSparseTensor.classify(PRESERVING, [
+SafeSparseTensor.classify([
     # copies and views of the whole tensor
     T.clone, torch.clone, T.detach, torch.detach, T.detach_, T.requires_grad_,
     T.to, T.cpu, T.cuda, T.float, T.double, T.half, T.bfloat16, T.int, T.long, T.bool,
     T.type, T.pin_memory, T.__neg__, T.__pos__, T.__abs__,
     # elementwise ops on values only
     *_forms(VALUES_ONLY),
-])
-SafeSparseTensor.classify(positive_power, [T.pow, torch.pow, T.__pow__, T.pow_, T.__ipow__])
-SafeSparseTensor.classify(scalar_else_trusted, [
+], PRESERVING)
+SafeSparseTensor.classify([T.pow, torch.pow, T.__pow__, T.pow_, T.__ipow__], positive_power)
+SafeSparseTensor.classify([
     T.mul, torch.mul, T.__mul__, T.__rmul__, T.div, torch.div, T.__truediv__,
     T.mul_, T.__imul__, T.div_, T.__itruediv__,
-])
-SafeSparseTensor.classify(TRUSTED, [
+], scalar_else_new)
+SafeSparseTensor.classify([
     T.coalesce, T.add, torch.add, T.__add__, T.__radd__, T.sub, torch.sub, T.__sub__,
-    torch.mm, T.mm, torch.matmul, T.matmul, T.__matmul__, torch.sparse.mm,
+    torch.mm, T.mm, torch.matmul, T.matmul, T.__matmul__,
     T.to_sparse, T.to_sparse_coo, T.to_sparse_csr, T.to_sparse_csc, T.to_sparse_bsr,
-    T.to_sparse_bsc, T.add_, T.__iadd__, T.sub_, T.__isub__,
-])
+    T.to_sparse_bsc,
+], NEW_INDICES)
 
 
 @SafeSparseTensor.implements([T.contiguous], PRESERVING)
@@ -107,3 +112,122 @@ def _contiguous(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
             device=values.device, check_invariants=False,
         )
     return wrap_results(func, PRESERVING, args, kwargs, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Repairs and corrections for torch kernels that build invalid or wrong results
+
+
+def _sort_plain_indices(t: torch.Tensor) -> torch.Tensor | None:
+    """5.6 repair: the same matrix with its plain indices sorted within each line (torch 2.13's
+    CSR @ CSR can leave columns unsorted). Non-batched tensors only; None otherwise."""
+    with DisableTorchFunctionSubclass():
+        compressed, plain = compressed_members(t)
+        if compressed.dim() != 1 or plain.numel() == 0:
+            return None
+        n_plain = checked.geometry_of(t)[2]  # type: ignore[index]
+        lines = torch.repeat_interleave(
+            torch.arange(compressed.numel() - 1, device=compressed.device), compressed.diff())
+        order = torch.argsort(lines * max(int(n_plain), 1) + plain, stable=True)
+        values = t.values()[order]
+        return torch.sparse_compressed_tensor(
+            compressed, plain[order], values, t.shape, layout=t.layout, dtype=values.dtype,
+            device=values.device, check_invariants=False)
+
+
+REPAIRS["5.6"] = _sort_plain_indices
+
+
+def _as_csr_transpose(t: torch.Tensor) -> torch.Tensor:
+    """A 2-D CSC tensor's transpose as a CSR tensor on the same storage."""
+    return torch.sparse_csr_tensor(
+        t.ccol_indices(), t.row_indices(), t.values(), (t.shape[1], t.shape[0]),
+        dtype=t.dtype, device=t.device, check_invariants=False)
+
+
+@SafeSparseTensor.implements([torch.sparse.mm], NEW_INDICES)
+def _sparse_mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """torch 2.13's ``torch.sparse.mm`` of two CSC tensors returns a broken structure with the
+    values lost; here it is computed as ``(b.T @ a.T).T`` through the CSR kernel (the
+    transposes are free), giving the CSC result torch means."""
+    before = _inputs_checked(args, kwargs)
+    a, b = (*args, None, None)[:2]
+    if (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and a.layout == b.layout == torch.sparse_csc and a.dim() == b.dim() == 2
+            and not kwargs):
+        product = torch.mm(_as_csr_transpose(b), _as_csr_transpose(a))
+        if product.layout == torch.sparse_csr:
+            ret = torch.sparse_csc_tensor(
+                product.crow_indices(), product.col_indices(), product.values(),
+                (product.shape[1], product.shape[0]), dtype=product.dtype,
+                device=product.device, check_invariants=False)
+        else:
+            ret = product
+    else:
+        ret = func(*args, **kwargs)
+    return wrap_results(func, NEW_INDICES, args, kwargs, ret, before=before)
+
+
+def _same_index_data(t: Any, other: Any) -> bool:
+    """Both checked SafeSparseTensors on one index structure with the same geometry."""
+    if not (isinstance(t, SafeSparseTensor) and isinstance(other, SafeSparseTensor)):
+        return False
+    if t.layout != other.layout or t.shape != other.shape:
+        return False
+    a, b = checked.record(t), checked.record(other)
+    return (a is not None and b is not None and a.state is not None and a.state is b.state
+            and a.geometry == b.geometry and _is_checked(t) and _is_checked(other))
+
+
+def _values(t: torch.Tensor) -> torch.Tensor:
+    return t._values() if t.layout == torch.sparse_coo else t.values()
+
+
+@SafeSparseTensor.implements([T.add_, T.__iadd__, T.sub_, T.__isub__], NEW_INDICES)
+def _add_inplace(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``t.add_(g)`` where ``g`` has the same checked index data as ``t`` (an optimizer step
+    with a gradient built on the parameter's indices) is a values-only update: ``t`` stays
+    checked. Anything else runs torch's kernel, which builds new index data (validated)."""
+    before = _inputs_checked(args, kwargs)
+    t = args[0]
+    other: Any = args[1] if len(args) > 1 else kwargs.get("other")
+    alpha = args[2] if len(args) > 2 else kwargs.get("alpha", 1)
+    if (before and _same_index_data(t, other) and set(kwargs) <= {"other", "alpha"}
+            and not (torch.is_grad_enabled() and (t.requires_grad or other.requires_grad))):
+        sign = -1 if func in (T.sub_, T.__isub__) else 1
+        _values(t).add_(_values(other), alpha=sign * alpha)
+        checked.after_inplace(t, keeps_indices=True)
+        return t
+    ret = func(*args, **kwargs)
+    return wrap_results(func, NEW_INDICES, args, kwargs, ret, before=before)
+
+
+@SafeSparseTensor.implements([T.copy_], NEW_INDICES)
+def _copy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``dst.copy_(src)`` from a checked tensor of the same layout and shape (e.g.
+    ``load_state_dict``) leaves ``dst`` holding ``src``'s valid index data: checked without
+    validation. Other sources: torch's copy, then validation as for any new index data."""
+    dst, src = args[0], args[1]
+    before = _inputs_checked(args, kwargs)
+    same = (before and isinstance(src, SafeSparseTensor) and src.layout == dst.layout
+            and src.shape == dst.shape)
+    snap = checked.snapshot(dst) if same else {}
+    ret = func(*args, **kwargs)
+    if same and ret is dst and _is_checked(src) and checked.mark_copied(
+            dst, checked.geometry_of(dst), snap):
+        return dst
+    return wrap_results(func, NEW_INDICES, args, kwargs, ret, before=before)
+
+
+@SafeSparseTensor.implements([T.data.__set__], PRESERVING)  # type: ignore[attr-defined]
+def _set_data(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``t.data = new`` (``nn.Module._apply`` does this, e.g. ``module.to(dtype)``): ``t`` now
+    holds ``new``'s data and is checked exactly when ``new`` was."""
+    t, new = args[0], args[1]
+    was_checked = _is_checked(new)
+    func(*args, **kwargs)
+    checked.current_record(t)  # its members were replaced: join their state
+    if was_checked and _is_checked(new):
+        checked.mark_derived(t, checked.geometry_of(t))
+    else:
+        checked.mark_unchecked(t)

@@ -22,20 +22,20 @@ from torch._C import DisableTorchFunctionSubclass
 
 from . import checked
 from ._compile import not_traced
-from .checked import IndexKey, IndexState
+from .checked import IndexKey
 from .debug import is_debug
 from .errors import InvariantError
 from .invariants import SPARSE_LAYOUTS
-from .validation import compressed_members, validate_tensor
+from .validation import validate_tensor
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 class OpKind(enum.Enum):
-    """How an operation's sparse result relates to the invariants of its inputs."""
+    """How an operation's sparse result relates to the index data of its inputs."""
 
-    PRESERVING = "preserving"  # same index data (or a copy of it): checked, no validation
-    TRUSTED = "trusted"  # torch built new indices itself: checked outside debug mode
+    PRESERVING = "preserving"  # keeps the inputs' index data (a view or a copy): no validation
+    NEW_INDICES = "new_indices"  # torch builds new index data: validated before it is checked
     UNKNOWN = "unknown"  # anything else: the result is unchecked
 
 
@@ -55,55 +55,9 @@ class OpEntry:
         return self.kind if isinstance(self.kind, OpKind) else self.kind(args, kwargs)
 
 
-# ---------------------------------------------------------------------------------------------
-# Members and keys of plain torch sparse tensors
-
-
-def index_members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The index tensors of a sparse tensor (compressed + plain, or the COO indices)."""
-    with DisableTorchFunctionSubclass():
-        if t.layout == torch.sparse_coo:
-            return (t._indices(),)
-        return compressed_members(t)
-
-
-def geometry_of(t: torch.Tensor) -> Hashable:
-    """What, beyond the index tensors themselves, their validity depends on.
-
-    Cached on a SafeSparseTensor against its shape (the only input that can change while the
-    index members stay the same tensors)."""
-    with DisableTorchFunctionSubclass():
-        shape = t.shape
-        cached = getattr(t, "_ss_geometry", None)
-        if cached is not None and cached[0] == shape:
-            return cast(Hashable, cached[1])
-        geometry = _geometry(t)
-        if isinstance(t, SafeSparseTensor):
-            t._ss_geometry = (shape, geometry)
-        return geometry
-
-
-def _geometry(t: torch.Tensor) -> Hashable:
-    with DisableTorchFunctionSubclass():
-        if t.layout == torch.sparse_coo:
-            return ("coo", tuple(t.shape[: t.sparse_dim()]), t.is_coalesced())
-        compressed, _ = compressed_members(t)
-        m = compressed.dim() - 1
-        blocked = t.layout in (torch.sparse_bsr, torch.sparse_bsc)
-        vshape = t.values().shape
-        b0, b1 = (vshape[m + 1], vshape[m + 2]) if blocked else (1, 1)
-        rows, cols = t.shape[m], t.shape[m + 1]
-        row_compressed = t.layout in (torch.sparse_csr, torch.sparse_bsr)
-        extent, block = (cols, b1) if row_compressed else (rows, b0)
-        return compressed_geometry(compressed.shape[-1] - 1, extent // block if block else 0)
-
-
-def compressed_geometry(n_compressed: int, n_plain: int) -> Hashable:
-    return ("compressed", n_compressed, n_plain)
-
-
-def key_of(t: torch.Tensor) -> IndexKey:
-    return checked.index_key(index_members(t))
+index_members = checked.index_members
+geometry_of = checked.geometry_of
+compressed_geometry = checked.compressed_geometry
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,6 +78,9 @@ _INSPECTION: frozenset[Callable[..., Any]] = frozenset({
     _T._values, _T._indices, _T.indices, _T.is_coalesced, _T.data_ptr, _T.element_size,
     _T.get_device, _T.is_floating_point, _T.is_complex,
 })
+#: The accessors that hand out index members (sharing the tensor's version counter).
+_INDEX_ACCESSORS = frozenset({_T.crow_indices, _T.col_indices, _T.ccol_indices, _T.row_indices,
+                              _T._indices, _T.indices})
 
 
 class SafeSparseTensor(torch.Tensor):
@@ -134,9 +91,7 @@ class SafeSparseTensor(torch.Tensor):
     and member tensors are plain tensors.
     """
 
-    _ss_state: IndexState | None  # the state of the index structure this tensor is built on
-    _ss_trusted: bool  # False: built unchecked (check_invariants=False, unknown op)
-    _ss_geometry: tuple[torch.Size, Hashable]  # cache of geometry_of(self) for a shape
+    _ss: checked.Record  # its checked state (see safesparse.checked)
     _OPS: ClassVar[dict[Callable[..., Any], OpEntry]] = {}
 
     @classmethod
@@ -153,7 +108,7 @@ class SafeSparseTensor(torch.Tensor):
         return register
 
     @classmethod
-    def classify(cls, kind: OpKind | Classifier, funcs: Iterable[Callable[..., Any]]) -> None:
+    def classify(cls, funcs: Iterable[Callable[..., Any]], kind: OpKind | Classifier) -> None:
         """Record the kind of each of ``funcs`` (torch's own implementation runs)."""
         for func in funcs:
             cls._OPS[func] = OpEntry(kind)
@@ -180,7 +135,10 @@ class SafeSparseTensor(torch.Tensor):
     ) -> Any:
         if func in _INSPECTION:
             # Metadata and member accessors: no sparse result, no kernel over the index data.
-            return _run_plain(func, types, args, kwargs or {})
+            ret = _run_plain(func, types, args, kwargs or {})
+            if func in _INDEX_ACCESSORS and isinstance(args[0], SafeSparseTensor):
+                checked.hand_out(args[0], ret)  # it shares args[0]'s counter and may outlive it
+            return ret
         kwargs = kwargs or {}
         args = tuple(args)
         entry = cls._OPS.get(func)
@@ -193,15 +151,11 @@ class SafeSparseTensor(torch.Tensor):
             if entry is not None and entry.impl is not None:
                 return entry.impl(func, args, kwargs)
             kind = entry.kind_for(args, kwargs) if entry is not None else OpKind.UNKNOWN
-            # An in-place op bumps the tensor's version counter, which its index members share
-            # (torch 2.13), so a known-safe in-place op must re-record the state it keeps.
-            refresh = kind is not OpKind.UNKNOWN and _is_inplace(func) and not debug and all(
-                _is_checked(x) for x in _sparse_inputs(args, kwargs))
+            # Checked before the op ran (and, in wrap_results, after it): a write landing
+            # while torch copies the index data never goes unnoticed.
+            before = kind is not OpKind.UNKNOWN and not debug and _inputs_checked(args, kwargs)
             ret = func(*args, **kwargs)
-            if refresh and args and ret is args[0] and isinstance(ret, SafeSparseTensor):
-                state_of(ret).retake(ret)
-                return ret
-            return wrap_results(func, kind, args, kwargs, ret)
+            return wrap_results(func, kind, args, kwargs, ret, before=before)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SafeSparseTensor:
         if id(self) in memo:
@@ -257,9 +211,9 @@ class _ToPlain(torch.autograd.Function):
 
 def wrap(plain: torch.Tensor, *, leaf_requires_grad: bool = False,
          key: IndexKey | None = None) -> SafeSparseTensor:
-    """A SafeSparseTensor sharing ``plain``'s data, joined to its index structure's state, not
-    yet checked (see :func:`prove` and :func:`derive`). ``leaf_requires_grad`` makes a
-    new autograd leaf; a ``plain`` that requires grad stays connected to its graph instead.
+    """A SafeSparseTensor sharing ``plain``'s data, joined to its index structure's state and
+    watched there, not yet checked (see :mod:`safesparse.checked`). ``leaf_requires_grad``
+    makes a new autograd leaf; a ``plain`` that requires grad stays connected to its graph.
     ``key`` is the index key of the tensors ``plain`` was built from, if the caller has it.
     """
     if plain.requires_grad:
@@ -267,55 +221,8 @@ def wrap(plain: torch.Tensor, *, leaf_requires_grad: bool = False,
     else:
         out = torch.Tensor._make_subclass(SafeSparseTensor, plain, leaf_requires_grad)
     assert isinstance(out, SafeSparseTensor)
-    out._ss_trusted = False
-    _join(out, index_members(out), key)
+    checked.join(out, key=key)
     return out
-
-
-def _join(t: SafeSparseTensor, members: tuple[torch.Tensor, ...],
-          key: IndexKey | None = None) -> IndexState:
-    # A caller's key is reused when the members are still those tensors (torch did not copy).
-    if key is None or [m.data_ptr() for m in members] != [k[0] for k in key]:
-        key = checked.index_key(members)
-    state = checked.state_for(key)
-    state.witness(t, members)
-    t._ss_state = state
-    return state
-
-
-def state_of(t: SafeSparseTensor) -> IndexState:
-    """The state of ``t``'s index structure, joining it (witnessing ``t``'s members) if ``t``
-    is new to it or its members were replaced since."""
-    state = t._ss_state
-    members = index_members(t)
-    if state is None or state.key != checked.index_key(members):
-        state = _join(t, members)
-    return state
-
-
-def witness_inputs(t: SafeSparseTensor, inputs: Iterable[torch.Tensor]) -> None:
-    """The caller's index tensors that ``t`` (just wrapped) shares storage with can write it:
-    watch them too."""
-    state = t._ss_state if t._ss_state is not None else state_of(t)
-    ptrs = {entry[0] for entry in state.key}  # the data pointers of t's index members
-    for x in inputs:
-        if x.data_ptr() in ptrs and x.numel() and not isinstance(x, SafeSparseTensor):
-            state.witness(x, (x,))
-
-
-def prove(t: SafeSparseTensor, geometry: Hashable | None = None) -> None:
-    """``t`` (just wrapped, or just given its current state) was validated: record it as
-    checked. ``geometry`` is ``geometry_of(t)`` if the caller knows it."""
-    state = t._ss_state if t._ss_state is not None else state_of(t)
-    state.prove(geometry_of(t) if geometry is None else geometry)
-    t._ss_trusted = True
-
-
-def derive(t: SafeSparseTensor, geometry: Hashable | None = None) -> None:
-    """``t`` (just wrapped) came from checked tensors through a known op: checked, without
-    validation, as long as its index structure's state holds."""
-    state = t._ss_state if t._ss_state is not None else state_of(t)
-    t._ss_trusted = state.derive(geometry_of(t) if geometry is None else geometry)
 
 
 @not_traced
@@ -330,26 +237,42 @@ def unwrap(t: torch.Tensor) -> torch.Tensor:
     return torch.Tensor._make_subclass(torch.Tensor, t, False)
 
 
-def _is_checked(t: torch.Tensor) -> bool:
-    if not isinstance(t, SafeSparseTensor) or not getattr(t, "_ss_trusted", False):
+def _revalidates(t: torch.Tensor) -> bool:
+    """A full validation of a tensor whose index data cannot be watched (volatile)."""
+    checked.count("validations")
+    try:
+        validate_tensor(t)
+    except InvariantError:
         return False
-    state = t._ss_state
-    return (state is not None and state.key == key_of(t)
-            and state.is_proven(geometry_of(t)))
+    return True
+
+
+def _is_checked(t: torch.Tensor) -> bool:
+    return isinstance(t, SafeSparseTensor) and checked.is_checked(t, _revalidates)
 
 
 @not_traced
 def is_checked(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a SafeSparseTensor whose index data is known valid and unmodified."""
+    """Whether ``t`` is a SafeSparseTensor whose index data is known valid and unmodified.
+
+    The rule is in :mod:`safesparse.checked`. Inference tensors and tensors whose index
+    storage is shared with other processes are validated on every call (they cannot be
+    watched). Never raises.
+    """
     return _is_checked(t)
+
+
+#: Attempts to validate index data that another thread keeps writing, before giving up.
+_ATTEMPTS = 3
 
 
 @not_traced
 def validate(t: torch.Tensor) -> SafeSparseTensor:
     """Validate ``t`` (once) and return it as a checked SafeSparseTensor sharing its storage.
 
-    A tensor already checked is not validated again (outside debug mode). Raises
-    :class:`InvariantError` for a broken invariant and ``TypeError`` for a non-sparse tensor.
+    A tensor already checked is not validated again (outside debug mode, where every call
+    validates). Raises :class:`InvariantError` for a broken invariant and ``TypeError`` for a
+    strided tensor or a non-tensor.
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"validate() expects a torch sparse tensor, got {type(t).__name__}")
@@ -360,22 +283,39 @@ def validate(t: torch.Tensor) -> SafeSparseTensor:
         if not debug and _is_checked(t):
             checked.count("skipped")
             return t  # type: ignore[return-value]
-        out = t if isinstance(t, SafeSparseTensor) else wrap(t)
-        state = state_of(out)
-        if not debug and _fresh(out) and state.is_proven(geometry_of(out)):
-            validate_tensor(out, check_indices=False)  # indices proven; metadata is O(1)
-            checked.count("skipped")
+        if isinstance(t, SafeSparseTensor):
+            out = t
         else:
-            validate_tensor(out)
-            checked.count("validations")
-        prove(out)
+            out = wrap(t)
+            checked.watch(out, t)  # t shares out's counter, and may outlive it
+        _validate_into(out, debug)
     return out
 
 
-def _fresh(t: torch.Tensor) -> bool:
-    """Whether ``t``'s own version counter never moved: no write through ``t`` that a proof
-    made before ``t`` was known could have missed."""
-    return all(m._version == 0 for m in index_members(t))
+def _validate_into(out: SafeSparseTensor, debug: bool, op: str | None = None) -> None:
+    """Validate ``out`` and record it as checked; ``op`` names the op in the error."""
+    rec = checked.current_record(out)
+    geometry = geometry_of(out)
+    state = rec.state
+    if (not debug and state is not None and state.is_proven(geometry)
+            and all(m._version == 0 or state.knows(out) for m in index_members(out))):
+        # Proven index data, and no write through out's own counter that the proof missed.
+        validate_tensor(out, check_indices=False)  # metadata is O(1)
+        checked.count("skipped")
+        checked.mark_known(out, geometry)
+        return
+    for _ in range(_ATTEMPTS):
+        snap = checked.snapshot(out)
+        try:
+            validate_tensor(out)
+        except InvariantError as err:
+            checked.mark_unchecked(out)
+            raise (err if op is None else err.with_context(op=op)) from None
+        checked.count("validations")
+        if checked.mark_validated(out, geometry, snap):
+            return
+    raise RuntimeError("safesparse: the index data kept changing while it was validated "
+                       "(another thread writes it); the tensor is left unchecked")
 
 
 _INPLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ipow__"})
@@ -389,26 +329,43 @@ def _is_inplace(func: Callable[..., Any]) -> bool:
 def op_name(func: Callable[..., Any]) -> str:
     """A readable name: ``mul``, or ``mT`` for a property getter."""
     name: str = getattr(func, "__name__", None) or repr(func)
-    if name == "__get__":  # a property: name the descriptor, not its getter
+    if name in ("__get__", "__set__"):  # a property: name the descriptor, not its accessor
         name = getattr(getattr(func, "__self__", None), "__name__", name)
     return name
 
 
-def _sparse_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[SafeSparseTensor]:
-    found = [a for a in args if isinstance(a, SafeSparseTensor)]
+def _is_sparse(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.layout in SPARSE_LAYOUTS
+
+
+def sparse_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """Every sparse tensor among the arguments (plain or SafeSparseTensor), one level deep."""
+    found = [a for a in args if _is_sparse(a)]
     for a in args:
         if isinstance(a, (list, tuple)):
-            found += [x for x in a if isinstance(x, SafeSparseTensor)]
-    found += [v for v in kwargs.values() if isinstance(v, SafeSparseTensor)]
+            found += [x for x in a if _is_sparse(x)]
+    found += [v for v in kwargs.values() if _is_sparse(v)]
     return found
+
+
+def _inputs_checked(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether every sparse input is a checked SafeSparseTensor (a plain one never is)."""
+    inputs = sparse_inputs(args, kwargs)
+    return bool(inputs) and all(_is_checked(x) for x in inputs)
 
 
 def _validate_inputs(func: Callable[..., Any], args: tuple[Any, ...],
                      kwargs: dict[str, Any]) -> None:
-    """Debug mode: inputs whose checked state was lost are validated before the op runs."""
-    for t in _sparse_inputs(args, kwargs):
-        if t.layout in SPARSE_LAYOUTS and not _is_checked(t):
-            _validate_in_debug(func, t)
+    """Debug mode: every sparse input is validated before the op runs, cache ignored."""
+    for t in sparse_inputs(args, kwargs):
+        if isinstance(t, SafeSparseTensor):
+            _validate_into(t, True, op_name(func))  # and it is checked from now on
+            continue
+        try:
+            validate_tensor(t)
+        except InvariantError as err:
+            raise err.with_context(op=op_name(func)) from None
+        checked.count("validations")
 
 
 def wrap_results(
@@ -418,13 +375,20 @@ def wrap_results(
     kwargs: dict[str, Any],
     ret: Any,
     geometry: Hashable | None = None,
+    *,
+    before: bool = True,
 ) -> Any:
-    """Re-wrap the sparse tensors in ``ret`` and give them their checked state. ``geometry``:
-    that of a single sparse result, when the op knows it (a transpose keeps its input's)."""
+    """Re-wrap the sparse tensors in ``ret`` and give them their checked state.
+
+    ``geometry``: that of a single sparse result, when the op knows it (a transpose keeps its
+    input's). ``before``: whether every sparse input was checked before the op ran (the
+    caller knows; results that share storage with their inputs need only the check after)."""
     if isinstance(ret, torch.Tensor):
-        return _wrap_one(func, kind, args, kwargs, ret, geometry)
+        return _wrap_one(func, kind, args, kwargs, ret, geometry, before)
     if isinstance(ret, (tuple, list)):
-        return type(ret)(wrap_results(func, kind, args, kwargs, r) for r in ret)
+        return type(ret)(
+            _wrap_one(func, kind, args, kwargs, r, None, before)
+            if isinstance(r, torch.Tensor) else r for r in ret)
     return ret
 
 
@@ -434,31 +398,67 @@ def _wrap_one(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     ret: torch.Tensor,
-    geometry: Hashable | None = None,
+    geometry: Hashable | None,
+    before: bool,
 ) -> torch.Tensor:
     if ret.layout not in SPARSE_LAYOUTS:
         return ret
-    if isinstance(ret, SafeSparseTensor):
-        # An in-place op returned its input: in debug mode the result is validated like any
-        # other; otherwise is_checked notices if the op replaced or wrote the index members.
-        if is_debug():
-            _validate_in_debug(func, ret)
+    debug = is_debug()
+    # Checked after the op too; an in-place op's own target moved its counter itself.
+    trusted = not debug and before and kind is not OpKind.UNKNOWN and all(
+        _is_checked(x) for x in sparse_inputs(args, kwargs) if x is not ret)
+    if isinstance(ret, SafeSparseTensor):  # an in-place op (or one returning its input)
+        if debug:
+            _validate_into(ret, True, op_name(func))
+        elif kind is OpKind.NEW_INDICES and trusted:
+            _validate_into(ret, False, op_name(func))
+        else:
+            checked.after_inplace(ret, keeps_indices=trusted and kind is OpKind.PRESERVING)
         return ret
-    inputs = _sparse_inputs(args, kwargs)
     out = wrap(ret)
-    if is_debug():
-        _validate_in_debug(func, out)
-    elif kind is not OpKind.UNKNOWN and inputs and all(_is_checked(t) for t in inputs):
-        derive(out, geometry)  # derived from checked tensors by a known op: no validation
+    if debug or (trusted and kind is OpKind.NEW_INDICES):
+        return _validated_result(func, out, debug)
+    if trusted and kind is OpKind.PRESERVING and _metadata_kept(args, out):
+        checked.mark_derived(out, geometry_of(out) if geometry is None else geometry)
+    return out
+
+
+def _metadata_kept(args: tuple[Any, ...], out: torch.Tensor) -> bool:
+    """A preserving op that moved the data to another device or dtype: the O(1) metadata
+    checks (e.g. 4.1 refuses ``meta``) still have to pass."""
+    first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    if first is not None and first.device == out.device and first.dtype == out.dtype:
+        return True
+    try:
+        validate_tensor(out, check_indices=False)
+    except InvariantError:
+        return False
+    return True
+
+
+#: Repairs for results torch builds wrongly, by the invariant they break: ``repair(t)``
+#: returns a tensor equal to what ``t`` means, or None (ops.py registers them). The repaired
+#: tensor is validated again.
+REPAIRS: dict[str, Callable[[torch.Tensor], torch.Tensor | None]] = {}
+
+
+def _validated_result(func: Callable[..., Any], out: SafeSparseTensor,
+                      debug: bool) -> SafeSparseTensor:
+    """A result whose index data torch built: checked only once validation has seen it. An
+    invalid one is repaired where a repair for its broken invariant exists, else refused."""
+    try:
+        _validate_into(out, debug, op_name(func))
+    except InvariantError as err:
+        repair = REPAIRS.get(err.invariant) if err.layout == out.layout else None
+        fixed = repair(out) if repair is not None and not debug else None
+        if fixed is None:
+            raise err.with_context(
+                op=f"{op_name(func)}: torch built this result; it is not returned") from None
+        out = wrap(fixed)
+        _validate_into(out, False, op_name(func))
     return out
 
 
 def _validate_in_debug(func: Callable[..., Any], t: SafeSparseTensor) -> None:
     """Debug mode: validate ``t`` fully (no cache), naming ``func`` in the error."""
-    try:
-        validate_tensor(t)
-    except InvariantError as err:
-        raise err.with_context(op=op_name(func)) from None
-    checked.count("validations")
-    state_of(t)  # an in-place op may have replaced the members
-    prove(t)
+    _validate_into(t, True, op_name(func))

@@ -101,7 +101,7 @@ def _transpose(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
             f"batch dim with a sparse dim; only the sparse dims ({s0}, {s1}) can be swapped "
             "without rebuilding the indices (convert with .to_sparse_coo() first)"
         )
-    return _torch_default(func, args, kwargs, OpKind.TRUSTED)
+    return _torch_default(func, args, kwargs, OpKind.NEW_INDICES)
 
 
 @SafeSparseTensor.implements([T.t, torch.t], OpKind.PRESERVING)

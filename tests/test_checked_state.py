@@ -439,10 +439,10 @@ def test_repeated_unchecked_rebuilds_keep_the_witnesses_bounded() -> None:
     # Each build joins the index structure's state; builds that die must not accumulate.
     crow, col, values = members()
     t = ss.sparse_csr_tensor(crow, col, values, SIZE)
-    state = t._ss_state
+    state = t._ss.state
     assert state is not None
     for _ in range(200):
         ss.sparse_csr_tensor(crow, col, values * 2, SIZE, check_invariants=False)
     gc.collect()
-    assert state.witness_count() <= 8
+    assert state.watch_count() <= 8
     assert ss.is_checked(t)

@@ -141,22 +141,23 @@ def test_debug_mode_is_per_thread() -> None:
 
 
 def test_every_sparse_result_is_validated() -> None:
+    # SPEC section 6: every sparse input before the op (cache ignored), every sparse result
     t = build()
     x = torch.ones(3, 2)
     ss.reset_stats()
     with ss.debug():
         a = t * 2
-        assert validations() == 1
+        assert validations() == 2  # t, then the result
         b = a.clone()
-        assert validations() == 2
-        c = b.mT
-        assert validations() == 3
-        d = t + t
         assert validations() == 4
+        c = b.mT
+        assert validations() == 6
+        d = t + t
+        assert validations() == 9  # both operands, then the result
         e = torch.zeros_like(t)  # unknown outside debug mode; validated here
-        assert validations() == 5
-        y = t @ x  # strided: nothing to validate
-        assert validations() == 5
+        assert validations() == 11
+        y = t @ x  # strided: only the input to validate
+        assert validations() == 12
     for r in (a, b, c, d, e):
         assert type(r) is ss.SafeSparseTensor
         assert ss.is_checked(r)
@@ -258,7 +259,7 @@ def test_inplace_results_are_validated() -> None:
     ss.reset_stats()
     with ss.debug():
         t.mul_(2)
-    assert validations() == 1
+    assert validations() == 2  # the input before, the result after
     assert ss.is_checked(t)
 
 
@@ -275,9 +276,9 @@ def test_debug_mode_in_a_thread_validates_only_there() -> None:
     th = threading.Thread(target=worker)
     th.start()
     th.join()
-    assert counts == [1]
+    assert counts == [2]  # the input and the result
     t * 2  # this thread: debug off
-    assert validations() == 1
+    assert validations() == 2
 
 
 def test_error_names_property_ops() -> None:
