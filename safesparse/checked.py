@@ -481,6 +481,9 @@ def watch(t: torch.Tensor, owner: torch.Tensor) -> None:
     rec = record(t)
     if rec is None or rec.state is None or owner is t:
         return
+    if owner.is_inference():  # no counter to watch: t can only be validated when asked
+        rec.state, rec.volatile = None, True
+        return
     if owner.layout == torch.strided:
         alias = owner.detach()
     else:

@@ -21,7 +21,7 @@ from ._compile import not_traced
 from .checked import IndexKey
 from .debug import is_debug
 from .invariants import COMPRESSED_LAYOUTS
-from .tensor import SafeSparseTensor, compressed_geometry, wrap
+from .tensor import SafeSparseTensor, compressed_geometry, validate_into, wrap
 from .validation import (
     LAYOUTS,
     check_compressed_indices,
@@ -75,7 +75,8 @@ def _proven(key: IndexKey, indices: tuple[torch.Tensor, ...], geometry: Hashable
     if is_debug():
         return False
     state = checked.lookup(key)
-    return (state is not None and state.is_proven(geometry)
+    return (state is not None and not any(x.is_inference() for x in indices)
+            and state.is_proven(geometry)
             and all(x._version == 0 or state.knows(x) for x in indices))
 
 
@@ -88,10 +89,17 @@ class _Before:
     def __init__(self, key: IndexKey, indices: tuple[torch.Tensor, ...]) -> None:
         state = checked.lookup(key)
         self.snap = state.snapshot() if state is not None else {}
-        self.versions = [x._version for x in indices]
+        self.versions = _versions(indices)
 
     def unchanged(self, indices: tuple[torch.Tensor, ...]) -> bool:
-        return [x._version for x in indices] == self.versions
+        return self.versions is not None and _versions(indices) == self.versions
+
+
+def _versions(indices: tuple[torch.Tensor, ...]) -> list[int] | None:
+    """The version counters of ``indices``; None if one has none (an inference tensor)."""
+    if any(x.is_inference() for x in indices):
+        return None
+    return [x._version for x in indices]
 
 
 def _wants_check(check_invariants: bool | None) -> bool:
@@ -306,8 +314,10 @@ def _finish(out: SafeSparseTensor, inputs: tuple[torch.Tensor, ...], before: _Be
             return out
     elif before.unchanged(inputs) and checked.mark_validated(out, geometry, before.snap):
         return out
-    raise RuntimeError("safesparse: the index tensors changed while they were validated "
-                       "(another thread writes them); build the tensor again")
+    # A counter moved while the checks read the data (another thread writes it), or the
+    # index tensors cannot be watched: validate the built tensor itself (torch read nothing).
+    validate_into(out)
+    return out
 
 
 def _watch_inputs(out: SafeSparseTensor, inputs: tuple[torch.Tensor, ...]) -> None:

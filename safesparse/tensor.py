@@ -288,11 +288,11 @@ def validate(t: torch.Tensor) -> SafeSparseTensor:
         else:
             out = wrap(t)
             checked.watch(out, t)  # t shares out's counter, and may outlive it
-        _validate_into(out, debug)
+        validate_into(out, debug)
     return out
 
 
-def _validate_into(out: SafeSparseTensor, debug: bool, op: str | None = None) -> None:
+def validate_into(out: SafeSparseTensor, debug: bool = False, op: str | None = None) -> None:
     """Validate ``out`` and record it as checked; ``op`` names the op in the error."""
     rec = checked.current_record(out)
     geometry = geometry_of(out)
@@ -359,7 +359,7 @@ def _validate_inputs(func: Callable[..., Any], args: tuple[Any, ...],
     """Debug mode: every sparse input is validated before the op runs, cache ignored."""
     for t in sparse_inputs(args, kwargs):
         if isinstance(t, SafeSparseTensor):
-            _validate_into(t, True, op_name(func))  # and it is checked from now on
+            validate_into(t, True, op_name(func))  # and it is checked from now on
             continue
         try:
             validate_tensor(t)
@@ -409,9 +409,9 @@ def _wrap_one(
         _is_checked(x) for x in sparse_inputs(args, kwargs) if x is not ret)
     if isinstance(ret, SafeSparseTensor):  # an in-place op (or one returning its input)
         if debug:
-            _validate_into(ret, True, op_name(func))
+            validate_into(ret, True, op_name(func))
         elif kind is OpKind.NEW_INDICES and trusted:
-            _validate_into(ret, False, op_name(func))
+            validate_into(ret, False, op_name(func))
         else:
             checked.after_inplace(ret, keeps_indices=trusted and kind is OpKind.PRESERVING)
         return ret
@@ -447,7 +447,7 @@ def _validated_result(func: Callable[..., Any], out: SafeSparseTensor,
     """A result whose index data torch built: checked only once validation has seen it. An
     invalid one is repaired where a repair for its broken invariant exists, else refused."""
     try:
-        _validate_into(out, debug, op_name(func))
+        validate_into(out, debug, op_name(func))
     except InvariantError as err:
         repair = REPAIRS.get(err.invariant) if err.layout == out.layout else None
         fixed = repair(out) if repair is not None and not debug else None
@@ -455,10 +455,10 @@ def _validated_result(func: Callable[..., Any], out: SafeSparseTensor,
             raise err.with_context(
                 op=f"{op_name(func)}: torch built this result; it is not returned") from None
         out = wrap(fixed)
-        _validate_into(out, False, op_name(func))
+        validate_into(out, False, op_name(func))
     return out
 
 
 def _validate_in_debug(func: Callable[..., Any], t: SafeSparseTensor) -> None:
     """Debug mode: validate ``t`` fully (no cache), naming ``func`` in the error."""
-    _validate_into(t, True, op_name(func))
+    validate_into(t, True, op_name(func))
