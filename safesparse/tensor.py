@@ -450,12 +450,12 @@ def _validated_result(func: Callable[..., Any], out: SafeSparseTensor,
         validate_into(out, debug, op_name(func))
     except InvariantError as err:
         repair = REPAIRS.get(err.invariant) if err.layout == out.layout else None
-        fixed = repair(out) if repair is not None and not debug else None
+        fixed = repair(out) if repair is not None else None
         if fixed is None:
             raise err.with_context(
                 op=f"{op_name(func)}: torch built this result; it is not returned") from None
         out = wrap(fixed)
-        validate_into(out, False, op_name(func))
+        validate_into(out, debug, op_name(func))
     return out
 
 
