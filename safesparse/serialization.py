@@ -267,6 +267,7 @@ class _Session:
     rejected: list[SparseRecord] = field(default_factory=list)
     pending: list[_Pending] = field(default_factory=list)
     built: dict[int, _Built] = field(default_factory=dict)  # by id of the built tensor
+    tainted: dict[int, SparseRecord] = field(default_factory=dict)  # by index data pointer
     count: int = 0
 
     def attempt(
@@ -325,28 +326,48 @@ class _Session:
             entry.item = self.adopt(t, op)
 
     def adopt(self, t: torch.Tensor, op: str) -> SafeSparseTensor | SparseRecord:
+        """Validate ``t``; an invalid one is tainted: recorded by its index data too, so that
+        an alias of it that no op built (an ``nn.Parameter``) is known as the same tensor."""
+        known = self.tainted_record(t)
+        if known is not None:
+            return known
         try:
             out: SafeSparseTensor | SparseRecord = _adopt(t)
         except InvariantError as err:
             out = SparseRecord(t.layout, _members_of(t), tuple(t.shape), None,
                                err.with_context(op=f"{op}, while loading"))
             self.rejected.append(out)
+            for m in _index_members(t):
+                if m.data_ptr():
+                    self.tainted[m.data_ptr()] = out
         self.progress(t.layout, tuple(t.shape))
         return out
 
+    def tainted_record(self, t: torch.Tensor) -> SparseRecord | None:
+        """The record of the tainted tensor whose index data ``t`` (sparse) shares, if any."""
+        if not self.tainted:
+            return None
+        for m in _index_members(t):
+            record = self.tainted.get(m.data_ptr())
+            if record is not None:
+                return record
+        return None
+
     def check_args(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Refuse to run op ``name`` on a built tensor that is invalid or not validated yet."""
+        """Refuse to run op ``name`` on a built tensor that is invalid or not validated yet,
+        or on any tensor on the index data of an invalid one."""
         if not self.built or name in _METADATA:
             return
         for a in (*args, *kwargs.values()):
             for x in a if isinstance(a, (list, tuple)) else (a,):
-                entry = self.built.get(id(x)) if isinstance(x, torch.Tensor) else None
-                if entry is None or entry.tensor is not x:
+                if not _is_sparse(x):
                     continue
-                if isinstance(entry.item, SparseRecord):
-                    raise entry.item.error.with_context(op=f"{name}, while loading")
-                if entry.item is None:
+                entry = self.built.get(id(x))
+                if entry is not None and entry.tensor is x and entry.item is None:
                     raise RuntimeError(LEGACY_WRAPPED_MESSAGE)
+                record = self.tainted_record(x)
+                if record is not None:
+                    raise record.error.with_context(op=f"{name}, while loading")
 
 
 # aten ops that read no index data: metadata and the O(1) member accessors (torch's own
@@ -437,7 +458,11 @@ class _LoadMode(TorchFunctionMode):
             return self._construct(entry[0], entry[1], args, kwargs)
         if func in _TORCH_VALIDATORS:
             return None
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        for x in out if isinstance(out, (list, tuple)) else (out,):
+            if _is_sparse(x) and not (isinstance(x, SafeSparseTensor) and is_checked(x)):
+                self.session.note_built(x, _op_name(func))
+        return out
 
     def _construct(
         self,
@@ -485,7 +510,7 @@ class _BuildWatch(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.session.check_args(name, args, kwargs)
         out = func(*args, **kwargs)
         for x in out if isinstance(out, (list, tuple)) else (out,):
-            if _is_sparse(x) and name not in ("detach", "alias"):
+            if _is_sparse(x):
                 self.session.note_built(x, f"aten.{name}")
         return out
 
