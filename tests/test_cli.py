@@ -300,3 +300,63 @@ def test_tampered_file_crashes_plain_torch_but_not_safesparse(tmp_path: Path) ->
     assert plain.returncode < 0, plain.stderr  # killed by a signal: SIGSEGV / SIGBUS
     assert -plain.returncode in (signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT)
     assert "survived" not in plain.stdout
+
+
+# --- directories, aliasing, dense counts ----------------------------------------------------------
+
+
+def test_a_directory_is_searched_recursively(tmp_path: Path, files: dict[str, Path]) -> None:
+    root = tmp_path / "ckpts"
+    (root / "sub" / "deeper").mkdir(parents=True)
+    (root / ".git").mkdir()
+    (root / "a.pt").write_bytes(files["good.pt"].read_bytes())
+    (root / "sub" / "b.pth").write_bytes(files["plain.pt"].read_bytes())
+    (root / "sub" / "deeper" / "c.CKPT").write_bytes(files["bad.pt"].read_bytes())
+    (root / "sub" / "model.bin").write_bytes(files["good.pt"].read_bytes())
+    (root / "sub" / "tokenizer.bin").write_bytes(b"\x00\x01 not torch")  # another format
+    (root / "notes.txt").write_text("not a checkpoint")
+    (root / ".git" / "hidden.pt").write_bytes(files["bad.pt"].read_bytes())
+    assert cli.find_checkpoints(root) == [root / "a.pt", root / "sub" / "b.pth",
+                                          root / "sub" / "model.bin",
+                                          root / "sub" / "deeper" / "c.CKPT"]
+    code, out = run("check", root)
+    assert code == 1
+    headers = [line.split(":")[0] for line in out.splitlines() if not line.startswith(" ")]
+    assert headers == [str(root / "a.pt"), str(root / "sub" / "b.pth"),
+                       str(root / "sub" / "model.bin"), str(root / "sub" / "deeper" / "c.CKPT"),
+                       "summary"]
+    assert out.splitlines()[-1] == (
+        "summary: 4 files, 8 sparse tensors checked (7 valid, 1 invalid), 1 dense tensor, "
+        "0 unreadable")
+
+
+def test_aliased_index_storage_is_reported_and_exits_1(tmp_path: Path) -> None:
+    w = torch.eye(3).to_sparse_csr()
+    path = tmp_path / "alias.pt"
+    torch.save({"weight": w, "step_counter": w.col_indices()[:], "bias": torch.zeros(3)}, path)
+    code, out = run("check", path)
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[0] == f"{path}: 1 sparse tensor, 2 dense tensors"
+    assert lines[1].split()[:2] == ["['weight']", "CSR"]
+    assert lines[1].endswith("ALIASED index storage shared with ['step_counter'] "
+                             "(ss.load gives it a copy of its own)")
+    assert lines[2] == ("summary: 1 file, 1 sparse tensor checked (1 valid, 0 invalid, "
+                        "1 aliased), 2 dense tensors, 0 unreadable")
+    doc = json.loads(run("check", "--json", path)[1])
+    assert doc["summary"]["aliased"] == 1 and doc["files"][0]["ok"] is False
+    assert doc["files"][0]["tensors"][0]["aliased_with"] == ["['step_counter']"]
+
+
+def test_key_paths_in_json_follow_into_the_object(tmp_path: Path) -> None:
+    import functools
+    import operator
+
+    obj = {"model": {"layers": [{"w": torch.eye(2).to_sparse()}], 3: torch.eye(2).to_sparse()}}
+    path = tmp_path / "nested.pt"
+    torch.save(obj, path)
+    doc = json.loads(run("check", "--json", path)[1])
+    key_paths = [t["key_path"] for t in doc["files"][0]["tensors"]]
+    assert key_paths == [["model", "layers", 0, "w"], ["model", 3]]
+    for kp in key_paths:  # a consumer can follow a plain key path with obj[k]
+        assert functools.reduce(operator.getitem, kp, obj).layout == torch.sparse_coo
