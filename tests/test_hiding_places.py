@@ -412,3 +412,83 @@ def test_plain_torch_loads_the_hidden_tensor(tmp_path: Path) -> None:
     obj = torch.load(write(tmp_path, hide("set", legacy())), weights_only=True)
     (t,) = obj["s"]
     assert t.layout == COO and int(t._indices().max()) == 10**9  # no kernel on the data
+
+
+# --- property: wherever the containers put them, every tensor comes back checked ------------------
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_LEAVES = st.one_of(st.integers(0, 3), st.sampled_from(list(LAYOUTS)))
+
+
+def _containers(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    hashable = st.one_of(st.integers(0, 3), st.sampled_from(list(LAYOUTS)))
+    return st.one_of(
+        st.lists(children, max_size=3),
+        st.lists(children, max_size=3).map(tuple),
+        st.dictionaries(st.text("ab", max_size=2), children, max_size=3),
+        st.dictionaries(st.text("ab", max_size=2), children, max_size=3).map(
+            collections.OrderedDict),
+        st.lists(hashable, max_size=3).map(lambda xs: ("set", xs)),
+        st.lists(st.tuples(hashable, children), max_size=3).map(lambda xs: ("keys", xs)),
+        st.lists(children, max_size=2).map(lambda xs: ("counter", xs)),
+    )
+
+
+class _Maker:
+    """Turns a drawn skeleton into an object: each layout name becomes a new valid sparse
+    tensor whose values identify it (its number)."""
+
+    def __init__(self) -> None:
+        self.made: list[float] = []
+
+    def tensor(self, name: str) -> torch.Tensor:
+        number = float(len(self.made) + 1)
+        self.made.append(number)
+        return {"COO": lambda x: x.to_sparse(), "CSR": lambda x: x.to_sparse_csr(),
+                "CSC": lambda x: x.to_sparse_csc(), "BSR": lambda x: x.to_sparse_bsr((1, 1)),
+                "BSC": lambda x: x.to_sparse_bsc((1, 1))}[name](torch.tensor([[number, 0.0]]))
+
+    def make(self, node: Any) -> Any:
+        if isinstance(node, str):
+            return self.tensor(node)
+        if isinstance(node, int):
+            return node
+        if isinstance(node, tuple) and len(node) == 2 and node[0] == "set":
+            return {self.make(x) for x in node[1]}
+        if isinstance(node, tuple) and len(node) == 2 and node[0] == "keys":
+            return {self.make(k): self.make(v) for k, v in node[1]}
+        if isinstance(node, tuple) and len(node) == 2 and node[0] == "counter":
+            return collections.Counter({i: self.make(v) for i, v in enumerate(node[1])})
+        if isinstance(node, dict):
+            return type(node)((k, self.make(v)) for k, v in node.items())
+        return type(node)(self.make(x) for x in node)
+
+
+def _tensors_in(node: Any) -> list[torch.Tensor]:
+    if isinstance(node, torch.Tensor):
+        return [node]
+    if isinstance(node, dict):
+        return [t for k, v in node.items() for t in (*_tensors_in(k), *_tensors_in(v))]
+    if isinstance(node, (list, tuple, set, frozenset)):
+        return [t for x in node for t in _tensors_in(x)]
+    return []
+
+
+@given(st.recursive(_LEAVES, _containers, max_leaves=8))
+def test_every_sparse_tensor_anywhere_comes_back_checked(skeleton: Any) -> None:
+    import io
+
+    maker = _Maker()
+    obj = maker.make(skeleton)
+    buf = io.BytesIO()
+    torch.save({"root": obj}, buf)
+    buf.seek(0)
+    result = load_and_validate(buf, weights_only=True)
+    placed = sorted(float(t.to_dense().sum()) for t in _tensors_in(obj))  # not overwritten
+    back = _tensors_in(result.obj)
+    assert all(isinstance(t, ss.SafeSparseTensor) and ss.is_checked(t) for t in back)
+    assert sorted(float(ss.unwrap(t).to_dense().sum()) for t in back) == placed
+    assert sorted(float(ss.unwrap(f.item).to_dense().sum()) for f in result.found) == placed
+    assert all(f.keys is not None and f.error is None for f in result.found)
