@@ -255,7 +255,7 @@ class _Built:
     """A sparse tensor that a torch function other than the factories built while loading."""
 
     tensor: torch.Tensor
-    op: str
+    op: str | None
     item: SafeSparseTensor | SparseRecord | None = None  # None: data not read yet (legacy)
 
 
@@ -314,9 +314,9 @@ class _Session:
             for p in self.pending
         }
 
-    def note_built(self, t: torch.Tensor, op: str) -> None:
-        """A sparse tensor built by ``op`` outside the factories: validate it now (building
-        read no index data); an invalid one is tainted (see :meth:`check_args`)."""
+    def note_built(self, t: torch.Tensor, op: str | None) -> None:
+        """A sparse tensor built by ``op`` (if known) outside the factories: validate it now
+        (building read no index data); an invalid one is tainted (see :meth:`check_args`)."""
         if id(t) in self.built:
             return
         entry = self.built[id(t)] = _Built(t, op)
@@ -325,7 +325,7 @@ class _Session:
         with _trusted():
             entry.item = self.adopt(t, op)
 
-    def adopt(self, t: torch.Tensor, op: str) -> SafeSparseTensor | SparseRecord:
+    def adopt(self, t: torch.Tensor, op: str | None) -> SafeSparseTensor | SparseRecord:
         """Validate ``t``; an invalid one is tainted: recorded by its index data too, so that
         an alias of it that no op built (an ``nn.Parameter``) is known as the same tensor."""
         known = self.tainted_record(t)
@@ -334,8 +334,9 @@ class _Session:
         try:
             out: SafeSparseTensor | SparseRecord = _adopt(t)
         except InvariantError as err:
-            out = SparseRecord(t.layout, _members_of(t), tuple(t.shape), None,
-                               err.with_context(op=f"{op}, while loading"))
+            if op is not None:
+                err = err.with_context(op=f"{op}, while loading")
+            out = SparseRecord(t.layout, _members_of(t), tuple(t.shape), None, err)
             self.rejected.append(out)
             for m in _index_members(t):
                 if m.data_ptr():
@@ -352,6 +353,26 @@ class _Session:
             if record is not None:
                 return record
         return None
+
+    def screen(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Before torch function ``name`` runs: a sparse argument built where no mode saw it
+        (a legacy typed constructor, when the dispatch watch is off) is validated first; then
+        :meth:`check_args`."""
+        for a in (*args, *kwargs.values()) if kwargs else args:
+            if isinstance(a, torch.Tensor):
+                if a.layout is not torch.strided:
+                    self._screen_one(a)
+            elif isinstance(a, (list, tuple)):
+                for x in a:
+                    if isinstance(x, torch.Tensor) and x.layout is not torch.strided:
+                        self._screen_one(x)
+        if self.built:
+            self.check_args(name, args, kwargs)
+
+    def _screen_one(self, x: torch.Tensor) -> None:
+        if (x.layout in SPARSE_LAYOUTS and id(x) not in self.built
+                and not (isinstance(x, SafeSparseTensor) and is_checked(x))):
+            self.note_built(x, None)
 
     def check_args(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Refuse to run op ``name`` on a built tensor that is invalid or not validated yet,
@@ -370,18 +391,23 @@ class _Session:
                     raise record.error.with_context(op=f"{name}, while loading")
 
 
-# aten ops that read no index data: metadata and the O(1) member accessors (torch's own
-# post-load validator calls them before it validates) and aliasing (nn.Parameter detaches).
+# Operations (aten ops, torch functions, properties) that read no index data: metadata and the
+# O(1) member accessors (torch's own post-load validator calls them before it validates) and
+# aliasing (nn.Parameter detaches).
 _METADATA = frozenset({
     "size", "stride", "dim", "sparse_dim", "dense_dim", "is_coalesced", "_nnz", "_indices",
     "_values", "indices", "values", "crow_indices", "col_indices", "ccol_indices",
     "row_indices", "numel", "detach", "alias", "_dimI", "_dimV", "sym_size", "sym_numel",
     "sym_stride", "sym_storage_offset", "storage_offset", "is_pinned", "requires_grad_",
+    "layout", "shape", "dtype", "device", "requires_grad", "is_leaf", "grad_fn", "ndim",
+    "is_sparse", "is_sparse_csr", "is_cuda", "is_meta", "is_quantized", "is_nested", "names",
 })
 
 
 def _op_name(func: Any) -> str:
     name = getattr(func, "_opname", None) or getattr(func, "__name__", None) or repr(func)
+    if name in ("__get__", "__set__"):  # a property: name the descriptor, not its getter
+        name = getattr(getattr(func, "__self__", None), "__name__", name)
     return str(name)
 
 
@@ -458,10 +484,12 @@ class _LoadMode(TorchFunctionMode):
             return self._construct(entry[0], entry[1], args, kwargs)
         if func in _TORCH_VALIDATORS:
             return None
+        name = _op_name(func)
+        self.session.screen(name, args, kwargs)
         out = func(*args, **kwargs)
         for x in out if isinstance(out, (list, tuple)) else (out,):
             if _is_sparse(x) and not (isinstance(x, SafeSparseTensor) and is_checked(x)):
-                self.session.note_built(x, _op_name(func))
+                self.session.note_built(x, name)
         return out
 
     def _construct(
@@ -640,7 +668,12 @@ def load_and_validate(
     prior = _session()
     _local.session = session
     try:
-        with _LoadMode(session), _BuildWatch(session):
+        # The dispatch watch sees what torch's C++ code builds (legacy typed constructors), at a
+        # cost per operator; with weights_only=True the unpickler can only put such a tensor in
+        # containers the walk reaches, and the function mode validates it before any use.
+        watch = (_BuildWatch(session) if kwargs.get("weights_only") is not True
+                 else contextlib.nullcontext())
+        with _LoadMode(session), watch:
             obj = _torch_load(f, **kwargs)
     except Exception as exc:
         if session.rejected:
@@ -775,7 +808,7 @@ class _Walk:
             elif isinstance(node, SafeSparseTensor) and is_checked(node):
                 item = node
             else:
-                item = self.session.adopt(node, "torch.load")
+                item = self.session.adopt(node, None)
                 if built is not None and built.tensor is node:
                     built.item = item
         self.sparse[id(node)] = _Sparse(path, item)

@@ -492,3 +492,40 @@ def test_every_sparse_tensor_anywhere_comes_back_checked(skeleton: Any) -> None:
     assert sorted(float(ss.unwrap(t).to_dense().sum()) for t in back) == placed
     assert sorted(float(ss.unwrap(f.item).to_dense().sum()) for f in result.found) == placed
     assert all(f.keys is not None and f.error is None for f in result.found)
+
+
+def test_overlapping_index_members_of_two_tensors_are_both_copied(tmp_path: Path) -> None:
+    a = torch.eye(3).to_sparse_csr()
+    col = a.col_indices()
+    b = torch.sparse_csr_tensor(torch.tensor([0, 2]), col[1:], torch.ones(2), (1, 3),
+                                check_invariants=True)
+    result = load_and_validate(write(tmp_path, {"a": a, "b": b}), weights_only=True)
+    assert [f.aliased_with for f in result.found] == [("['b'] (index members)",),
+                                                     ("['a'] (index members)",)]
+    out = result.obj
+    assert ss.is_checked(out["a"]) and ss.is_checked(out["b"])
+    out["b"].col_indices()[0] = 0  # b's own copy: a is unaffected
+    assert out["a"].col_indices().tolist() == [0, 1, 2] and ss.is_checked(out["a"])
+
+
+def test_a_function_of_the_unpickler_on_a_legacy_tensor_is_refused(tmp_path: Path) -> None:
+    """weights_only=True: ``bytearray`` (an allowed global) asks the tensor for ``__index__``;
+    the function mode validates the legacy-built tensor first and refuses to run it."""
+    path = write(tmp_path, {"x": Reduce(bytearray, legacy())})
+    with pytest.raises(ss.InvariantError, match=r"^\[COO 5\.2\]") as info:
+        ss.load(path)
+    cause = info.value.__cause__
+    assert isinstance(cause, ss.InvariantError) and "while loading" in str(cause.op)
+
+
+def test_legacy_tensor_with_torch_global_checks_enabled(tmp_path: Path) -> None:
+    """torch's own checks (when enabled globally) refuse the legacy constructor first."""
+    path = write(tmp_path, hide("set", legacy()))
+    with torch.sparse.check_sparse_tensor_invariants(enable=True), \
+            pytest.raises(RuntimeError, match="size is inconsistent with indices"):
+        ss.load(path)
+    good = write(tmp_path, hide("set", Reduce(torch.sparse.FloatTensor, torch.tensor([[0, 1]]),
+                                              torch.ones(2), torch.Size([2]))), "good.pt")
+    with torch.sparse.check_sparse_tensor_invariants(enable=True):
+        (t,) = ss.load(good)["s"]
+    assert ss.is_checked(t)
