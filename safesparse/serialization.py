@@ -358,6 +358,8 @@ class _Session:
         """Before torch function ``name`` runs: a sparse argument built where no mode saw it
         (a legacy typed constructor, when the dispatch watch is off) is validated first; then
         :meth:`check_args`."""
+        if name in _METADATA:  # reads no index data (torch's post-load pass calls these on
+            return  # the tensors of its global list, stale ones of other loads included)
         for a in (*args, *kwargs.values()) if kwargs else args:
             if isinstance(a, torch.Tensor):
                 if a.layout is not torch.strided:
