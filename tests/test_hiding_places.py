@@ -523,7 +523,7 @@ def test_legacy_tensor_with_torch_global_checks_enabled(tmp_path: Path) -> None:
     refuse it first, with its own RuntimeError)."""
     path = write(tmp_path, hide("set", legacy()))
     with torch.sparse.check_sparse_tensor_invariants(enable=True), \
-            pytest.raises(RuntimeError, match="size is inconsistent with indices|5\\.2"):
+            pytest.raises(RuntimeError, match=r"size is inconsistent with indices|5\.2"):
         ss.load(path)
     good = write(tmp_path, hide("set", Reduce(torch.sparse.FloatTensor, torch.tensor([[0, 1]]),
                                               torch.ones(2), torch.Size([2]))), "good.pt")
