@@ -23,11 +23,18 @@ reaches the mode as the aten op it runs, an allowlisted user global, ours):
   torch's factory (a checked :class:`SafeSparseTensor`). When a check fails, *nothing is built*:
   the mode returns a :class:`SparseRecord` (the layout, the raw members and the
   :class:`InvariantError`) in place of the tensor, and loading goes on;
-* any other torch function that returns a sparse tensor (a legacy constructor, say) builds it
-  (building reads no index data) and the result is validated at once. A valid one is noted as
-  built; an invalid one is *tainted*: any later torch function that receives it while the file
-  is still being read (other than metadata accessors) raises its :class:`InvariantError`
-  instead of running, so no kernel ever reads its index data.
+* any other torch function that returns a sparse tensor builds it (building reads no index
+  data) and the result is validated at once, and so is any sparse tensor a torch function
+  receives that the mode has not seen (a legacy constructor's, built from C++), before the
+  function runs. A valid one is noted as built; an invalid one is *tainted*: any later torch
+  function that receives it while the file is still being read (other than metadata
+  accessors) raises its :class:`InvariantError` instead of running, so no kernel ever reads its
+  index data. Where the file may run code of its own (``weights_only`` not ``True``),
+  :class:`_BuildWatch`, a :class:`~torch.utils._python_dispatch.TorchDispatchMode`, also sees
+  every aten operator, which validates a legacy constructor's tensor as it is built and refuses
+  operators that torch's C++ code runs on a tainted one. (With ``weights_only=True`` the
+  unpickler can only put such a tensor in containers the walk reaches, and a mode on every
+  operator costs time on every tensor of every file.)
 
 After ``torch.load`` returns, :class:`_Walk` goes through the whole loaded object: dicts of any
 kind (``OrderedDict`` state dicts, ``Counter``, ``defaultdict``) *and their keys*, lists, tuples,
