@@ -14,8 +14,7 @@ Everything here runs ``torch.load`` itself, unchanged (its ``weights_only`` unpi
 allowlist, opcode restrictions and user safe globals, ``map_location``, the zip and legacy
 formats), inside a :class:`~torch.overrides.TorchFunctionMode` (:class:`_LoadMode`). The mode
 sees every torch function called while the file is read, whichever pickled function called it
-(torch's rebuild function, a legacy typed constructor such as ``torch.sparse.FloatTensor``, which
-reaches the mode as the aten op it runs, an allowlisted user global, ours):
+(torch's rebuild function, an allowlisted user global, ours):
 
 * the factories through which torch turns loaded member tensors into a sparse tensor get the
   raw members (indices, values, size, coalesced flag) handed to the safe factories instead,
