@@ -541,3 +541,21 @@ def test_an_aborted_load_does_not_leak_into_the_next(tmp_path: Path) -> None:
     with torch.sparse.check_sparse_tensor_invariants(enable=True):
         assert ss.is_checked(ss.load(good)["w"])
     assert cli.check_file(good).ok
+
+
+@pytest.mark.parametrize("place", WEIGHTS_ONLY_PLACES)
+def test_legacy_file_format_hidden_and_aliased(place: str, tmp_path: Path) -> None:
+    """torch's pre-1.6 format reads the data after the pickle: the same outcome."""
+    bad = tmp_path / "bad.pt"
+    torch.save(hide(place, legacy()), bad, _use_new_zipfile_serialization=False)
+    with pytest.raises(ss.InvariantError) as info:
+        ss.load(bad)
+    assert (info.value.invariant, info.value.path) == ("5.2", PATHS[place])
+    w = valid("CSR")
+    aliased = tmp_path / "aliased.pt"
+    torch.save({"w": w, "c": hide(place, plain_indices(w)[:])}, aliased,
+               _use_new_zipfile_serialization=False)
+    result = load_and_validate(aliased, weights_only=True)
+    (found,) = result.found
+    assert found.aliased_with == (f"['c']{PATHS[place]}",)
+    assert ss.is_checked(result.obj["w"])
