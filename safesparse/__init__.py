@@ -7,6 +7,7 @@ Drop-in factories that check every sparse invariant once, before torch sees the 
 from __future__ import annotations
 
 from . import ops as _ops  # noqa: F401  (fills the op table)
+from . import pickling as _pickling  # noqa: F401  (SafeSparseTensor.__reduce_ex__)
 from . import transpose as _transpose  # noqa: F401  (zero-copy transposes)
 from .checked import Stats, clear_cache, reset_stats, stats
 from .debug import debug, is_debug, set_debug
@@ -20,7 +21,7 @@ from .factories import (
     sparse_csr_tensor,
 )
 from .invariants import CATALOG, Invariant
-from .serialization import load
+from .serialization import load, save, unwrap_all
 from .tensor import OpKind, SafeSparseTensor, is_checked, unwrap, validate
 
 __version__ = "0.1.0"
@@ -38,6 +39,7 @@ __all__ = [
     "is_debug",
     "load",
     "reset_stats",
+    "save",
     "set_debug",
     "sparse_bsc_tensor",
     "sparse_bsr_tensor",
@@ -47,5 +49,6 @@ __all__ = [
     "sparse_csr_tensor",
     "stats",
     "unwrap",
+    "unwrap_all",
     "validate",
 ]

@@ -1,13 +1,15 @@
 """``safesparse`` command line: ``check`` vets checkpoints, ``demo`` shows it on a tampered file.
 
-``python -m safesparse check FILE...`` loads each file with ``torch.load(weights_only=True,
-map_location="cpu")`` through :func:`safesparse.serialization.load_and_validate`, so every
-sparse tensor's members are validated before torch builds the tensor, and a tensor that fails is
-never built at all (see :mod:`safesparse.serialization`). It prints one line per sparse tensor and
-a summary, or one JSON document with ``--json``.
+``python -m safesparse check PATH...`` loads each file (and each checkpoint file found in a
+directory, recursively) with ``torch.load(weights_only=True, map_location="cpu")`` through
+:func:`safesparse.serialization.load_and_validate`, so every sparse tensor's members are
+validated before torch builds the tensor or anything uses it, and a tensor that fails is never
+built at all, or never touched (see :mod:`safesparse.serialization`). It prints one line per
+sparse tensor and a summary, or one JSON document with ``--json``.
 
-Exit status: 0 when every sparse tensor of every file is valid, 1 when any is invalid, 2 when a
-file cannot be read (missing, not a torch checkpoint, refused by ``weights_only``); 2 wins over 1.
+Exit status: 0 when every sparse tensor of every file is valid, 1 when any is invalid or shares
+its index storage with another tensor of the file, 2 when a file cannot be read (missing, not a
+torch checkpoint, refused by ``weights_only``); 2 wins over 1.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ EXIT_UNREADABLE = 2
 PROGRESS_MIN_BYTES = 32 * 2**20
 #: Seconds between two updates of the progress line.
 PROGRESS_INTERVAL_S = 0.1
+#: Files a directory argument is searched for (recursively). ``.bin`` is a common name for
+#: other formats too: such a file is checked only if it starts like a torch checkpoint.
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -51,14 +56,21 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 class TensorReport:
     """One sparse tensor of a file: where it is, what it is, and whether it is valid."""
 
-    key: str | None  # pytree key path; "" for the file's top-level object; None: unreachable
+    key: str | None  # key path; "" for the file's top-level object; None: unreachable
     layout: str
     shape: list[int] | None
     nnz: int | None
-    ok: bool
+    valid: bool
     invariant: str | None = None
     message: str | None = None
     location: dict[str, Any] | None = None
+    key_path: list[Any] | None = None  # the key path as a list of keys (JSON values)
+    aliased_with: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Valid, and its index storage shared with no other tensor of the file."""
+        return self.valid and not self.aliased_with
 
     @property
     def display_key(self) -> str:
@@ -66,16 +78,28 @@ class TensorReport:
             return "<unknown>"
         return self.key or "<root>"
 
+    @property
+    def verdict(self) -> str:
+        if not self.valid:
+            return f"INVALID {self.message}"
+        if self.aliased_with:
+            return (f"ALIASED index storage shared with {', '.join(self.aliased_with)} "
+                    "(ss.load gives it a copy of its own)")
+        return "OK"
+
     def to_json(self) -> dict[str, Any]:
         return {
             "key": self.key,
+            "key_path": self.key_path,
             "layout": self.layout,
             "shape": self.shape,
             "nnz": self.nnz,
             "ok": self.ok,
+            "valid": self.valid,
             "invariant": self.invariant,
             "message": self.message,
             "location": self.location,
+            "aliased_with": list(self.aliased_with),
         }
 
 
@@ -86,6 +110,7 @@ class FileReport:
     path: str
     error: str | None = None
     tensors: list[TensorReport] = field(default_factory=list)
+    dense: int = 0  # dense (strided) tensors read
 
     @property
     def ok(self) -> bool:
@@ -93,13 +118,18 @@ class FileReport:
 
     @property
     def invalid(self) -> int:
-        return sum(not t.ok for t in self.tensors)
+        return sum(not t.valid for t in self.tensors)
+
+    @property
+    def aliased(self) -> int:
+        return sum(t.valid and bool(t.aliased_with) for t in self.tensors)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "path": self.path,
             "ok": self.ok,
             "error": self.error,
+            "dense": self.dense,
             "tensors": [t.to_json() for t in self.tensors],
         }
 
@@ -116,14 +146,16 @@ def _jsonable(value: Any) -> Any:
 
 def _tensor_report(found: Found) -> TensorReport:
     item = found.item
+    key_path = None if found.keys is None else [_jsonable(k.to_json()) for k in found.keys]
     if isinstance(item, SparseRecord):
         err = item.error
         return TensorReport(
             key=found.path,
+            key_path=key_path,
             layout=layout_name(item.layout),
             shape=None if item.shape is None else list(item.shape),
             nnz=item.nnz,
-            ok=False,
+            valid=False,
             invariant=err.invariant,
             message=str(err),
             location=_jsonable(err.location),
@@ -131,10 +163,12 @@ def _tensor_report(found: Found) -> TensorReport:
     plain = unwrap(item)
     return TensorReport(
         key=found.path,
+        key_path=key_path,
         layout=layout_name(plain.layout),
         shape=list(plain.shape),
         nnz=int(plain._nnz()),
-        ok=True,
+        valid=True,
+        aliased_with=list(found.aliased_with),
     )
 
 
@@ -162,7 +196,7 @@ class _Progress:
 
     def on_sparse(self, count: int, layout: torch.layout, shape: tuple[int, ...] | None) -> None:
         where = "" if shape is None else f" {tuple(shape)}"
-        self.show(f"{count} sparse tensors validated (last: {layout_name(layout)}{where})")
+        self.show(f"{_plural(count, 'sparse tensor')} checked (last: {layout_name(layout)}{where})")
 
     def done(self) -> None:
         if self.shown:
@@ -236,26 +270,66 @@ def check_file(path: str | os.PathLike[str], *, display: str | None = None,
         if progress is not None:
             progress.done()
     report.tensors = [_tensor_report(found) for found in result.found]
+    report.dense = result.dense
     return report
 
 
+def find_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
+    """The checkpoint files under ``directory``, recursively, sorted: names ending in
+    :data:`CHECKPOINT_SUFFIXES` (a ``.bin`` only if it starts like a torch file). Hidden
+    directories are skipped and symbolic links to directories are not followed."""
+    found: list[Path] = []
+    for root, dirs, names in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(names):
+            path = Path(root) / name
+            suffix = path.suffix.lower()
+            if suffix not in CHECKPOINT_SUFFIXES or not path.is_file():
+                continue
+            if suffix == ".bin":
+                try:
+                    if not _looks_like_torch_file(path):
+                        continue
+                except OSError:
+                    pass  # unreadable: reported by check_file
+            found.append(path)
+    return found
+
+
 def check_files(paths: Sequence[str | os.PathLike[str]]) -> list[FileReport]:
-    return [check_file(path) for path in paths]
+    """Check each file; a directory stands for the checkpoint files in it (recursively)."""
+    reports: list[FileReport] = []
+    for path in paths:
+        if Path(path).is_dir():
+            files = find_checkpoints(path)
+            if not files:
+                reports.append(FileReport(
+                    str(path), error="no checkpoint files ("
+                    + ", ".join(CHECKPOINT_SUFFIXES) + ") in this directory"))
+            reports += [check_file(f) for f in files]
+        else:
+            reports.append(check_file(path))
+    return reports
 
 
 def exit_code(reports: Sequence[FileReport]) -> int:
     if any(r.error is not None for r in reports):
         return EXIT_UNREADABLE
-    if any(r.invalid for r in reports):
+    if any(r.invalid or r.aliased for r in reports):
         return EXIT_INVALID
     return EXIT_OK
 
 
 def summary(reports: Sequence[FileReport]) -> dict[str, int]:
+    tensors = sum(len(r.tensors) for r in reports)
+    invalid = sum(r.invalid for r in reports)
     return {
         "files": len(reports),
-        "tensors": sum(len(r.tensors) for r in reports),
-        "invalid": sum(r.invalid for r in reports),
+        "tensors": tensors,
+        "valid": tensors - invalid,
+        "invalid": invalid,
+        "aliased": sum(r.aliased for r in reports),
+        "dense": sum(r.dense for r in reports),
         "unreadable": sum(r.error is not None for r in reports),
     }
 
@@ -271,14 +345,15 @@ def format_text(reports: Sequence[FileReport]) -> str:
         if report.error is not None:
             lines.append(f"{report.path}: cannot read: {report.error}")
             continue
-        lines.append(f"{report.path}: {_plural(len(report.tensors), 'sparse tensor')}")
+        lines.append(f"{report.path}: {_plural(len(report.tensors), 'sparse tensor')}, "
+                     f"{_plural(report.dense, 'dense tensor')}")
         rows = [
             (
                 t.display_key,
                 t.layout,
                 "?" if t.shape is None else str(tuple(t.shape)),
                 "nnz ?" if t.nnz is None else f"nnz {t.nnz}",
-                "OK" if t.ok else f"INVALID {t.message}",
+                t.verdict,
             )
             for t in report.tensors
         ]
@@ -287,10 +362,13 @@ def format_text(reports: Sequence[FileReport]) -> str:
             cells = [cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True)]
             lines.append("  " + "  ".join([*cells, row[4]]))
     s = summary(reports)
-    valid = s["tensors"] - s["invalid"]
+    counts = f"{s['valid']} valid, {s['invalid']} invalid"
+    if s["aliased"]:
+        counts += f", {s['aliased']} aliased"
     lines.append(
-        f"summary: {_plural(s['files'], 'file')}, {_plural(s['tensors'], 'sparse tensor')}, "
-        f"{valid} valid, {s['invalid']} invalid, {s['unreadable']} unreadable"
+        f"summary: {_plural(s['files'], 'file')}, "
+        f"{_plural(s['tensors'], 'sparse tensor')} checked ({counts}), "
+        f"{_plural(s['dense'], 'dense tensor')}, {s['unreadable']} unreadable"
     )
     return "\n".join(lines)
 
@@ -327,9 +405,9 @@ TAMPERED_COLUMN = 10**9
 
 
 def write_demo_checkpoint(path: str | os.PathLike[str]) -> None:
-    """A small state dict: a valid BSR and a valid COO tensor, and a tampered CSR tensor whose
+    """A small state dict: a valid BSR and a valid COO tensor, a tampered CSR tensor whose
     column index is 10**9 in a 3 x 3 matrix (built with torch's unchecked factory, the way a
-    corrupted or malicious file would carry it)."""
+    corrupted or malicious file would carry it), and a dense bias."""
     from .tensor import validate
 
     blocks = torch.tensor([[1.0, 2.0, 0.0, 0.0, 3.0, 4.0],
@@ -346,8 +424,8 @@ def write_demo_checkpoint(path: str | os.PathLike[str]) -> None:
             torch.tensor([0, 1, 2, 3]), torch.tensor([0, TAMPERED_COLUMN, 2]),
             torch.tensor([1.0, 2.0, 3.0]), (3, 3), check_invariants=False,
         )
-    torch.save({"encoder.weight": bsr, "embedding.weight": coo, "decoder.weight": tampered},
-               path)
+    torch.save({"encoder.weight": bsr, "embedding.weight": coo, "decoder.weight": tampered,
+                "decoder.bias": torch.zeros(3)}, path)
 
 
 def run_demo(out: TextIO | None = None) -> int:
@@ -365,6 +443,7 @@ def run_demo(out: TextIO | None = None) -> int:
         say("  encoder.weight    a valid BSR tensor")
         say("  embedding.weight  a valid COO tensor")
         say(f"  decoder.weight    a CSR tensor whose column index was changed to {TAMPERED_COLUMN}")
+        say("  decoder.bias      a dense tensor")
         say()
         say("$ python -m safesparse check checkpoint.pt")
         report = check_file(path, display="checkpoint.pt")
@@ -389,7 +468,7 @@ def run_demo(out: TextIO | None = None) -> int:
     say("  torch built a sparse tensor from them; the tampered one was never built, so no torch")
     say("  kernel touched it. `check` exits 1 on such a file; ss.load raises InvariantError.")
     say()
-    say("Check your own files: python -m safesparse check model.pt [--json]")
+    say("Check your own files: python -m safesparse check model.pt checkpoints/ [--json]")
     stream.flush()
     return EXIT_OK
 
@@ -416,11 +495,14 @@ def _parser() -> argparse.ArgumentParser:
         help="validate every sparse tensor in checkpoint files",
         description=(
             "Load each FILE with torch.load(weights_only=True, map_location='cpu'), validating "
-            "every sparse tensor before torch builds it. Exit status: 0 all valid, 1 any "
-            "invalid, 2 a file cannot be read."
+            "every sparse tensor before torch builds it. A directory is searched recursively "
+            "for " + ", ".join(CHECKPOINT_SUFFIXES) + " files. Exit status: 0 all valid, 1 any "
+            "invalid (or sharing its index storage with another tensor), 2 a file cannot be "
+            "read."
         ),
     )
-    check.add_argument("files", nargs="+", metavar="FILE", help="checkpoint written by torch.save")
+    check.add_argument("files", nargs="+", metavar="PATH",
+                       help="checkpoint written by torch.save, or a directory of them")
     check.add_argument("--json", action="store_true", help="print one JSON document")
     sub.add_parser(
         "demo",
@@ -455,6 +537,7 @@ __all__ = [
     "TensorReport",
     "check_file",
     "check_files",
+    "find_checkpoints",
     "format_json",
     "format_text",
     "main",

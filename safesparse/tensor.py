@@ -173,11 +173,6 @@ class SafeSparseTensor(torch.Tensor):
         body = body[len(prefix):] if body.startswith(prefix) else body + ")"
         return f"{prefix}checked={_is_checked(self)}, {body}"
 
-    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
-        from .serialization import reduce_safe_sparse
-
-        return reduce_safe_sparse(self)
-
 
 # ---------------------------------------------------------------------------------------------
 # Wrapping, unwrapping and checked state

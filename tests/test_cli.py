@@ -67,13 +67,14 @@ def test_valid_file_exits_0_with_one_line_per_sparse_tensor(files: dict[str, Pat
     code, out = run("check", files["good.pt"])
     assert code == 0
     lines = out.splitlines()
-    assert lines[0] == f"{files['good.pt']}: 3 sparse tensors"
+    assert lines[0] == f"{files['good.pt']}: 3 sparse tensors, 0 dense tensors"
     body = [line.split() for line in lines[1:4]]
     assert [row[0] for row in body] == ["['enc']['weight']", "['emb'][0]", "['emb'][1][0]"]
     assert [row[1] for row in body] == ["BSR", "COO", "CSC"]
     assert all(" ".join(row[2:]) == "(4, 4) nnz " + row[-2] + " OK" for row in body)
     assert [row[-2] for row in body] == ["2", "4", "4"]
-    assert lines[4] == "summary: 1 file, 3 sparse tensors, 3 valid, 0 invalid, 0 unreadable"
+    assert lines[4] == ("summary: 1 file, 3 sparse tensors checked (3 valid, 0 invalid), "
+                        "0 dense tensors, 0 unreadable")
 
 
 def test_invalid_file_exits_1_and_names_invariant_and_location(files: dict[str, Path]) -> None:
@@ -85,7 +86,7 @@ def test_invalid_file_exits_1_and_names_invariant_and_location(files: dict[str, 
            "col_indices[1] = 1000000000, n_plain = 3" in bad
     ok = next(line for line in out.splitlines() if "['ok']" in line)
     assert ok.rstrip().endswith("OK")
-    assert out.splitlines()[-1].endswith("1 valid, 1 invalid, 0 unreadable")
+    assert out.splitlines()[-1].endswith("(1 valid, 1 invalid), 0 dense tensors, 0 unreadable")
 
 
 @pytest.mark.parametrize(
@@ -105,25 +106,30 @@ def test_unreadable_file_exits_2(files: dict[str, Path], tmp_path: Path, name: s
     code, out = run("check", path)
     assert code == 2
     assert out.splitlines()[0].startswith(f"{path}: cannot read: {reason}")
-    assert out.splitlines()[-1].endswith("0 invalid, 1 unreadable")
+    assert out.splitlines()[-1].endswith("0 invalid), 0 dense tensors, 1 unreadable")
 
 
-def test_a_directory_and_a_truncated_file_are_unreadable(tmp_path: Path,
-                                                         files: dict[str, Path]) -> None:
+def test_a_truncated_file_and_an_empty_directory_are_unreadable(
+    tmp_path: Path, files: dict[str, Path]
+) -> None:
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes(files["good.pt"].read_bytes()[:200])
-    code, out = run("check", tmp_path, truncated)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, out = run("check", empty, truncated)
     assert code == 2
-    assert "not a regular file" in out and f"{truncated}: cannot read: " in out
+    assert f"{truncated}: cannot read: " in out
+    assert f"{empty}: cannot read: no checkpoint files (.pt, .pth, .ckpt, .bin)" in out
 
 
 def test_unreadable_wins_over_invalid_and_every_file_is_reported(files: dict[str, Path]) -> None:
     code, out = run("check", files["good.pt"], files["bad.pt"], files["text.txt"],
                     files["plain.pt"])
     assert code == 2
-    assert f"{files['plain.pt']}: 0 sparse tensors" in out
+    assert f"{files['plain.pt']}: 0 sparse tensors, 1 dense tensor" in out
     assert out.splitlines()[-1] == (
-        "summary: 4 files, 5 sparse tensors, 4 valid, 1 invalid, 1 unreadable")
+        "summary: 4 files, 5 sparse tensors checked (4 valid, 1 invalid), 1 dense tensor, "
+        "1 unreadable")
     assert run("check", files["good.pt"], files["plain.pt"])[0] == 0
     assert run("check", files["good.pt"], files["bad.pt"])[0] == 1
 
@@ -155,7 +161,8 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 # --- JSON --------------------------------------------------------------------------------------
 
-TENSOR_KEYS = {"key", "layout", "shape", "nnz", "ok", "invariant", "message", "location"}
+TENSOR_KEYS = {"key", "key_path", "layout", "shape", "nnz", "ok", "valid", "invariant",
+               "message", "location", "aliased_with"}
 
 
 def test_json_document_schema(files: dict[str, Path]) -> None:
@@ -163,10 +170,11 @@ def test_json_document_schema(files: dict[str, Path]) -> None:
     assert code == 2
     doc = json.loads(out)
     assert set(doc) == {"files", "summary"}
-    assert doc["summary"] == {"files": 3, "tensors": 5, "invalid": 1, "unreadable": 1}
+    assert doc["summary"] == {"files": 3, "tensors": 5, "valid": 4, "invalid": 1, "aliased": 0,
+                              "dense": 0, "unreadable": 1}
     good, bad, evil = doc["files"]
     for entry, path in zip(doc["files"], ("good.pt", "bad.pt", "evil.pt"), strict=True):
-        assert set(entry) == {"path", "ok", "error", "tensors"}
+        assert set(entry) == {"path", "ok", "error", "dense", "tensors"}
         assert entry["path"] == str(files[path])
     assert good["ok"] is True and good["error"] is None
     assert bad["ok"] is False and bad["error"] is None
@@ -177,11 +185,14 @@ def test_json_document_schema(files: dict[str, Path]) -> None:
         assert isinstance(t["key"], str) and t["layout"] in {"COO", "CSR", "CSC", "BSR", "BSC"}
         assert all(isinstance(s, int) for s in t["shape"]) and isinstance(t["nnz"], int)
     assert good["tensors"][0] == {
-        "key": "['enc']['weight']", "layout": "BSR", "shape": [4, 4], "nnz": 2, "ok": True,
-        "invariant": None, "message": None, "location": None,
+        "key": "['enc']['weight']", "key_path": ["enc", "weight"], "layout": "BSR",
+        "shape": [4, 4], "nnz": 2, "ok": True, "valid": True, "invariant": None,
+        "message": None, "location": None, "aliased_with": [],
     }
+    assert [t["key_path"] for t in good["tensors"][1:]] == [["emb", 0], ["emb", 1, 0]]
     tampered = bad["tensors"][1]
     assert tampered["key"] == "['decoder.weight']" and tampered["ok"] is False
+    assert tampered["key_path"] == ["decoder.weight"] and tampered["valid"] is False
     assert tampered["invariant"] == "5.5" and tampered["message"].startswith("[CSR 5.5]")
     assert tampered["location"] == {"batch": [], "row": 1, "position": 1, "value": 10**9}
     assert (tampered["shape"], tampered["nnz"]) == ([3, 3], 3)
@@ -214,7 +225,8 @@ def test_progress_only_on_a_terminal_for_large_files(
     report = cli.check_file(files["bad.pt"], progress_stream=err)
     assert report.invalid == 1
     if tty:
-        assert "loading" in err.getvalue() and "sparse tensors validated" in err.getvalue()
+        assert "loading" in err.getvalue() and "2 sparse tensors checked" in err.getvalue()
+        assert "1 sparse tensor checked (last" in err.getvalue()  # singular
         assert err.getvalue().endswith("\r\x1b[K")  # the status line is cleared at the end
     else:
         assert err.getvalue() == ""
@@ -232,7 +244,7 @@ def test_no_progress_for_small_files(files: dict[str, Path]) -> None:
 def test_demo_catches_the_tampered_tensor_and_exits_0() -> None:
     code, out = run("demo")
     assert code == 0
-    assert "checkpoint.pt: 3 sparse tensors" in out
+    assert "checkpoint.pt: 3 sparse tensors, 1 dense tensor" in out
     assert "['encoder.weight']" in out and "['embedding.weight']" in out
     assert "INVALID [CSR 5.5]" in out and "What was caught" in out
     assert sum(line.rstrip().endswith(" OK") for line in out.splitlines()) == 2
@@ -288,3 +300,63 @@ def test_tampered_file_crashes_plain_torch_but_not_safesparse(tmp_path: Path) ->
     assert plain.returncode < 0, plain.stderr  # killed by a signal: SIGSEGV / SIGBUS
     assert -plain.returncode in (signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT)
     assert "survived" not in plain.stdout
+
+
+# --- directories, aliasing, dense counts ----------------------------------------------------------
+
+
+def test_a_directory_is_searched_recursively(tmp_path: Path, files: dict[str, Path]) -> None:
+    root = tmp_path / "ckpts"
+    (root / "sub" / "deeper").mkdir(parents=True)
+    (root / ".git").mkdir()
+    (root / "a.pt").write_bytes(files["good.pt"].read_bytes())
+    (root / "sub" / "b.pth").write_bytes(files["plain.pt"].read_bytes())
+    (root / "sub" / "deeper" / "c.CKPT").write_bytes(files["bad.pt"].read_bytes())
+    (root / "sub" / "model.bin").write_bytes(files["good.pt"].read_bytes())
+    (root / "sub" / "tokenizer.bin").write_bytes(b"\x00\x01 not torch")  # another format
+    (root / "notes.txt").write_text("not a checkpoint")
+    (root / ".git" / "hidden.pt").write_bytes(files["bad.pt"].read_bytes())
+    assert cli.find_checkpoints(root) == [root / "a.pt", root / "sub" / "b.pth",
+                                          root / "sub" / "model.bin",
+                                          root / "sub" / "deeper" / "c.CKPT"]
+    code, out = run("check", root)
+    assert code == 1
+    headers = [line.split(":")[0] for line in out.splitlines() if not line.startswith(" ")]
+    assert headers == [str(root / "a.pt"), str(root / "sub" / "b.pth"),
+                       str(root / "sub" / "model.bin"), str(root / "sub" / "deeper" / "c.CKPT"),
+                       "summary"]
+    assert out.splitlines()[-1] == (
+        "summary: 4 files, 8 sparse tensors checked (7 valid, 1 invalid), 1 dense tensor, "
+        "0 unreadable")
+
+
+def test_aliased_index_storage_is_reported_and_exits_1(tmp_path: Path) -> None:
+    w = torch.eye(3).to_sparse_csr()
+    path = tmp_path / "alias.pt"
+    torch.save({"weight": w, "step_counter": w.col_indices()[:], "bias": torch.zeros(3)}, path)
+    code, out = run("check", path)
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[0] == f"{path}: 1 sparse tensor, 2 dense tensors"
+    assert lines[1].split()[:2] == ["['weight']", "CSR"]
+    assert lines[1].endswith("ALIASED index storage shared with ['step_counter'] "
+                             "(ss.load gives it a copy of its own)")
+    assert lines[2] == ("summary: 1 file, 1 sparse tensor checked (1 valid, 0 invalid, "
+                        "1 aliased), 2 dense tensors, 0 unreadable")
+    doc = json.loads(run("check", "--json", path)[1])
+    assert doc["summary"]["aliased"] == 1 and doc["files"][0]["ok"] is False
+    assert doc["files"][0]["tensors"][0]["aliased_with"] == ["['step_counter']"]
+
+
+def test_key_paths_in_json_follow_into_the_object(tmp_path: Path) -> None:
+    import functools
+    import operator
+
+    obj = {"model": {"layers": [{"w": torch.eye(2).to_sparse()}], 3: torch.eye(2).to_sparse()}}
+    path = tmp_path / "nested.pt"
+    torch.save(obj, path)
+    doc = json.loads(run("check", "--json", path)[1])
+    key_paths = [t["key_path"] for t in doc["files"][0]["tensors"]]
+    assert key_paths == [["model", "layers", 0, "w"], ["model", 3]]
+    for kp in key_paths:  # a consumer can follow a plain key path with obj[k]
+        assert functools.reduce(operator.getitem, kp, obj).layout == torch.sparse_coo

@@ -20,7 +20,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import safesparse as ss
-from safesparse.serialization import SparseRecord, _rebuild_safe_sparse, reduce_safe_sparse
+from safesparse.pickling import reduce_safe_sparse
+from safesparse.serialization import SparseRecord, _rebuild_safe_sparse
 
 COO, CSR, CSC, BSR, BSC = (
     torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc,
