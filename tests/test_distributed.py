@@ -1,0 +1,351 @@
+"""safesparse.distributed: sparse tensors over torch.distributed, validated on receipt.
+
+The 2-process tests run one gloo session of two subprocesses on 127.0.0.1
+(``tests/_dist_worker.py``: every scenario runs on both ranks, in order) and assert on what each
+rank recorded. Rank 0 plays the hostile peer where a scenario needs one. The session runs once
+per test module, under a timeout, so nothing can hang the suite; a crash of either rank fails
+every test with its output.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given
+from hypothesis import strategies as st
+
+import safesparse as ss
+import safesparse.distributed as ssd
+
+WORKER = Path(__file__).resolve().parent / "_dist_worker.py"
+ROOT = WORKER.parent.parent
+SESSION_TIMEOUT = 240  # seconds: generous for a loaded 2-core CI machine; a run takes ~20 s
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="torch.distributed with gloo is not available")
+
+Results = dict[int, dict[str, Any]]
+
+
+def _run_session(tmp: Path) -> Results:
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    store = tmp / "store"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(rank), "2", str(store), str(tmp / f"{rank}.json")],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp)
+        for rank in (0, 1)
+    ]
+    outputs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=SESSION_TIMEOUT)
+            outputs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    results: Results = {}
+    for rank, p in enumerate(procs):
+        path = tmp / f"{rank}.json"
+        if p.returncode != 0 or not path.exists():
+            pytest.fail(f"rank {rank} exited with {p.returncode}:\n{outputs[rank][-6000:]}")
+        results[rank] = json.loads(path.read_text())
+    return results
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> Results:
+    return _run_session(tmp_path_factory.mktemp("dist"))
+
+
+def value(session: Results, rank: int, name: str) -> Any:
+    record = session[rank][name]
+    assert record["ok"], f"rank {rank}, scenario {name}:\n{record['error']}"
+    return record["value"]
+
+
+def expected(t: torch.Tensor) -> dict[str, Any]:
+    """What the worker's ``describe`` records, computed here for the same example."""
+    sys.path.insert(0, str(WORKER.parent))
+    import _dist_worker
+
+    return _dist_worker.describe(t)
+
+
+@pytest.fixture
+def examples() -> dict[str, torch.Tensor]:
+    sys.path.insert(0, str(WORKER.parent))
+    import _dist_worker
+
+    return _dist_worker.examples()
+
+
+# ---------------------------------------------------------------------------------------------
+# Every layout arrives checked and equal
+
+
+def test_send_recv_every_layout(session: Results, examples: dict[str, torch.Tensor]) -> None:
+    got = value(session, 1, "send_recv_every_layout")
+    sent = value(session, 0, "send_recv_every_layout")
+    assert set(got) == set(examples)
+    for name, t in examples.items():
+        assert got[name] == expected(t) | {"checked": True, "safe": True}, name
+        assert sent[name] == got[name], name
+
+
+def test_recv_from_any_source(session: Results, examples: dict[str, torch.Tensor]) -> None:
+    assert value(session, 0, "recv_any_source") == expected(examples["csr"])
+
+
+def test_broadcast_every_layout(session: Results, examples: dict[str, torch.Tensor]) -> None:
+    for rank in (0, 1):
+        got = value(session, rank, "broadcast_every_layout")
+        for name, t in examples.items():
+            assert got[name] == expected(t), (rank, name)
+
+
+def test_all_gather_mixed_layouts(session: Results, examples: dict[str, torch.Tensor]) -> None:
+    want = [expected(examples["bsr_batched_hybrid"]), expected(examples["coo_hybrid"])]
+    for rank in (0, 1):
+        got = value(session, rank, "all_gather_mixed")
+        assert got["gathered"] == want
+        assert got["own_is_input"] and got["input_after"] == want[rank]  # still checked
+
+
+def test_all_gather_uneven_nnz(session: Results, examples: dict[str, torch.Tensor]) -> None:
+    want = [expected(examples["csr_empty"]), expected(examples["csr"])]
+    for rank in (0, 1):
+        assert value(session, rank, "all_gather_uneven_nnz")["gathered"] == want
+
+
+def test_all_reduce_sums_and_coalesces(session: Results) -> None:
+    results = [value(session, rank, "all_reduce_coo") for rank in (0, 1)]
+    assert results[0]["sum"] == results[1]["sum"]  # the same result on every rank
+    total = results[0]["sum"]
+    assert total["checked"] and total["coalesced"] and results[0]["total_is_coalesced"]
+    parts = results[0]["parts"]  # the dense inputs of both ranks, gathered
+    want = torch.tensor(parts[0]["dense"]) + torch.tensor(parts[1]["dense"])
+    torch.testing.assert_close(torch.tensor(total["dense"]), want)
+    assert total["shape"] == parts[0]["shape"] == [5, 4, 2]
+
+
+def test_all_reduce_refuses_mismatched_shapes(session: Results) -> None:
+    for rank in (0, 1):
+        got = value(session, rank, "all_reduce_shape_mismatch")
+        assert got["error"] == "ValueError"
+        assert f"rank {1 - rank}" in got["message"]
+
+
+# ---------------------------------------------------------------------------------------------
+# A hostile peer is refused, without a crash
+
+
+def _assert_refused(got: dict[str, Any], iid: str | None, kind: str = "InvariantError",
+                    src: int = 0) -> None:
+    assert got["type"] == kind, got["message"]
+    assert got["source_rank"] == src
+    assert f"rank {src}" in got["message"]
+    if iid is not None:
+        assert got["invariant"] == iid
+
+
+def test_tampered_members_are_refused(session: Results, examples: dict[str, torch.Tensor]
+                                      ) -> None:
+    got = value(session, 1, "refuse_tampered_members")
+    _assert_refused(got["csr_col_out_of_bounds"], "5.5")
+    assert "[CSR 5.5]" in got["csr_col_out_of_bounds"]["message"]
+    assert "1000000000" in got["csr_col_out_of_bounds"]["message"]
+    _assert_refused(got["coo_unsorted_coalesced"], "5.3")
+    _assert_refused(got["bsr_decreasing_crow"], "5.2")
+    assert got["after"] == expected(examples["csr"])  # the next message still arrives
+
+
+@pytest.mark.parametrize(("case", "kind", "iid"), [
+    ("negative_nnz", "InvariantError", "3.9"),
+    ("negative_size", "InvariantError", "3.1"),
+    ("dims_inconsistent", "InvariantError", "3.1"),
+    ("unknown_dtype", "InvariantError", "1.5"),
+    ("index_dtype_float", "InvariantError", "1.3"),
+    ("huge_nnz", "TransferError", None),
+    ("huge_batch", "TransferError", None),
+    ("over_max_bytes", "TransferError", None),
+    ("unknown_layout", "TransferError", None),
+    ("bad_magic", "TransferError", None),
+])
+def test_hostile_headers_are_refused_before_allocation(
+    session: Results, case: str, kind: str, iid: str | None
+) -> None:
+    got = value(session, 1, "refuse_hostile_headers")
+    _assert_refused(got[case], iid, kind)
+    if case.startswith("huge"):
+        assert "max_bytes" in got[case]["message"]
+
+
+def test_receiver_survives_hostile_headers(session: Results,
+                                           examples: dict[str, torch.Tensor]) -> None:
+    assert value(session, 1, "refuse_hostile_headers")["after"] == expected(examples["csr"])
+
+
+def test_tampered_broadcast_is_refused(session: Results, examples: dict[str, torch.Tensor]
+                                       ) -> None:
+    got = value(session, 1, "refuse_tampered_broadcast")
+    _assert_refused(got["refused"], "5.5")
+    assert "broadcast from rank 0" in got["refused"]["message"]
+    for rank in (0, 1):
+        assert value(session, rank, "refuse_tampered_broadcast")["after"] == expected(
+            examples["bsc"])
+
+
+def test_tampered_all_gather_is_refused(session: Results) -> None:
+    got = value(session, 1, "refuse_tampered_all_gather")
+    _assert_refused(got, "5.2")
+    assert "[BSR 5.2]" in got["message"] and "all_gather from rank 0" in got["message"]
+
+
+def test_tampered_all_reduce_is_refused(session: Results) -> None:
+    _assert_refused(value(session, 1, "refuse_tampered_all_reduce"), "5.3")
+
+
+def test_sender_validates_before_sending(session: Results) -> None:
+    for rank in (0, 1):
+        got = value(session, rank, "sender_validates")
+        assert got["type"] == "InvariantError" and got["invariant"] == "5.5"
+        assert got["source_rank"] is None  # a local refusal names no peer
+
+
+# ---------------------------------------------------------------------------------------------
+# Object collectives: pickled SafeSparseTensors are rebuilt through validation
+
+
+def test_object_collectives_deliver_checked_tensors(session: Results,
+                                                    examples: dict[str, torch.Tensor]) -> None:
+    for rank in (0, 1):
+        got = value(session, rank, "object_collectives")
+        assert got["broadcast"] == [expected(examples["csr"]),
+                                    expected(examples["bsr_batched_hybrid"]), 3]
+        assert got["all_gather"] == [expected(examples["coo_hybrid"]),
+                                     expected(examples["csc_hybrid"])]
+    assert value(session, 1, "object_collectives")["p2p"] == expected(examples["csr_batched"])
+
+
+@pytest.mark.parametrize(("case", "iid"), [("broadcast_csr", "5.5"), ("broadcast_coo", "5.3"),
+                                           ("broadcast_bsr", "5.2"), ("p2p", "5.5"),
+                                           ("all_gather", "5.2")])
+def test_tampered_objects_are_refused(session: Results, case: str, iid: str) -> None:
+    got = value(session, 1, "object_collectives_tampered")[case]
+    assert got["type"] == "InvariantError" and got["invariant"] == iid, got["message"]
+
+
+def test_plain_torch_tensors_arrive_unchecked(session: Results) -> None:
+    """torch's own pickling of a plain sparse tensor does not validate: it arrives unchecked,
+    and ss.validate refuses it before any kernel reads it."""
+    got = value(session, 1, "object_collectives_tampered")
+    assert got["plain_type"] == "Tensor" and got["plain_checked"] is False
+    assert got["plain_validate"]["type"] == "InvariantError"
+    assert got["plain_validate"]["invariant"] == "5.5"
+
+
+def test_group_works_after_refused_objects(session: Results,
+                                           examples: dict[str, torch.Tensor]) -> None:
+    assert value(session, 1, "object_collectives_tampered")["after"] == expected(examples["csr"])
+    assert value(session, 0, "object_collectives_tampered")["all_gather"]["invariant"] == "5.2"
+
+
+# ---------------------------------------------------------------------------------------------
+# DDP
+
+
+def test_ddp_matches_single_process(session: Results) -> None:
+    runs = [value(session, rank, "ddp_matches_single_process") for rank in (0, 1)]
+    for got in runs:
+        assert got["synced"] == ["adj"]
+        assert got["adj"]["checked"] and got["adj"]["safe"]
+        assert got["adj"]["dense"] == runs[0]["adj"]["dense"]  # rank 1's buffer was replaced
+        assert got["emb_grad_layout"] == "torch.sparse_coo"
+        assert got["ref_losses"][-1] < got["ref_losses"][0]  # it did train
+        for name, diff in got["diffs"].items():
+            assert diff < 1e-5, (name, diff)
+
+
+# ---------------------------------------------------------------------------------------------
+# In-process: the header, and a single-process group
+
+
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=ssd.HEADER_LEN,
+                max_size=ssd.HEADER_LEN),
+       st.booleans())
+def test_any_header_is_planned_or_refused(header: list[int], keep_magic: bool) -> None:
+    """A header of arbitrary int64s is refused with one of the two errors, or planned into
+    member shapes that are all non-negative."""
+    if keep_magic:
+        header[0], header[1] = ssd._MAGIC, ssd._VERSION
+        header[2] = abs(header[2]) % 6
+        header[5] = abs(header[5]) % 6
+    try:
+        plan = ssd._plan(header, 3, "recv")
+    except ss.InvariantError as err:
+        assert err.location["source_rank"] == 3 and "rank 3" in str(err)
+        return
+    except ssd.TransferError as err:
+        assert err.source_rank == 3 and "rank 3" in str(err)
+        return
+    assert all(s >= 0 for shape in plan.shapes for s in shape)
+    assert all(n >= 0 for n in plan.nbytes)
+
+
+def test_header_plans_the_members_of_every_example(examples: dict[str, torch.Tensor]) -> None:
+    for name, t in examples.items():
+        plan = ssd._plan(ssd._header(t, torch.device("cpu")).tolist(), 0, "recv")
+        members = ssd._members(t)
+        assert plan.layout == t.layout and plan.size == tuple(t.shape), name
+        assert plan.shapes == tuple(tuple(m.shape) for m in members), name
+        assert plan.dtypes == tuple(m.dtype for m in members), name
+
+
+def test_send_refuses_too_many_dims() -> None:
+    t = ss.validate(torch.ones((1,) * (ssd.MAX_DIMS + 1)).to_sparse())
+    with pytest.raises(ValueError, match="dims"):
+        ssd._header(t, torch.device("cpu"))
+
+
+@pytest.fixture
+def world_of_one(tmp_path: Path) -> Iterator[None]:
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1, timeout=datetime.timedelta(seconds=30))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_single_process_group(examples: dict[str, torch.Tensor]) -> None:
+    t = examples["bsr_batched_hybrid"]
+    assert ssd.broadcast(t, src=0) is t
+    (gathered,) = ssd.all_gather(examples["csc_hybrid"])
+    assert gathered is examples["csc_hybrid"]
+    coo = examples["coo_uncoalesced"]
+    total = ssd.all_reduce(coo)
+    assert ss.is_checked(total) and total.is_coalesced()
+    assert torch.equal(total.to_dense(), coo.to_dense())
+    # a plain torch tensor is validated before it is sent
+    plain = torch.sparse_coo_tensor([[0, 5]], [1.0, 2.0], (3,), check_invariants=False)
+    with pytest.raises(ss.InvariantError, match=r"\[COO 5.2\]"):
+        ssd.broadcast(plain, src=0)
+    with pytest.raises(TypeError):
+        ssd.all_reduce(examples["csr"])
