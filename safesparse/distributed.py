@@ -61,6 +61,9 @@ __all__ = [
 _SPARSE: Final = frozenset({torch.sparse_coo, torch.sparse_csr, torch.sparse_csc,
                             torch.sparse_bsr, torch.sparse_bsc})
 
+if not dist.is_available():  # pragma: no cover - torch builds without distributed support
+    raise ImportError("safesparse.distributed needs a torch build with torch.distributed")
+
 Group = dist.ProcessGroup | None
 
 #: The most dims a sent tensor may have (the header has room for this many sizes).
