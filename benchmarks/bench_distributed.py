@@ -31,8 +31,8 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import safesparse as ss  # noqa: E402
-import safesparse.distributed as ssd  # noqa: E402
+import safesparse as ss
+import safesparse.distributed as ssd
 
 
 def make_csr(nnz: int, rows: int, cols: int, seed: int = 0) -> ss.SafeSparseTensor:
