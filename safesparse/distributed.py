@@ -264,8 +264,14 @@ def _plan(h: Sequence[int], src: int, op: str) -> _Plan:
     return _Plan(layout, size, False, shapes, (index_dtype, index_dtype, dtype))
 
 
-def _check_limit(plans: Sequence[tuple[int, _Plan]], max_bytes: int, op: str) -> None:
-    total = sum(sum(p.nbytes) for _, p in plans)
+def _check_limit(plans: Sequence[tuple[int, _Plan]], max_bytes: int, op: str, *,
+                 total: int | None = None) -> None:
+    """Refuse before allocating when the members would take more than ``max_bytes``
+    (``total``: the bytes actually to be allocated, when that is more than the members')."""
+    if not plans:
+        return  # nothing is received
+    if total is None:
+        total = sum(sum(p.nbytes) for _, p in plans)
     if total > max_bytes:
         src = max(plans, key=lambda rp: sum(rp[1].nbytes))[0]
         raise TransferError(f"{op}: the header asks for {total} bytes of members, more than "
@@ -416,14 +422,18 @@ def all_gather(tensor: torch.Tensor, group: Group = None, *,
     plans: list[_Plan] = []  # this rank's own header is checked too: it is cheap
     for r, row in enumerate(rows):
         plans.append(_plan(row, _global_rank(group, r), "all_gather"))
+    n_members = max(len(p.shapes) for p in plans)
+    # every member slot is gathered into one buffer per rank, padded to the widest member:
+    # that (world * widest), not the members' own size, is what a peer's header costs here
+    widths = [max(p.nbytes[k] if k < len(p.shapes) else 0 for p in plans)
+              for k in range(n_members)]
     limit = default_max_bytes(device) if max_bytes is None else max_bytes
     _check_limit([(_global_rank(group, r), p) for r, p in enumerate(plans) if r != me], limit,
-                 "all_gather")
-    n_members = max(len(p.shapes) for p in plans)
+                 "all_gather", total=world * sum(widths))
     got: list[list[torch.Tensor]] = [[] for _ in range(world)]
     for k in range(n_members):
         sizes = [p.nbytes[k] if k < len(p.shapes) else 0 for p in plans]
-        width = max(sizes)
+        width = widths[k]
         if width == 0:
             for r, p in enumerate(plans):
                 if k < len(p.shapes):

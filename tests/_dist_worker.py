@@ -213,6 +213,16 @@ def all_gather_uneven_nnz(rank: int) -> Result:
 
 
 @scenario
+def all_gather_over_max_bytes(rank: int) -> Result:
+    """Every rank refuses its peer's header before the member exchange; the group goes on."""
+    ex = examples()
+    mine = ex["csr"] if rank == 0 else ex["coo_uncoalesced"]
+    out = {"refused": refused(lambda: ssd.all_gather(mine, max_bytes=64))}
+    out["after"] = [describe(t) for t in ssd.all_gather(mine)]
+    return out
+
+
+@scenario
 def all_reduce_coo(rank: int) -> Result:
     g = torch.Generator().manual_seed(10 + rank)
     dense = torch.randn(5, 4, 2, generator=g) * (torch.rand(5, 4, 1, generator=g) > 0.5)

@@ -131,6 +131,15 @@ def test_all_gather_uneven_nnz(session: Results, examples: dict[str, torch.Tenso
         assert value(session, rank, "all_gather_uneven_nnz")["gathered"] == want
 
 
+def test_all_gather_refuses_headers_over_max_bytes(session: Results,
+                                                   examples: dict[str, torch.Tensor]) -> None:
+    want = [expected(examples["csr"]), expected(examples["coo_uncoalesced"])]
+    for rank in (0, 1):
+        got = value(session, rank, "all_gather_over_max_bytes")
+        _assert_refused(got["refused"], None, "TransferError", src=1 - rank)
+        assert got["after"] == want
+
+
 def test_all_reduce_sums_and_coalesces(session: Results) -> None:
     results = [value(session, rank, "all_reduce_coo") for rank in (0, 1)]
     assert results[0]["sum"] == results[1]["sum"]  # the same result on every rank
@@ -373,6 +382,18 @@ def test_header_plans_the_members_of_every_example(examples: dict[str, torch.Ten
         assert plan.layout == t.layout and plan.size == tuple(t.shape), name
         assert plan.shapes == tuple(tuple(m.shape) for m in members), name
         assert plan.dtypes == tuple(m.dtype for m in members), name
+
+
+def test_header_with_an_overflowing_size_is_refused_after_a_tiny_allocation() -> None:
+    """Huge sizes with few elements allocate almost nothing; the factories refuse them."""
+    t = ss.sparse_coo_tensor([[0], [0]], [1.0], (2, 2))
+    header = ssd._header(t, torch.device("cpu"))
+    header[ssd._F_SHAPE: ssd._F_SHAPE + 2] = 2**62
+    plan = ssd._plan(header.tolist(), 4, "recv")
+    assert sum(plan.nbytes) == 20  # one int64 index pair and one float32 value
+    members = [m.clone() for m in ssd._members(t)]
+    with pytest.raises(ss.InvariantError, match=r"\[COO 3.2\].*recv from rank 4"):
+        ssd._build(plan, members, 4, "recv")
 
 
 def test_send_refuses_too_many_dims() -> None:
