@@ -472,7 +472,7 @@ def all_reduce(tensor: torch.Tensor, group: Group = None, *,
     """
     if tensor.layout != torch.sparse_coo:
         raise TypeError(f"all_reduce expects a sparse COO tensor, got layout {tensor.layout}")
-    parts = all_gather(tensor, group, max_bytes=max_bytes)
+    parts = [p.detach() for p in all_gather(tensor, group, max_bytes=max_bytes)]
     me = dist.get_rank(group)
     with DisableTorchFunctionSubclass():
         ref = parts[me]

@@ -430,3 +430,19 @@ def test_single_process_group(examples: dict[str, torch.Tensor]) -> None:
         ssd.broadcast(plain, src=0)
     with pytest.raises(TypeError):
         ssd.all_reduce(examples["csr"])
+    leaf = ss.sparse_coo_tensor([[0, 0]], [1.0, 2.0], (2,), requires_grad=True)
+    assert not ssd.all_reduce(leaf).requires_grad
+
+
+@pytest.mark.usefixtures("world_of_one")
+def test_broadcast_sparse_state_replaces_sparse_buffers_and_parameters() -> None:
+    model = torch.nn.Module()
+    model.lin = torch.nn.Linear(2, 2)
+    model.lin.register_buffer("mask", ss.sparse_csr_tensor([0, 1, 2], [1, 0], [1.0, 1.0], (2, 2)))
+    model.weight = torch.nn.Parameter(ss.sparse_coo_tensor([[0, 1]], [1.0, 2.0], (3,)))
+    dense_before = model.lin.weight.detach().clone()
+    assert ssd.broadcast_sparse_state(model, src=0) == ["lin.mask", "weight"]
+    assert ss.is_checked(model.lin.mask) and model.lin.mask.layout == torch.sparse_csr
+    assert ss.is_checked(model.weight) and model.weight.requires_grad
+    assert dict(model.named_parameters())["weight"] is model.weight
+    assert torch.equal(model.lin.weight, dense_before)  # dense state is DDP's business
