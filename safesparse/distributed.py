@@ -296,7 +296,12 @@ def _as_bytes(member: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def _from_bytes(buf: torch.Tensor, nbytes: int, shape: tuple[int, ...],
                 dtype: torch.dtype) -> torch.Tensor:
+    """The member received as bytes in ``buf``, as a tensor (a view, no copy)."""
     flat = buf[:nbytes] if buf.numel() != nbytes else buf
+    if dtype == torch.bool:
+        # a bool must be 0 or 1: any other byte from a peer would be undefined behaviour in
+        # torch's kernels, so map it to True (in place, on this process's own buffer)
+        flat.clamp_(max=1)
     return flat.view(dtype).view(shape)
 
 

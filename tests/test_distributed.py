@@ -396,6 +396,20 @@ def test_header_with_an_overflowing_size_is_refused_after_a_tiny_allocation() ->
         ssd._build(plan, members, 4, "recv")
 
 
+def test_received_bool_values_are_normalised() -> None:
+    """Bytes other than 0 and 1 in bool values would be undefined behaviour in torch's
+    kernels: the receiver maps them to True."""
+    t = ss.sparse_coo_tensor([[0, 1, 2]], [True, False, True], (3,))
+    plan = ssd._plan(ssd._header(t, torch.device("cpu")).tolist(), 1, "recv")
+    indices = ssd._as_bytes(t._indices(), torch.device("cpu")).clone()
+    values = torch.tensor([7, 0, 255], dtype=torch.uint8)  # a hostile peer's bool bytes
+    members = [ssd._from_bytes(b, n, shape, dtype) for b, n, shape, dtype in
+               zip((indices, values), plan.nbytes, plan.shapes, plan.dtypes, strict=True)]
+    got = ssd._build(plan, members, 1, "recv")
+    assert got._values().view(torch.uint8).tolist() == [1, 0, 1]
+    assert got.to_dense().tolist() == [True, False, True]
+
+
 def test_send_refuses_too_many_dims() -> None:
     t = ss.validate(torch.ones((1,) * (ssd.MAX_DIMS + 1)).to_sparse())
     with pytest.raises(ValueError, match="dims"):
