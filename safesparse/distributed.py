@@ -54,6 +54,7 @@ __all__ = [
     "all_reduce",
     "broadcast",
     "broadcast_sparse_state",
+    "default_max_bytes",
     "recv",
     "send",
 ]
