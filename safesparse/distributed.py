@@ -416,7 +416,8 @@ def all_gather(tensor: torch.Tensor, group: Group = None, *,
     The tensors may differ in layout, shape, dtype and nnz. Each rank's own entry is its
     ``tensor`` (validated, on the group's device); every other entry is validated on receipt,
     and a refusal raises :class:`InvariantError` / :class:`TransferError` naming its rank.
-    ``max_bytes`` bounds the members of all peers together.
+    ``max_bytes`` bounds what is allocated for them: ``world_size`` buffers per member, each
+    as large as the largest rank's member.
     """
     device = _comm_device(group)
     world = dist.get_world_size(group)
