@@ -34,6 +34,7 @@ from .factories import (
     sparse_csc_tensor,
     sparse_csr_tensor,
 )
+from .interop import from_scipy, to_scipy
 from .invariants import CATALOG, Invariant
 from .serialization import load
 from .tensor import OpKind, SafeSparseTensor, is_checked, unwrap, validate
@@ -49,6 +50,7 @@ __all__ = [
     "Stats",
     "clear_cache",
     "debug",
+    "from_scipy",
     "is_checked",
     "is_debug",
     "load",
@@ -61,6 +63,7 @@ __all__ = [
     "sparse_csc_tensor",
     "sparse_csr_tensor",
     "stats",
+    "to_scipy",
     "unwrap",
     "validate",
 ]
