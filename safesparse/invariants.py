@@ -135,7 +135,21 @@ COO: Final[dict[str, Invariant]] = _table(
     },
 )
 
-CATALOG: Final[dict[Family, dict[str, Invariant]]] = {"compressed": COMPRESSED, "coo": COO}
+class Catalog(dict[Family, dict[str, Invariant]]):
+    """The invariant catalog: ``CATALOG[family][id]`` is an :class:`Invariant`.
+
+    ``family`` is ``"compressed"`` (CSR, CSC, BSR, BSC: 29 invariants, ``"1.1"`` to ``"5.6"``)
+    or ``"coo"`` (13 invariants), each table in id order. A ``dict``, read-only by
+    convention; the tables in ``docs/invariants.md`` are rendered from it.
+
+    Example::
+
+        ss.CATALOG["compressed"]["5.6"].text  # the statement of [CSR 5.6], [BSC 5.6], ...
+        ss.CATALOG["coo"]["5.3"].hint         # how to repair data that breaks it
+    """
+
+
+CATALOG: Final[Catalog] = Catalog({"compressed": COMPRESSED, "coo": COO})
 
 COMPRESSED_LAYOUTS: Final[tuple[torch.layout, ...]] = (
     torch.sparse_csr,
