@@ -19,8 +19,8 @@ from safesparse import _apidoc
 ROOT = Path(__file__).resolve().parent.parent
 API_MD = ROOT / "docs" / "api.md"
 
-#: Public names whose full docstrings are written up in /work/wt/notes/issue-12-docstrings.md
-#: for the owners of their modules (factories, tensor, checked, serialization). The tests below
+#: Public names whose full docstrings are written up in the issue-12 notes for the owners of
+#: their modules (factories, tensor, checked, serialization). The tests below
 #: are strict xfails for them: once a docstring is applied, its test passes, the xfail turns
 #: into a failure, and the name must be removed here.
 PENDING_ARGS: set[str] = {  # no Args:/Returns: sections yet
