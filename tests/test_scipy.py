@@ -169,7 +169,7 @@ def test_canonical_coo_is_coalesced_and_a_false_flag_is_caught() -> None:
     assert t.is_coalesced() and ss.is_checked(t)
     m.row[:] = m.row[::-1].copy()  # no longer sorted, but SciPy keeps its flag
     m.col[:] = m.col[::-1].copy()
-    assert m.has_canonical_format
+    m.has_canonical_format = True  # a stale flag: SciPy does not look again either
     with pytest.raises(ss.InvariantError) as excinfo:
         ss.from_scipy(m)
     assert (excinfo.value.layout, excinfo.value.invariant) == (torch.sparse_coo, "5.3")
@@ -317,7 +317,9 @@ def test_to_scipy_refusals() -> None:
 )
 def test_round_trip(rows: int, cols: int, density: float, seed: int, fmt: str,
                     index_dtype: str) -> None:
-    m = sp.random_array((rows, cols), density=density, format=fmt, rng=seed)
+    rng = np.random.default_rng(seed)
+    dense = rng.standard_normal((rows, cols)) * (rng.random((rows, cols)) < density)
+    m = sp.csr_array(dense).asformat(fmt)
     if fmt != "coo":
         m.indices = m.indices.astype(index_dtype)
         m.indptr = m.indptr.astype(index_dtype)
