@@ -406,9 +406,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true",
                         help="exit 1 if the file differs from the generated text")
-    parser.add_argument("-o", "--output", type=Path, default=DEFAULT_OUTPUT,
+    parser.add_argument("-o", "--output", type=Path, default=None,
                         help="the file to write or check (default: docs/api.md of the checkout)")
     args = parser.parse_args(argv)
+    if args.output is None:
+        if not (DEFAULT_OUTPUT.parent.parent / "pyproject.toml").is_file():
+            parser.error("safesparse is not running from a source checkout; pass -o FILE")
+        args.output = DEFAULT_OUTPUT
     text = render()
     if args.check:
         current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""

@@ -175,3 +175,13 @@ def test_functions_document_parameters_and_returns(name: str) -> None:
     if sig.return_annotation not in (None, "None", inspect.Signature.empty):
         assert "Returns:" in doc or "Yields:" in doc or name in {"debug"}, (
             f"ss.{name} returns something but has no Returns: section")
+
+
+def test_outside_a_checkout_an_output_file_is_required(monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path: Path) -> None:
+    """An installed package must not write docs/ into site-packages."""
+    monkeypatch.setattr(_apidoc, "DEFAULT_OUTPUT", tmp_path / "site-packages" / "docs" / "api.md")
+    with pytest.raises(SystemExit) as excinfo:
+        _apidoc.main([])
+    assert excinfo.value.code == 2
+    assert not (tmp_path / "site-packages").exists()
