@@ -1,11 +1,26 @@
 """safesparse: validated sparse tensors for PyTorch.
 
-Drop-in factories that check every sparse invariant once, before torch sees the data, and a
-``torch.Tensor`` subclass that remembers it was checked. See ``docs/`` and SPEC.md.
+Drop-in replacements for torch's sparse factories (``sparse_coo_tensor``, ``sparse_csr_tensor``,
+``sparse_csc_tensor``, ``sparse_bsr_tensor``, ``sparse_bsc_tensor``, ``sparse_compressed_tensor``)
+that check every sparse invariant once, before torch sees the data, and raise
+:class:`InvariantError` (naming the invariant's id and the first violation's location) instead
+of building a malformed tensor. Their results are :class:`SafeSparseTensor`, a ``torch.Tensor``
+subclass that remembers it was checked, so rebuilding, transposing or moving it costs no second
+validation.
+
+Also: :func:`validate` / :func:`is_checked` / :func:`unwrap` for tensors built elsewhere,
+:func:`load` (``torch.load`` that validates every sparse tensor in a file), debug mode
+(:func:`debug`, :func:`set_debug`, :func:`is_debug`), :func:`stats` / :func:`reset_stats`,
+the invariant catalog :data:`CATALOG`, and ``python -m safesparse check FILE``.
+
+Every public name documents itself: ``help(safesparse.NAME)``. The guides (invariants,
+operations, checkpoints, debug mode, model code) and the API reference are the Markdown files
+in the ``docs/`` directory of the source distribution and the repository.
 """
 
 from __future__ import annotations
 
+from . import _import_torch  # noqa: F401  (first: torch without its NumPy warning)
 from . import ops as _ops  # noqa: F401  (fills the op table)
 from . import pickling as _pickling  # noqa: F401  (SafeSparseTensor.__reduce_ex__)
 from . import transpose as _transpose  # noqa: F401  (zero-copy transposes)
@@ -20,6 +35,7 @@ from .factories import (
     sparse_csc_tensor,
     sparse_csr_tensor,
 )
+from .interop import from_scipy, to_scipy
 from .invariants import CATALOG, Invariant
 from .serialization import load, save, unwrap_all
 from .tensor import OpKind, SafeSparseTensor, is_checked, unwrap, validate
@@ -35,6 +51,7 @@ __all__ = [
     "Stats",
     "clear_cache",
     "debug",
+    "from_scipy",
     "is_checked",
     "is_debug",
     "load",
@@ -48,6 +65,7 @@ __all__ = [
     "sparse_csc_tensor",
     "sparse_csr_tensor",
     "stats",
+    "to_scipy",
     "unwrap",
     "unwrap_all",
     "validate",

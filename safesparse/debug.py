@@ -28,18 +28,44 @@ _DEBUG: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 
 def is_debug() -> bool:
-    """Whether debug mode is on in the current thread/context."""
+    """Whether debug mode is on in the current thread/context.
+
+    Returns:
+        ``True`` inside ``with debug():``, after ``set_debug(True)`` in this context, or when
+        ``SAFESPARSE_DEBUG=1`` was set when safesparse was imported (and not switched off).
+    """
     return _DEBUG.get()
 
 
 def set_debug(enabled: bool) -> None:
-    """Switch debug mode on or off for the current thread/context."""
+    """Switch debug mode on or off for the current thread/context, until switched again.
+
+    In debug mode every sparse result of every operation on a :class:`SafeSparseTensor` is
+    fully validated (the cache is ignored), every sparse input is validated before the
+    operation runs, and an :class:`InvariantError` names the operation. Other threads and
+    asyncio tasks keep their own setting.
+
+    Args:
+        enabled: ``True`` to switch debug mode on, ``False`` to switch it off.
+    """
     _DEBUG.set(bool(enabled))
 
 
 @contextlib.contextmanager
 def debug(enabled: bool = True) -> Iterator[None]:
-    """``with debug():`` turns debug mode on for the block (nestable; restores on exit)."""
+    """Context manager: debug mode on (or off) for the block, in this thread/context only.
+
+    Blocks nest; leaving one restores the setting it found, also when it exits with an
+    exception. See :func:`set_debug` for what debug mode does.
+
+    Args:
+        enabled: ``False`` switches debug mode *off* for the block (``with debug(False):``).
+
+    Example::
+
+        with ss.debug():
+            out = (a @ b).coalesce()  # every sparse result validated, ops named in errors
+    """
     token = _DEBUG.set(bool(enabled))
     try:
         yield

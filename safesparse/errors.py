@@ -23,6 +23,27 @@ class InvariantError(ValueError, RuntimeError):
         location: machine-readable location fields (``batch``, ``row``, ``position``, ``value``...).
         op: the operation that produced or received the tensor (debug mode), else ``None``.
         path: the key path inside a loaded object (``ss.load``), else ``None``.
+        statement: the invariant in words (from the catalog).
+        hint: how to repair such data, where the catalog has a standard way, else ``""``.
+
+    ``str(err)`` is ``[<LAYOUT> <id>] <statement>: <detail>``, followed by the key path, the
+    operation and the hint where there are any, e.g.::
+
+        [CSR 5.6] plain indices are sorted and distinct within each compressed row/column of
+        each batch: row 0, position 1: col_indices[1] = 0 does not exceed col_indices[0] = 2;
+        to repair: canonicalise the matrix first: in SciPy, m.sum_duplicates() ...
+
+    Args:
+        layout: the sparse layout (``torch.sparse_csr`` ...).
+        invariant: the catalog id (a key of ``CATALOG["compressed"]`` or ``CATALOG["coo"]``).
+        detail: where and how it is broken.
+        location: machine-readable location fields.
+        op: the operation's name (debug mode).
+        path: the key path (``ss.load``).
+
+    Raises:
+        KeyError: ``invariant`` is not an id of ``layout``'s catalog family.
+        TypeError: ``layout`` is not a sparse layout.
     """
 
     def __init__(
@@ -48,6 +69,11 @@ class InvariantError(ValueError, RuntimeError):
         """The invariant in words, from the catalog."""
         return lookup(self.layout, self.invariant).text
 
+    @property
+    def hint(self) -> str:
+        """How to repair such data (from the catalog), or ``""``."""
+        return lookup(self.layout, self.invariant).hint
+
     def _message(self) -> str:
         msg = f"[{layout_name(self.layout)} {self.invariant}] {self.statement}"
         if self.detail:
@@ -56,13 +82,16 @@ class InvariantError(ValueError, RuntimeError):
             msg += f" (at {self.path})"
         if self.op is not None:
             msg += f" (in op {self.op})"
+        if self.hint:
+            msg += f"; to repair: {self.hint}"
         return msg
 
     def __str__(self) -> str:
         return self._message()
 
     def with_context(self, *, op: str | None = None, path: str | None = None) -> InvariantError:
-        """A copy that also names the operation or key path."""
+        """A copy that also names the operation (``op``) or key path (``path``); the layout,
+        id, detail and location are kept."""
         return InvariantError(
             self.layout,
             self.invariant,

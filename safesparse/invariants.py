@@ -22,15 +22,30 @@ Family = Literal["compressed", "coo"]
 
 @dataclass(frozen=True)
 class Invariant:
-    """One invariant: its family, its id (``"5.6"``) and its statement in words."""
+    """One invariant of the catalog.
+
+    Attributes:
+        family: ``"compressed"`` (CSR, CSC, BSR, BSC) or ``"coo"``.
+        id: the catalog id, e.g. ``"5.6"``; errors start with ``[<LAYOUT> <id>]``.
+        text: the invariant in words.
+        hint: how to repair data that breaks it, where there is a standard way (SciPy and torch
+            spellings), else ``""``. :class:`~safesparse.InvariantError` messages end with it.
+    """
 
     family: Family
     id: str
     text: str
+    hint: str = ""
 
 
-def _table(family: Family, rows: list[tuple[str, str]]) -> dict[str, Invariant]:
-    return {iid: Invariant(family, iid, text) for iid, text in rows}
+def _table(
+    family: Family, rows: list[tuple[str, str]], hints: dict[str, str] | None = None
+) -> dict[str, Invariant]:
+    hints = hints or {}
+    unknown = set(hints) - {iid for iid, _ in rows}
+    if unknown:
+        raise ValueError(f"hints for unknown invariants: {sorted(unknown)}")
+    return {iid: Invariant(family, iid, text, hints.get(iid, "")) for iid, text in rows}
 
 
 COMPRESSED: Final[dict[str, Invariant]] = _table(
@@ -77,6 +92,13 @@ COMPRESSED: Final[dict[str, Invariant]] = _table(
             "of each batch",
         ),
     ],
+    {
+        "5.6": (
+            "canonicalise the matrix first: in SciPy, m.sum_duplicates() (or m.sort_indices() "
+            "when there are no duplicates); in torch, build it as COO, call .coalesce(), then "
+            ".to_sparse_csr() (or _csc(), _bsr(blocksize), _bsc(blocksize))"
+        ),
+    },
 )
 
 COO: Final[dict[str, Invariant]] = _table(
@@ -104,9 +126,30 @@ COO: Final[dict[str, Invariant]] = _table(
             "with no duplicates",
         ),
     ],
+    {
+        "5.3": (
+            "build it with is_coalesced=None or False and call .coalesce() (sums duplicates "
+            "and sorts the indices), or canonicalise the source first: in SciPy, "
+            "m.sum_duplicates()"
+        ),
+    },
 )
 
-CATALOG: Final[dict[Family, dict[str, Invariant]]] = {"compressed": COMPRESSED, "coo": COO}
+class Catalog(dict[Family, dict[str, Invariant]]):
+    """The invariant catalog: ``CATALOG[family][id]`` is an :class:`Invariant`.
+
+    ``family`` is ``"compressed"`` (CSR, CSC, BSR, BSC: 29 invariants, ``"1.1"`` to ``"5.6"``)
+    or ``"coo"`` (13 invariants), each table in id order. A ``dict``, read-only by
+    convention; the tables in ``docs/invariants.md`` are rendered from it.
+
+    Example::
+
+        ss.CATALOG["compressed"]["5.6"].text  # the statement of [CSR 5.6], [BSC 5.6], ...
+        ss.CATALOG["coo"]["5.3"].hint         # how to repair data that breaks it
+    """
+
+
+CATALOG: Final[Catalog] = Catalog({"compressed": COMPRESSED, "coo": COO})
 
 COMPRESSED_LAYOUTS: Final[tuple[torch.layout, ...]] = (
     torch.sparse_csr,
@@ -155,4 +198,9 @@ def render_markdown() -> str:
         lines += [f"### {titles[family]}", "", "| id | invariant |", "| --- | --- |"]
         lines += [f"| {inv.id} | {inv.text} |" for inv in table.values()]
         lines.append("")
+        hinted = [inv for inv in table.values() if inv.hint]
+        if hinted:
+            lines += ["How to repair data that breaks:", ""]
+            lines += [f"- **{inv.id}**: {inv.hint}" for inv in hinted]
+            lines.append("")
     return "\n".join(lines)

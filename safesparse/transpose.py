@@ -2,8 +2,8 @@
 
 Swapping the two sparse dims of a compressed tensor needs no data movement: the compressed and
 plain index tensors are reinterpreted (crow_indices become ccol_indices), and for blocked
-layouts the values are viewed with their two block dims swapped (seed 000: converting to
-blocks and transposing commute, with the blocksize swapped). Such block-transposed values are
+layouts the values are viewed with their two block dims swapped (converting to blocks and
+transposing commute, with the blocksize swapped). Such block-transposed values are
 column-contiguous, which invariant 3.7 admits.
 
 torch 2.13 does this itself for non-hybrid tensors but refuses hybrid ones; this module builds

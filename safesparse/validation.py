@@ -228,7 +228,7 @@ def check_compressed_metadata(
         else (1, 1)
     )
     if size is None:
-        # Estimation (seed 000): everything but the plain extent comes from the member shapes.
+        # Estimation: everything but the plain extent comes from the member shapes.
         if len(vshape) < m + 1 + nblock:
             raise _fail(lay, "3.4", f"values have {len(vshape)} dims, need at least "
                         f"{m + 1 + nblock}")

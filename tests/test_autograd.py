@@ -1,4 +1,4 @@
-"""Autograd through SafeSparseTensor (SPEC section 5).
+"""Autograd through SafeSparseTensor (docs/models.md, "Autograd").
 
 ``requires_grad=True`` factories give leaves whose ``.grad`` backward fills; values that require
 grad pass their gradients through the wrapper, through preserving ops and transposes, and

@@ -1,4 +1,4 @@
-"""Checked state (SPEC section 4): what is remembered, when it is dropped, and the cache.
+"""Checked state (docs/ops.md): what is remembered, when it is dropped, and the cache.
 
 ``ss.stats()`` counts full index validations (``validations``) and validations avoided because
 the state was known (``skipped``); every test starts with zeroed counters and an empty cache

@@ -1,4 +1,4 @@
-"""Debug mode (SPEC section 6, docs/debug.md).
+"""Debug mode (docs/debug.md).
 
 Switched on by SAFESPARSE_DEBUG=1 at import, ``ss.set_debug``, or ``with ss.debug():`` (per
 thread/context). In debug mode every sparse result is fully validated, the cache of checked

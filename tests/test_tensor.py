@@ -1,4 +1,4 @@
-"""SafeSparseTensor and its op table (SPEC section 5, docs/ops.md).
+"""SafeSparseTensor and its op table (docs/ops.md).
 
 Sparse results of torch functions are SafeSparseTensor, strided results and members are plain
 tensors. PRESERVING results of checked inputs are checked without a validation; NEW_INDICES results

@@ -1,4 +1,4 @@
-"""Zero-copy transposes of the two sparse dims (SPEC section 5): CSR <-> CSC, BSR <-> BSC.
+"""Zero-copy transposes of the two sparse dims (docs/ops.md): CSR <-> CSC, BSR <-> BSC.
 
 Every transpose of the sparse dims of a checked compressed tensor must swap the layout, share
 the index and values storage with its input (values of blocked layouts are the block-transposed

@@ -1,0 +1,67 @@
+"""Licence, metadata and references: what a company checks before adopting the package."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import safesparse as ss
+
+ROOT = Path(__file__).resolve().parent.parent
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+
+def _project() -> dict[str, object]:
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        data: dict[str, object] = tomllib.load(f)["project"]
+    return data
+
+
+def test_license_file_is_bsd_3_clause() -> None:
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert text.startswith("BSD 3-Clause License")
+    assert "the safesparse authors" in text
+    assert "Neither the name of the copyright holder" in text  # the third clause
+
+
+def test_pyproject_declares_license_and_authors() -> None:
+    project = _project()
+    assert project["license"] == "BSD-3-Clause"
+    assert project["license-files"] == ["LICENSE"]
+    assert project["authors"] == [{"name": "the safesparse authors"}]
+
+
+def test_optional_extras() -> None:
+    extras = _project()["optional-dependencies"]
+    assert isinstance(extras, dict)
+    assert any(req.startswith("scipy") for req in extras["scipy"])
+    assert any(req.startswith("matplotlib") for req in extras["bench"])
+    assert any(req.startswith("scipy") for req in extras["test"])  # the bridge is tested in CI
+
+
+def test_source_distribution_carries_the_docs() -> None:
+    manifest = (ROOT / "MANIFEST.in").read_text(encoding="utf-8")
+    assert re.search(r"^recursive-include docs \*\.md$", manifest, re.MULTILINE)
+    assert "CHANGELOG.md" in manifest
+
+
+_DANGLING = re.compile(r"SPEC\.md|SPEC section|\bseed 0\d\d\b|/work/")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [*sorted((ROOT / "safesparse").glob("*.py")), *sorted((ROOT / "docs").glob("*.md")),
+     ROOT / "README.md"],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_no_references_to_documents_outside_the_repository(path: Path) -> None:
+    hits = [line for line in path.read_text(encoding="utf-8").splitlines()
+            if _DANGLING.search(line)]
+    assert not hits, f"{path.name} points at documents users do not have: {hits}"
+
+
+def test_help_of_the_package_is_self_contained() -> None:
+    doc = ss.__doc__ or ""
+    assert "SPEC" not in doc and "docs/" in doc and "help(safesparse.NAME)" in doc
