@@ -484,6 +484,8 @@ def watch(t: torch.Tensor, owner: torch.Tensor) -> None:
     if owner.is_inference():  # no counter to watch: t can only be validated when asked
         rec.state, rec.volatile = None, True
         return
+    if owner.__dict__.get("_ss_state") is rec.state:
+        return  # a member this state handed out: its owner's watch covers its counter
     if owner.layout == torch.strided:
         alias = owner.detach()
     else:

@@ -324,7 +324,7 @@ def _watch_inputs(out: SafeSparseTensor, inputs: tuple[torch.Tensor, ...]) -> No
     """The caller's index tensors that ``out`` shares storage with can write it: watch them."""
     for x in inputs:
         if checked.shares_index_data(out, x) and not isinstance(x, SafeSparseTensor):
-            checked.watch(out, x)
+            checked.watch(out, x)  # (not again for a member handed out on this structure)
 
 
 __all__ = [

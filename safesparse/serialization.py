@@ -958,7 +958,8 @@ def _attributes(node: Any) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     d = getattr(node, "__dict__", None)
     if isinstance(d, dict):
-        out += [(k, v) for k, v in d.items() if isinstance(k, str) and not k.startswith("_ss_")]
+        out += [(k, v) for k, v in d.items()
+                if isinstance(k, str) and k != "_ss" and not k.startswith("_ss_")]
     for cls in type(node).__mro__:
         slots = cls.__dict__.get("__slots__", ())
         for name in (slots,) if isinstance(slots, str) else slots:

@@ -24,8 +24,6 @@ JOIN_TIMEOUT = 60  # seconds; a child that hangs fails the test instead of the s
 
 needs_fork = pytest.mark.skipif("fork" not in mp.get_all_start_methods(),
                                 reason="the fork start method is not available")
-needs_lead_change = pytest.mark.xfail(
-    strict=False, reason="needs the checked-state change for shared memory")
 
 
 def _csr() -> ss.SafeSparseTensor:
@@ -84,7 +82,6 @@ def test_shared_indices_really_are_shared(make: Callable[[], ss.SafeSparseTensor
 
 
 @needs_fork
-@needs_lead_change
 @pytest.mark.parametrize("make", [_csr, _coo], ids=["csr", "coo"])
 def test_foreign_write_is_not_hidden_by_the_cache(make: Callable[[], ss.SafeSparseTensor]
                                                   ) -> None:
@@ -98,7 +95,6 @@ def test_foreign_write_is_not_hidden_by_the_cache(make: Callable[[], ss.SafeSpar
 
 
 @needs_fork
-@needs_lead_change
 def test_rebuild_on_foreign_written_indices_validates() -> None:
     """The training-loop path (new values on proven indices) must not skip validation."""
     t = _csr()
@@ -121,7 +117,6 @@ def _send_then_corrupt(queue: Any, sent: Any, corrupt: Any, done: Any) -> None:
 
 
 @needs_fork
-@needs_lead_change
 def test_tensor_from_another_process_written_after_receipt() -> None:
     """A tensor received through a torch.multiprocessing queue (as DataLoader workers send
     batches) shares its index storage with the sender, who writes it afterwards."""

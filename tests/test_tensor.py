@@ -1,9 +1,10 @@
 """SafeSparseTensor and its op table (docs/ops.md).
 
 Sparse results of torch functions are SafeSparseTensor, strided results and members are plain
-tensors. PRESERVING results of checked inputs are checked without a validation; NEW_INDICES results
-are validated first; UNKNOWN results are unchecked. The op table list in docs/ops.md is generated from the table
-(``python tests/test_tensor.py`` rewrites it) and a test keeps the two equal.
+tensors. PRESERVING results of checked inputs are checked without a validation; NEW_INDICES
+results are validated first; UNKNOWN results are unchecked. The op table list in docs/ops.md is
+generated from the table (``python tests/test_tensor.py`` rewrites it) and a test keeps the two
+equal.
 """
 
 from __future__ import annotations
