@@ -190,6 +190,22 @@ def check_compressed_metadata(
         meta = _accept_compressed_metadata(compressed, plain, values, size, layout, dtype, device)
         if meta is not None:
             return meta
+    return _ordered_compressed_metadata(compressed, plain, values, size, layout, dtype=dtype,
+                                        device=device, requested_layout=requested_layout)
+
+
+def _ordered_compressed_metadata(
+    compressed: torch.Tensor,
+    plain: torch.Tensor,
+    values: torch.Tensor,
+    size: Size | None,
+    layout: torch.layout,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | None = None,
+    requested_layout: torch.layout | None = None,
+) -> CompressedMeta:
+    """:func:`check_compressed_metadata` stage by stage, in id order (the reference)."""
     lay = requested_layout if requested_layout is not None else layout
     info = LAYOUTS.get(lay)
     if info is None:
@@ -578,6 +594,8 @@ def _any(mask: torch.Tensor) -> torch.Tensor:
 
 def _none(*bad: torch.Tensor) -> torch.Tensor:
     """True when none of the 0-dim ``bad`` flags is set (one stacked reduction)."""
+    if not bad:  # nothing to check (COO with sparse_dim 0, not marked coalesced)
+        return torch.ones((), dtype=torch.bool)
     return ~torch.stack([b.reshape(()) for b in bad]).any()
 
 
