@@ -160,6 +160,8 @@ def bench_validate(cfg: Config) -> list[Table]:
                 "min" if r_min is not None and r_min <= TARGET else "NO")
             table.add(case.label, inp.nnz, t["torch"], t.get("ss"), r, r_min, t.get("factory"),
                       ratio(t.get("factory"), t["torch"]), met, t.max_spread())
+            print(f"validate: {case.label} nnz={fmt_n(inp.nnz)} ratio="
+                  f"{'-' if r is None else f'{r:.2f}'}", file=sys.stderr, flush=True)
             RESULTS.setdefault(case.label, []).append((inp.nnz, num(t["torch"]),
                                                        num(t.get("ss"))))
             del inp
@@ -194,7 +196,7 @@ def write_plot(path: Path) -> str:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        msg = "plot skipped: matplotlib is not installed (pip install 'safesparse[bench]')"
+        msg = "plot skipped: matplotlib is not installed (pip install matplotlib)"
         print(msg, file=sys.stderr)
         return msg
     labels = list(RESULTS)
