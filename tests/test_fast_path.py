@@ -227,10 +227,10 @@ def compressed_inputs(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, torc
             v = torch.ones(shape, dtype=v.dtype)
         elif kind == "transposed_values" and case.layout in BLOCKED:
             v = v.transpose(m + 1, m + 2).contiguous().transpose(m + 1, m + 2)
-        elif kind == "strided_batch" and m > 0:
-            c, p = _strided_batch(c), _strided_batch(p)
         elif kind == "values_shape" and v.dim() > m + 1:
             v = v.narrow(-1, 0, max(v.shape[-1] - 1, 0)).contiguous()
+    if "strided_batch" in kinds and m > 0:  # last: the corruptions above write through views
+        c, p = _strided_batch(c), _strided_batch(p)
     note(f"{case.layout} kinds={kinds} size={size} c={c.tolist()} p={p.tolist()} "
          f"v={tuple(v.shape)}")
     return c, p, v, tuple(size), case.layout, ",".join(kinds)
