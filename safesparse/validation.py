@@ -629,10 +629,14 @@ def _compressed_flags(c: torch.Tensor, p: torch.Tensor, nnz: int, n_plain: int) 
 # location. On CUDA the vectorised path always runs: torch's checker uses device asserts there.
 
 #: Largest nnz (blocks for BSR/BSC) for which the native checker runs, per index dtype
-#: (compressed) and per ``is_coalesced`` (COO). Measured (torch 2.13, 2 threads): above these
-#: the vectorised path is at least as fast (e.g. CSR int64 at 2**17: native 0.23 ms, vectorised
-#: 0.29 ms; at 2**20 both ~1 ms; COO uncoalesced at 2**15: native 81 µs, vectorised 51 µs).
-NATIVE_MAX_NNZ_COMPRESSED: dict[torch.dtype, int] = {torch.int64: 1 << 19, torch.int32: 1 << 18}
+#: (compressed) and per ``is_coalesced`` (COO); above it the vectorised path runs. Measured
+#: (torch 2.13, 2 threads, benchmarks/ validate group): for compressed layouts torch's checker
+#: is never much slower than the vectorised path (CSR int64 2**17: 0.23 vs 0.29 ms; 2**20: both
+#: ~1 ms; 1e7: 32 vs 34-133 ms) and far more robust on a busy machine (one pass, no chain of
+#: parallel regions), so it runs at every size; for COO the vectorised path wins from ~2**15
+#: (uncoalesced 2**15: native 81 µs, vectorised 51 µs; coalesced 1e7: 0.4-0.6x torch's).
+NATIVE_MAX_NNZ_COMPRESSED: dict[torch.dtype, int] = {torch.int64: _INT64_MAX,
+                                                     torch.int32: _INT64_MAX}
 NATIVE_MAX_NNZ_COO: dict[bool, int] = {True: 1 << 15, False: 1 << 14}
 _native_enabled = True
 
