@@ -266,16 +266,17 @@ def _accept_compressed_metadata(
             or vshape != ((*batch, nnz, b0, b1, *dense) if info.blocked
                           else (*batch, nnz, *dense))):
         return None
-    if not (index_contiguous(compressed) and index_contiguous(plain)
-            and values_layout_ok(values, m, info.blocked)):
+    # stricter than 3.5-3.7 (fully contiguous members): anything else takes the ordered stages
+    if not (compressed.is_contiguous() and plain.is_contiguous() and values.is_contiguous()
+            and compressed.stride(-1) == 1 and plain.stride(-1) == 1):
         return None
     if idt == torch.int32 and max(nnz, nc, npl) > _INT32_MAX:
         return None
-    dev = device if device is not None else values.device
-    if (dev.type not in SUPPORTED_DEVICE_TYPES or compressed.device != dev
-            or plain.device != dev or values.device != dev):
+    dev = values.device
+    if (not (values.is_cpu or values.is_cuda) or (device is not None and device != dev)
+            or compressed.device != dev or plain.device != dev):
         return None
-    return CompressedMeta(info, size, batch, (b0, b1), dense, nc, npl, nnz)
+    return tuple.__new__(CompressedMeta, (info, size, batch, (b0, b1), dense, nc, npl, nnz))
 
 
 def _check_compressed_dtypes(
@@ -656,17 +657,16 @@ def native_compressed_ok(meta: CompressedMeta, compressed: torch.Tensor, plain: 
     block, no empty dense dim), members fully contiguous, and ``n_plain + nnz`` below the index
     dtype's maximum, so no difference of two compressed offsets can wrap around in its arithmetic.
     """
-    limit = NATIVE_MAX_NNZ_COMPRESSED.get(compressed.dtype, 0)
     return (
         _native_enabled
-        and meta.nnz <= limit
-        and values.device.type == "cpu"
-        and min(meta.size) > 0
-        and min(meta.blocksize) > 0
-        and meta.n_plain + meta.nnz < (_INT32_MAX if compressed.dtype == torch.int32
-                                       else _INT64_MAX)
+        and values.is_cpu
         and compressed.is_contiguous()
         and plain.is_contiguous()
+        and min(meta.size) > 0
+        and min(meta.blocksize) > 0
+        and meta.nnz <= NATIVE_MAX_NNZ_COMPRESSED.get(compressed.dtype, 0)
+        and meta.n_plain + meta.nnz < (_INT32_MAX if compressed.dtype == torch.int32
+                                       else _INT64_MAX)
     )
 
 
@@ -678,21 +678,11 @@ def native_coo_ok(meta: CooMeta, indices: torch.Tensor, values: torch.Tensor, *,
         _native_enabled
         and meta.nnz <= NATIVE_MAX_NNZ_COO[is_coalesced]
         and meta.sparse_dim > 0
-        and values.device.type == "cpu"
+        and values.is_cpu
         and min(meta.size) > 0
         and not numel_overflows(meta.size[:meta.sparse_dim])
         and indices.is_contiguous()
     )
-
-
-def _native_compressed_accepts(meta: CompressedMeta, compressed: torch.Tensor,
-                               plain: torch.Tensor, values: torch.Tensor) -> bool:
-    try:
-        torch._validate_sparse_compressed_tensor_args(
-            compressed, plain, values, meta.size, meta.info.layout)
-    except Exception:  # rejected: the vectorised path decides and reports
-        return False
-    return True
 
 
 def _native_coo_accepts(meta: CooMeta, indices: torch.Tensor, values: torch.Tensor, *,
@@ -731,10 +721,14 @@ def check_compressed_indices(
     metadata stage with ``meta``) lets the check use torch's native checker where that is the
     faster path (see :func:`native_compressed_ok`); without it the vectorised path runs.
     """
-    if (values is not None and not estimate
-            and native_compressed_ok(meta, compressed, plain, values)
-            and _native_compressed_accepts(meta, compressed, plain, values)):
-        return meta
+    if values is not None and not estimate and native_compressed_ok(meta, compressed, plain,
+                                                                     values):
+        try:
+            torch._validate_sparse_compressed_tensor_args(
+                compressed, plain, values, meta.size, meta.info.layout)
+            return meta
+        except Exception:  # rejected: the vectorised path decides and reports
+            pass
     c, p = _flatten_batch(meta, compressed, plain)
     if c.numel() == 0 and not estimate:
         return meta  # empty batch: nothing to check
