@@ -150,7 +150,8 @@ def sparse_compressed_tensor(
         checked.count("skipped")
     else:
         before = _Before(key, (compressed, plain))
-        meta = check_compressed_indices(meta, compressed, plain, estimate=shape is None)
+        meta = check_compressed_indices(meta, compressed, plain, estimate=shape is None,
+                                        values=vals)
         checked.count("validations")
     plain_t = torch.sparse_compressed_tensor(
         compressed, plain, vals, meta.size, dtype=vals.dtype, layout=meta.info.layout,
@@ -291,7 +292,8 @@ def sparse_coo_tensor(
         checked.count("skipped")
     else:
         before = _Before(key, (idx,))
-        meta = check_coo_indices(meta, idx, is_coalesced=coalesced, estimate=shape is None)
+        meta = check_coo_indices(meta, idx, is_coalesced=coalesced, estimate=shape is None,
+                                 values=vals)
         checked.count("validations")
     plain_t = torch.sparse_coo_tensor(
         idx, vals, meta.size, dtype=vals.dtype, device=vals.device, **_pin(pin_memory),

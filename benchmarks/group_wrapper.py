@@ -1,0 +1,175 @@
+"""Group ``wrapper``: constant costs of the SafeSparseTensor wrapper on a checked CSR tensor."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from types import ModuleType
+
+import torch
+from common import DebugOff, checked_csr, main_size, make_csr, stats_delta
+from harness import (
+    SEED,
+    Cell,
+    Column,
+    Config,
+    Table,
+    diff,
+    fmt_n,
+    fmt_pct,
+    fmt_ratio,
+    fmt_signed_us,
+    fmt_text,
+    fmt_us,
+    fmt_verdict,
+    load_safesparse,
+    measure,
+    num,
+    ratio,
+    register,
+)
+
+COLUMNS = [
+    Column("measurement"), Column("nnz", fmt_n), Column("safesparse (µs)", fmt_us),
+    Column("baseline"), Column("baseline (µs)", fmt_us), Column("overhead (µs)", fmt_signed_us),
+    Column("ratio", fmt_ratio), Column("target", fmt_text), Column("met", fmt_verdict),
+    Column("spread", fmt_pct),
+]
+
+
+def _met(ok: bool | None) -> Cell:
+    return None if ok is None else int(ok)
+
+
+def _le(x: float | None, limit: float) -> bool | None:
+    return None if x is None else x <= limit
+
+
+@register("wrapper", "SafeSparseTensor overheads: rebuild on checked indices, validate / "
+          "is_checked on a checked tensor, SpMM and values() through the wrapper")
+def bench_wrapper(cfg: Config) -> list[Table]:
+    ss = load_safesparse()
+    nnz = main_size(cfg)
+    table = Table(f"wrapper: SafeSparseTensor overheads (CSR float32, nnz {fmt_n(nnz)})",
+                  COLUMNS)
+    if ss is None:
+        table.notes.append("safesparse could not be imported: nothing to measure.")
+        return [table]
+    gen = torch.Generator().manual_seed(SEED)
+    with DebugOff(ss):
+        inp = make_csr(nnz, gen)
+        t = checked_csr(ss, inp)
+        _rebuild(table, cfg, ss, t, nnz)
+        _validate(table, cfg, ss, t, nnz, gen)
+        _spmm_values(table, cfg, ss, t, nnz, gen)
+        del inp, t
+        gc.collect()
+    table.notes += [
+        "rebuild: ss.sparse_csr_tensor(t.crow_indices(), t.col_indices(), new_values, t.shape) "
+        + "on a checked t (cache hit, no O(nnz) index check) vs torch.sparse_csr_tensor(crow, "
+        + "col, new_values, size, check_invariants=False / True) on the same plain members.",
+        "same, members fetched once outside: the members taken before the timing, so the "
+        + "difference to the row above is the two member accesses through the wrapper.",
+        "rebuild skipped validation: ss.stats() around one rebuild, outside the timing "
+        + "(validations must stay, skipped must grow); a row marked NOT SKIPPED validated.",
+        "validate / is_checked: on the checked tensor itself (the cache hit); validate at two "
+        + "sizes, `flat` = large / small (target <= 2x); no torch counterpart.",
+        "SpMM: t @ dense (dense has 32 columns) vs the same product on ss.unwrap(t).",
+        "values(): t.values() through the wrapper vs p.values() on the plain tensor.",
+        "overhead = safesparse - baseline; spread: largest IQR / median of the row's "
+        + "statements (above ~20%: busy machine, rerun or use --threads 1 --stat min).",
+    ]
+    return [table]
+
+
+def _rebuild(table: Table, cfg: Config, ss: ModuleType, t: torch.Tensor, nnz: int) -> None:
+    crow, col, size = t.crow_indices(), t.col_indices(), tuple(t.shape)
+    plain = ss.unwrap(t)
+    pcrow, pcol = plain.crow_indices(), plain.col_indices()
+    new_values = torch.rand(nnz, generator=torch.Generator().manual_seed(SEED + 1))
+    safe_ctor, torch_ctor = ss.sparse_csr_tensor, torch.sparse_csr_tensor
+
+    def ss_rebuild() -> object:
+        return safe_ctor(t.crow_indices(), t.col_indices(), new_values, t.shape)
+
+    fns: dict[str, Callable[[], object]] = {
+        "ss": ss_rebuild,
+        "ss members": lambda: safe_ctor(crow, col, new_values, size),
+        "unchecked": lambda: torch_ctor(pcrow, pcol, new_values, size, check_invariants=False),
+        "checked": lambda: torch_ctor(pcrow, pcol, new_values, size, check_invariants=True),
+    }
+    skipped_ok: bool | None = None
+    try:
+        validations, skipped = stats_delta(ss, lambda: safe_ctor(crow, col, new_values, size))
+        skipped_ok = validations == 0 and skipped > 0
+        print(f"wrapper: rebuild on checked indices: validations +{validations}, "
+              f"skipped +{skipped} -> {'skipped' if skipped_ok else 'NOT SKIPPED'}", flush=True)
+    except Exception as exc:  # reported in the table by measure() below as well
+        print(f"wrapper: rebuild stats check failed: {type(exc).__name__}: {exc}", flush=True)
+    tm = measure(fns, cfg, f"wrapper rebuild nnz={fmt_n(nnz)}")
+    t_ss, t_unchecked, t_checked = num(tm["ss"]), num(tm["unchecked"]), num(tm["checked"])
+    overhead = diff(t_ss, t_unchecked)
+    mark = "" if skipped_ok is not False else " (NOT SKIPPED)"
+    table.add(f"rebuild on checked indices{mark}", nnz, tm["ss"],
+              "torch check_invariants=False", tm["unchecked"], overhead,
+              ratio(t_ss, t_unchecked), "overhead <= 20 µs (aim <= 5)",
+              _met(_le(overhead, 20e-6)), tm.max_spread())
+    faster = None if t_ss is None or t_checked is None else t_ss < t_checked
+    table.add(f"rebuild on checked indices{mark}", nnz, tm["ss"],
+              "torch check_invariants=True", tm["checked"], diff(t_ss, t_checked),
+              ratio(t_ss, t_checked), "ratio < 1x (no O(nnz) check)", _met(faster),
+              tm.max_spread())
+    table.add("  same, members fetched once outside", nnz, tm["ss members"],
+              "torch check_invariants=False", tm["unchecked"],
+              diff(tm["ss members"], t_unchecked), ratio(tm["ss members"], t_unchecked),
+              "(breakdown, no target)", None, tm.max_spread())
+
+
+def _validate(table: Table, cfg: Config, ss: ModuleType, t: torch.Tensor, nnz: int,
+              gen: torch.Generator) -> None:
+    small_n = min(10**4, nnz)
+    small = checked_csr(ss, make_csr(small_n, gen)) if small_n != nnz else t
+    validate, is_checked = ss.validate, ss.is_checked
+    fns: dict[str, Callable[[], object]] = {
+        "validate small": lambda: validate(small),
+        "validate large": lambda: validate(t),
+        "is_checked": lambda: is_checked(t),
+    }
+    try:
+        validations, skipped = stats_delta(ss, lambda: validate(t))
+        cached = f" (validations +{validations}, skipped +{skipped})"
+        if validations:
+            cached += " NOT SKIPPED"
+    except Exception:
+        cached = ""
+    tm = measure(fns, cfg, f"wrapper validate nnz={fmt_n(nnz)}")
+    v_small, v_large = num(tm["validate small"]), num(tm["validate large"])
+    flat = ratio(v_large, v_small)
+    table.add("ss.validate(t), t checked", small_n, tm["validate small"], "-", None, None,
+              None, "<= 10 µs", _met(_le(v_small, 10e-6)), tm.max_spread())
+    ok_large, ok_flat = _le(v_large, 10e-6), _le(flat, 2.0)
+    table.add(f"ss.validate(t), t checked{cached}", nnz, tm["validate large"], "-", None,
+              None, flat, "<= 10 µs, flat (ratio = large / small <= 2x)",
+              _met(None if ok_large is None or ok_flat is None else ok_large and ok_flat),
+              tm.max_spread())
+    table.add("ss.is_checked(t)", nnz, tm["is_checked"], "-", None, None, None, "-", None,
+              tm.max_spread())
+
+
+def _spmm_values(table: Table, cfg: Config, ss: ModuleType, t: torch.Tensor, nnz: int,
+                 gen: torch.Generator) -> None:
+    plain = ss.unwrap(t)
+    dense = torch.rand(t.shape[1], 32, generator=gen)
+    fns: dict[str, Callable[[], object]] = {"ss": lambda: t @ dense,
+                                            "plain": lambda: plain @ dense}
+    tm = measure(fns, cfg, f"wrapper spmm nnz={fmt_n(nnz)}")
+    r = ratio(tm["ss"], tm["plain"])
+    table.add("t @ dense (32 cols)", nnz, tm["ss"], "ss.unwrap(t) @ dense", tm["plain"],
+              diff(tm["ss"], tm["plain"]), r, "ratio <= 1.10x", _met(_le(r, 1.10)),
+              tm.max_spread())
+    fns = {"ss": lambda: t.values(), "plain": lambda: plain.values()}
+    tm = measure(fns, cfg, f"wrapper values nnz={fmt_n(nnz)}")
+    over = diff(tm["ss"], tm["plain"])
+    table.add("t.values()", nnz, tm["ss"], "plain.values()", tm["plain"], over,
+              ratio(tm["ss"], tm["plain"]), "overhead <= 5 µs", _met(_le(over, 5e-6)),
+              tm.max_spread())
