@@ -507,7 +507,12 @@ def cache_size() -> int:
 
 
 def clear_cache() -> None:
-    """Forget every proof: the next build or validate checks its indices again."""
+    """Forget every validation proof: the next build or ``validate`` checks its indices again.
+
+    Tensors that were checked become unchecked until validated again (``ss.is_checked`` is
+    ``False`` for them). Useful in tests and benchmarks; normal code never needs it, since
+    in-place writes to index data already drop the checked state.
+    """
     with _cache_lock:
         states = list(_cache.values())
     for state in states:
@@ -521,11 +526,13 @@ def clear_cache() -> None:
 
 @dataclass(frozen=True)
 class Stats:
-    """Counters since the last :func:`reset_stats`.
+    """Counters since the last :func:`reset_stats`, as returned by :func:`stats` (frozen).
 
-    ``validations``: full O(nnz) index validations run. ``skipped``: index validations avoided
-    because the index data was already known valid (a rebuild on checked indices, ``validate``
-    of a checked tensor)."""
+    Attributes:
+        validations: full O(nnz) index validations run.
+        skipped: index validations avoided because the index data was known valid (a rebuild
+            on checked indices, ``validate`` of a checked tensor).
+    """
 
     validations: int = 0
     skipped: int = 0
@@ -541,13 +548,30 @@ def count(field: str) -> None:
 
 
 def stats() -> Stats:
-    """The validation counters since the last :func:`reset_stats` (thread-safe)."""
+    """Counters of index validations since the last :func:`reset_stats` (all threads).
+
+    Shows whether the checked-state cache works for your code, e.g. that rebuilding a tensor
+    with new values in a training loop skips the O(nnz) index check::
+
+        ss.reset_stats()
+        for _ in range(10):
+            w = ss.sparse_csr_tensor(p.crow_indices(), p.col_indices(), values, p.shape)
+        assert ss.stats().skipped == 10 and ss.stats().validations == 0
+
+    Returns:
+        A frozen :class:`Stats` snapshot: ``validations`` (full index validations run) and
+        ``skipped`` (validations avoided because the index data was known valid).
+    """
     with _stats_lock:
         return Stats(**_counts)
 
 
 def reset_stats() -> None:
-    """Set the counters of :func:`stats` back to zero."""
+    """Set the :func:`stats` counters (``validations``, ``skipped``) back to zero.
+
+    Process-wide, for every thread. The counters are diagnostics only: resetting them changes
+    no checked state and clears no cache (that is :func:`clear_cache`).
+    """
     with _stats_lock:
         for k in _counts:
             _counts[k] = 0

@@ -1009,14 +1009,37 @@ def _with_own_indices(t: SafeSparseTensor) -> SafeSparseTensor:
 
 
 def load(f: Any, **kwargs: Any) -> Any:
-    """``torch.load`` (``weights_only=True`` by default) that validates every sparse tensor.
+    """``torch.load`` that validates every sparse tensor in the file before returning it.
 
-    Every sparse tensor anywhere in the loaded object (dicts and their keys, lists, tuples,
-    sets, state dicts, object attributes, nested) is validated before anything uses it, and
-    returned as a checked :class:`SafeSparseTensor`; one whose index storage another loaded
-    tensor shares gets its own copy of its index members. A violation raises
-    :class:`InvariantError` naming the key path, e.g. ``['layer.weight']``. Keyword arguments
-    are those of ``torch.load``.
+    A checkpoint is untrusted input: ``torch.load`` builds sparse tensors without checking their
+    indices, and the first kernel that reads a malformed one may read out of bounds. ``ss.load``
+    runs ``torch.load`` itself (``weights_only=True`` unless you pass ``weights_only=False``)
+    and validates every sparse tensor anywhere in the loaded object (dicts and their keys,
+    lists, tuples, sets, state dicts, object attributes, legacy constructors, nested) before
+    anything uses it. Each is returned as a checked :class:`SafeSparseTensor`; one whose index
+    storage another loaded tensor shares gets its own copy of its index members. Everything
+    else is returned as ``torch.load`` gives it.
+
+    Example::
+
+        state = ss.load("model.pt", map_location="cpu")
+        model.load_state_dict(state)  # the model's sparse tensors stay checked
+
+    Args:
+        f: a file name, path or file-like object, as for ``torch.load``.
+        **kwargs: keyword arguments of ``torch.load`` (``map_location``, ``weights_only``,
+            ``mmap`` ...).
+
+    Returns:
+        The loaded object, with every sparse tensor a checked ``SafeSparseTensor``.
+
+    Raises:
+        InvariantError: a sparse tensor breaks an invariant; ``str(err)`` and ``err.path``
+            name its key path, e.g. ``['layer.weight']``.
+        RuntimeError: a legacy-format file holds sparse tensors where they cannot be put back
+            validated (save it again in torch's default format).
+        pickle.UnpicklingError: ``torch.load`` refused the file (e.g. ``weights_only=True``
+            and an unsupported global), as with ``torch.load``.
     """
     kwargs.setdefault("weights_only", True)
     result = load_and_validate(f, **kwargs)
@@ -1052,6 +1075,13 @@ def unwrap_all(obj: Any) -> Any:
     named tuples, sets and deques, copying each container that holds a replaced tensor and
     leaving ``obj`` itself unchanged. Other objects are returned as they are: for a model, pass
     its ``state_dict()``.
+
+    Args:
+        obj: any object, typically a state dict.
+
+    Returns:
+        ``obj`` (or a copy of each container on the way to a replaced tensor) holding no
+        ``SafeSparseTensor``.
     """
     return _unwrap(obj, {})
 
@@ -1088,9 +1118,20 @@ def _unwrap(node: Any, memo: dict[int, Any]) -> Any:
 
 
 def save(obj: Any, f: Any, **kwargs: Any) -> None:
-    """``torch.save(unwrap_all(obj), f, **kwargs)``: a checkpoint that plain torch loads with
-    ``weights_only=True`` where safesparse is not installed; ``ss.load`` gives back checked
-    tensors."""
+    """``torch.save(unwrap_all(obj), f, **kwargs)``: a checkpoint plain torch can load.
+
+    The file holds no safesparse globals, so ``torch.load(f, weights_only=True)`` opens it
+    where safesparse is not installed (a serving stack, a teammate); ``ss.load`` gives back
+    checked tensors.
+
+    Args:
+        obj: the object to save, e.g. ``model.state_dict()``.
+        f: a file name, path or file-like object, as for ``torch.save``.
+        **kwargs: keyword arguments of ``torch.save``.
+
+    Returns:
+        None.
+    """
     _torch_save(unwrap_all(obj), f, **kwargs)
 
 

@@ -32,7 +32,18 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class OpKind(enum.Enum):
-    """How an operation's sparse result relates to the index data of its inputs."""
+    """How an operation's sparse result relates to the index data of its inputs.
+
+    The kinds of the op table (:meth:`SafeSparseTensor.classify`):
+
+    * ``PRESERVING``: the result has its input's index data (a view or a copy): checked
+      without validation when every sparse input is checked before and after the op.
+    * ``NEW_INDICES``: torch builds new index data (coalesce, add, conversions, sparse @
+      sparse): the result is validated before it counts as checked, repaired where torch is
+      known to build it wrongly, and refused (``InvariantError`` naming the op) otherwise.
+    * ``UNKNOWN``: anything else (the default for ops not in the table): the result is
+      unchecked.
+    """
 
     PRESERVING = "preserving"  # keeps the inputs' index data (a view or a copy): no validation
     NEW_INDICES = "new_indices"  # torch builds new index data: validated before it is checked
@@ -86,9 +97,17 @@ _INDEX_ACCESSORS = frozenset({_T.crow_indices, _T.col_indices, _T.ccol_indices, 
 class SafeSparseTensor(torch.Tensor):
     """A torch sparse tensor (COO, CSR, CSC, BSR, BSC) that remembers it was checked.
 
-    Build one with the safe factories (``ss.sparse_csr_tensor`` ...) or ``ss.validate``. Every
-    torch function works on it; sparse results are ``SafeSparseTensor`` again, strided results
-    and member tensors are plain tensors.
+    A real ``torch.Tensor`` subclass (``isinstance(t, torch.Tensor)``): every torch function
+    and method works on it. Build one with the safe factories (``ss.sparse_csr_tensor`` ...),
+    :func:`validate`, :func:`load` or :func:`from_scipy`; never call the class directly.
+
+    Sparse results of operations are ``SafeSparseTensor`` again, strided results and member
+    tensors (``values()``, ``crow_indices()`` ...) are plain tensors. A result is checked when
+    the operation keeps the indices (transposes, clone, detach, dtype/device moves, value-only
+    ops, scalar multiplication) of checked inputs, or when torch built new indices from checked
+    inputs and validation has seen them; otherwise it is unchecked until :func:`validate` sees
+    it. Writing to index data in place drops the checked state. The operation table is the
+    class's (:meth:`classify`, :meth:`implements`, :meth:`op_table`); see docs/ops.md.
     """
 
     _ss: checked.Record  # its checked state (see safesparse.checked)
@@ -222,7 +241,20 @@ def wrap(plain: torch.Tensor, *, leaf_requires_grad: bool = False,
 
 @not_traced
 def unwrap(t: torch.Tensor) -> torch.Tensor:
-    """The plain torch tensor behind ``t`` (no copy; autograd stays connected)."""
+    """The plain ``torch.Tensor`` behind a :class:`SafeSparseTensor` (no copy).
+
+    Useful to hand a tensor to code that checks ``type(t) is torch.Tensor``, or to save a
+    state dict that loads without safesparse (see also ``ss.save``). The result shares storage
+    with ``t``; writes through it are not seen by ``t``'s checked state, so treat it as
+    read-only if ``t`` must stay trustworthy. Autograd stays connected: gradients flow back
+    to ``t``.
+
+    Args:
+        t: any tensor; anything that is not a ``SafeSparseTensor`` is returned unchanged.
+
+    Returns:
+        The plain tensor sharing ``t``'s data, or ``t`` itself.
+    """
     if not isinstance(t, SafeSparseTensor):
         return t
     if t.requires_grad:
@@ -248,11 +280,21 @@ def _is_checked(t: torch.Tensor) -> bool:
 
 @not_traced
 def is_checked(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a SafeSparseTensor whose index data is known valid and unmodified.
+    """Whether ``t`` is a :class:`SafeSparseTensor` known to satisfy every invariant now.
 
-    The rule is in :mod:`safesparse.checked`. Inference tensors and tensors whose index
-    storage is shared with other processes are validated on every call (they cannot be
-    watched). Never raises.
+    True only for a tensor that validation has seen (or that a known, index-preserving
+    operation made from checked tensors) and whose index data has not been written since: the
+    rule is in :mod:`safesparse.checked` and docs/ops.md. Plain torch tensors and unchecked
+    ``SafeSparseTensor`` s (``check_invariants=False``, results of unknown operations, tensors
+    whose indices were modified in place) give ``False``; :func:`validate` checks them.
+    O(1), except for index data that cannot be watched (inference tensors, storage shared with
+    other processes), which is validated on every call. Never raises.
+
+    Args:
+        t: any tensor.
+
+    Returns:
+        ``True`` if ``t`` is checked, else ``False``.
     """
     return _is_checked(t)
 
@@ -263,14 +305,36 @@ _ATTEMPTS = 3
 
 @not_traced
 def validate(t: torch.Tensor) -> SafeSparseTensor:
-    """Validate ``t`` (once) and return it as a checked SafeSparseTensor sharing its storage.
+    """Validate ``t`` and return it as a checked :class:`SafeSparseTensor`.
 
-    A tensor already checked is not validated again (outside debug mode, where every call
-    validates). Raises :class:`InvariantError` for a broken invariant and ``TypeError`` for a
-    strided tensor or a non-tensor.
+    The way to adopt a sparse tensor built elsewhere (by torch, a library, a file), or to
+    re-check one whose checked state was lost. A plain torch tensor is wrapped (the result
+    shares its storage and autograd graph; no copy); a ``SafeSparseTensor`` is checked in
+    place and returned itself. A tensor that is already checked is not validated again
+    (outside debug mode), so calling ``validate`` defensively costs nothing.
+
+    For a module parameter, validate the *detached* tensor and wrap it:
+    ``layer.weight = nn.Parameter(ss.validate(layer.weight.detach()))`` (see docs/models.md).
+
+    Args:
+        t: a sparse tensor of any layout (COO, CSR, CSC, BSR, BSC), plain or
+            ``SafeSparseTensor``, on any device.
+
+    Returns:
+        The checked ``SafeSparseTensor``: ``t`` itself if it is one, else a wrapper sharing
+        ``t``'s storage.
+
+    Raises:
+        InvariantError: ``t`` breaks an invariant; ``str(err)`` names it and where.
+        TypeError: ``t`` is not a torch tensor (a SciPy matrix: use ``ss.from_scipy``), or is
+            strided.
+        RuntimeError: another thread kept writing ``t``'s index data while it was validated.
     """
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"validate() expects a torch sparse tensor, got {type(t).__name__}")
+        hint = ("; for a SciPy sparse matrix use ss.from_scipy(m)"
+                if type(t).__module__.startswith("scipy.sparse") else "")
+        raise TypeError(
+            f"validate() expects a torch sparse tensor, got {type(t).__name__}{hint}")
     with DisableTorchFunctionSubclass():
         if t.layout not in SPARSE_LAYOUTS:
             raise TypeError(f"validate() expects a sparse tensor, got layout {t.layout}")

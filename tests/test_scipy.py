@@ -344,8 +344,6 @@ def test_from_scipy_copes_with_empty_and_reversed_index_arrays() -> None:
 
 
 @needs_scipy
-@pytest.mark.xfail(strict=True, reason="the hint in ss.validate (tensor.py) is pending: issue-12 "
-                   "note; remove this marker once it is applied")
 def test_validate_of_a_scipy_matrix_points_to_from_scipy() -> None:
     with pytest.raises(TypeError, match=r"from_scipy"):
         ss.validate(sp.csr_array(np.eye(2)))
