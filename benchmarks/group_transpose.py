@@ -29,7 +29,7 @@ from inputs import CompressedInput
 
 COLUMNS = [
     Column("layout"), Column("op"), Column("nnz", fmt_n), Column("torch (µs)", fmt_us),
-    Column("safesparse (µs)", fmt_us), Column("overhead (µs, target <= 25)", fmt_signed_us),
+    Column("safesparse (µs)", fmt_us), Column("overhead (µs, target <= 10)", fmt_signed_us),
     Column("flat ratio (large/small, target <= 2x)", fmt_ratio), Column("met", fmt_verdict),
     Column("spread", fmt_pct),
 ]
@@ -109,7 +109,7 @@ def _rows(table: Table, cfg: Config, ss: ModuleType, label: str, inp: Compressed
             small[op] = t_ss
         flat = ratio(t_ss, small[op]) if is_large else None
         overhead = diff(t_ss, t_torch)
-        oks = [x for x in (None if overhead is None else overhead <= 25e-6,
+        oks = [x for x in (None if overhead is None else overhead <= 10e-6,
                            None if flat is None else flat <= 2.0) if x is not None]
         table.add(label, op, inp.nnz, TORCH_REFUSES if torch_refuses else t_torch, t_ss,
                   overhead, flat, int(all(oks)) if oks else None, tm.max_spread())

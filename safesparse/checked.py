@@ -271,6 +271,13 @@ class IndexState:
             w.hand_out(member)
         member._ss_state = self  # type: ignore[attr-defined]  # see knows()
 
+    def at(self, key: IndexKey) -> bool:
+        """Whether the watched storage is still at ``key``'s addresses."""
+        ptrs = [k[0] for k in key]
+        for w in self.watches.values():
+            return w.alias.data_ptr() in ptrs
+        return True
+
     def knows(self, x: torch.Tensor) -> bool:
         """Whether writes through the plain tensor ``x`` are seen here: it is a watched owner,
         or a member handed out by one (sharing that owner's counter)."""
@@ -292,63 +299,85 @@ class IndexState:
 class Record:
     """The checked state of one SafeSparseTensor.
 
-    ``state`` is the shared state of its index structure (None for volatile tensors), ``ptrs``
-    the data pointers of its members when it joined (members replaced or moved, e.g. by
-    ``share_memory_()``, make it unchecked), ``geometry`` what it was proven for when
-    ``trusted`` (validated, or derived by a known op). ``volatile`` tensors (inference tensors,
-    shared memory) are validated whenever their state is asked for.
+    ``state`` is the shared state of its index structure (None for volatile tensors);
+    ``members`` its index members when it joined and ``ptrs`` their data pointers then (storage
+    moved since, e.g. by ``share_memory_()``, makes it unchecked); ``geometry`` what it was
+    proven for when ``trusted`` (validated, or derived by a known op). ``volatile`` tensors
+    (inference tensors, shared memory) are validated whenever their state is asked for.
     """
 
-    __slots__ = ("geometry", "ptrs", "state", "trusted", "volatile")
+    __slots__ = ("geometry", "members", "ptrs", "state", "trusted", "volatile")
 
-    def __init__(self, state: IndexState | None, ptrs: tuple[int, ...], volatile: bool) -> None:
+    def __init__(self, state: IndexState | None, members: Sequence[torch.Tensor],
+                 ptrs: tuple[int, ...], volatile: bool) -> None:
         self.state = state
+        self.members = tuple(members)
         self.ptrs = ptrs
         self.volatile = volatile
         self.trusted = False
         self.geometry: Hashable = None
+
+    def unmoved(self) -> bool:
+        """Whether the member storage is still where it was when this record joined."""
+        return tuple(m.data_ptr() for m in self.members) == self.ptrs
 
 
 _cache: weakref.WeakValueDictionary[IndexKey, IndexState] = weakref.WeakValueDictionary()
 _cache_lock = threading.Lock()
 
 
-def state_for(key: IndexKey) -> IndexState:
-    """The live state of this index structure, created if none is alive."""
+def lookup(key: IndexKey) -> IndexState | None:
+    """The live state of this index structure, if any (not created).
+
+    A state whose storage moved away from the key's pointers (``share_memory_()`` moves a
+    storage's data; the old address may then be reused) is stale: it is dropped here."""
     with _cache_lock:
         state = _cache.get(key)
-        if state is None:
+        if state is not None and not state.at(key):
+            del _cache[key]
+            state = None
+        return state
+
+
+def _create(key: IndexKey) -> IndexState:
+    with _cache_lock:
+        state = _cache.get(key)
+        if state is None or not state.at(key):
             state = _cache[key] = IndexState(key)
         return state
 
 
-def lookup(key: IndexKey) -> IndexState | None:
-    """The live state of this index structure, if any (not created)."""
-    with _cache_lock:
-        return _cache.get(key)
-
-
-def _unwatchable(t: torch.Tensor, members: Sequence[torch.Tensor]) -> bool:
-    """Whether writes to ``t``'s index data can happen unseen by any counter here."""
-    return t.is_inference() or any(m.is_shared() for m in members)  # type: ignore[no-untyped-call]
+def _shared(members: Sequence[torch.Tensor]) -> bool:
+    """Whether any member's storage is shared with other processes."""
+    return any(m.untyped_storage().is_shared() for m in members)
 
 
 def join(t: torch.Tensor, members: Sequence[torch.Tensor] | None = None,
-         key: IndexKey | None = None) -> Record:
+         key: IndexKey | None = None, *, unshared: bool = False) -> Record:
     """Give ``t`` (a fresh wrapper) a record, joined to its index structure's state and watched
-    there. ``key``: the structure's key, if the caller has it (reused while the pointers match)."""
+    there. ``key``: the structure's key, if the caller has it (reused while the pointers match).
+
+    Storage shared with other processes, and inference tensors, get a volatile record (no
+    state). Only a structure new to the cache is asked whether it is shared: a live state's
+    storage was not, and sharing it since would have moved it (see :func:`lookup`).
+    ``unshared``: the caller knows (an op's result from inputs checked just now)."""
     with DisableTorchFunctionSubclass():
         if members is None:
             members = index_members(t)
         ptrs = tuple(m.data_ptr() for m in members)
-        if _unwatchable(t, members):
-            rec = Record(None, ptrs, True)
+        if t.is_inference():
+            rec = Record(None, members, ptrs, True)
         else:
             if key is None or ptrs != tuple(k[0] for k in key):
                 key = index_key(members)
-            state = state_for(key)
-            state.witness(t, members[0] if members else t)
-            rec = Record(state, ptrs, False)
+            state = lookup(key)
+            if state is None and not unshared and _shared(members):
+                rec = Record(None, members, ptrs, True)
+            else:
+                if state is None:
+                    state = _create(key)
+                state.witness(t, members[0] if members else t)
+                rec = Record(state, members, ptrs, False)
     t._ss = rec  # type: ignore[attr-defined]
     return rec
 
@@ -382,15 +411,7 @@ def is_checked(t: torch.Tensor,
         return revalidate is not None and revalidate(t)
     state = rec.state
     assert state is not None
-    with DisableTorchFunctionSubclass():
-        if t.layout == torch.sparse_coo:
-            if (t._indices().data_ptr(),) != rec.ptrs:
-                return False
-        else:
-            c, p = compressed_members(t)
-            if (c.data_ptr(), p.data_ptr()) != rec.ptrs:
-                return False
-    return state.is_proven(rec.geometry)
+    return rec.unmoved() and state.is_proven(rec.geometry)
 
 
 def snapshot(t: torch.Tensor) -> Snapshot:
@@ -409,10 +430,12 @@ def mark_validated(t: torch.Tensor, geometry: Hashable, snap: Snapshot) -> bool:
     return ok
 
 
-def mark_derived(t: torch.Tensor, geometry: Hashable) -> bool:
+def mark_derived(t: torch.Tensor, geometry: Hashable, rec: Record | None = None) -> bool:
     """``t`` was made by a known op from tensors checked before and after it ran, and has
-    ``geometry``: checked without validation, while its state holds."""
-    rec = current_record(t)
+    ``geometry``: checked without validation, while its state holds. ``rec``: ``t``'s record,
+    if it was just joined."""
+    if rec is None:
+        rec = current_record(t)
     ok = True if rec.state is None else rec.state.derive(geometry)
     rec.trusted = ok
     rec.geometry = geometry
@@ -436,9 +459,9 @@ def mark_copied(t: torch.Tensor, geometry: Hashable, snap: Snapshot) -> bool:
     return ok
 
 
-def mark_known(t: torch.Tensor, geometry: Hashable) -> bool:
-    """``t`` (just built) is on index tensors whose state proves ``geometry`` (a cache hit)."""
-    rec = current_record(t)
+def mark_known(rec: Record, geometry: Hashable) -> bool:
+    """The tensor of ``rec`` (just built and joined) is on index tensors whose state proved
+    ``geometry`` (a cache hit). Returns False if the state stopped proving it meanwhile."""
     ok = rec.state is not None and rec.state.is_proven(geometry)
     rec.trusted = ok
     rec.geometry = geometry
@@ -494,10 +517,9 @@ def watch(t: torch.Tensor, owner: torch.Tensor) -> None:
     rec.state.witness(owner, alias)
 
 
-def shares_index_data(t: torch.Tensor, x: torch.Tensor) -> bool:
-    """Whether the plain tensor ``x`` is one of ``t``'s index members' storage."""
-    rec = record(t)
-    return rec is not None and x.numel() > 0 and x.data_ptr() in rec.ptrs
+def shares_index_data(rec: Record, x: torch.Tensor) -> bool:
+    """Whether the plain tensor ``x`` is one of the index members' storage of ``rec``."""
+    return x.numel() > 0 and x.data_ptr() in rec.ptrs
 
 
 def cache_size() -> int:

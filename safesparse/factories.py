@@ -137,7 +137,7 @@ def sparse_compressed_tensor(
             check_invariants=False, **_pin(pin_memory),
         )
         out = wrap(plain_t, leaf_requires_grad=requires_grad)
-        _watch_inputs(out, (compressed, plain))
+        _watch_inputs(out, out._ss, (compressed, plain))
         return out
     meta = check_compressed_metadata(
         compressed, plain, vals, shape, lay, dtype=dtype, device=dev, requested_layout=lay,
@@ -278,7 +278,7 @@ def sparse_coo_tensor(
             check_invariants=False, is_coalesced=is_coalesced,
         )
         out = wrap(plain_t, leaf_requires_grad=requires_grad)
-        _watch_inputs(out, (idx,))
+        _watch_inputs(out, out._ss, (idx,))
         return out
     meta = check_coo_metadata(idx, vals, shape, dtype=dtype, device=dev)
     coalesced = bool(is_coalesced)
@@ -310,9 +310,11 @@ def _finish(out: SafeSparseTensor, inputs: tuple[torch.Tensor, ...], before: _Be
     cache hit (``before`` None) through the proven state; after a validation only if no watched
     counter moved while it read the data (else the tensor is refused: another thread is
     writing the index data)."""
-    _watch_inputs(out, inputs)
+    rec = checked.record(out)
+    assert rec is not None  # wrap() joined it
+    _watch_inputs(out, rec, inputs)
     if before is None:
-        if checked.mark_known(out, geometry):
+        if checked.mark_known(rec, geometry):
             return out
     elif before.unchanged(inputs) and checked.mark_validated(out, geometry, before.snap):
         return out
@@ -322,10 +324,11 @@ def _finish(out: SafeSparseTensor, inputs: tuple[torch.Tensor, ...], before: _Be
     return out
 
 
-def _watch_inputs(out: SafeSparseTensor, inputs: tuple[torch.Tensor, ...]) -> None:
+def _watch_inputs(out: SafeSparseTensor, rec: checked.Record,
+                  inputs: tuple[torch.Tensor, ...]) -> None:
     """The caller's index tensors that ``out`` shares storage with can write it: watch them."""
     for x in inputs:
-        if checked.shares_index_data(out, x) and not isinstance(x, SafeSparseTensor):
+        if checked.shares_index_data(rec, x) and not isinstance(x, SafeSparseTensor):
             checked.watch(out, x)  # (not again for a member handed out on this structure)
 
 

@@ -172,9 +172,11 @@ class SafeSparseTensor(torch.Tensor):
             kind = entry.kind_for(args, kwargs) if entry is not None else OpKind.UNKNOWN
             # Checked before the op ran (and, in wrap_results, after it): a write landing
             # while torch copies the index data never goes unnoticed.
-            before = kind is not OpKind.UNKNOWN and not debug and _inputs_checked(args, kwargs)
+            inputs = sparse_inputs(args, kwargs)
+            before = (kind is not OpKind.UNKNOWN and not debug and bool(inputs)
+                      and all(_is_checked(x) for x in inputs))
             ret = func(*args, **kwargs)
-            return wrap_results(func, kind, args, kwargs, ret, before=before)
+            return wrap_results(func, kind, args, kwargs, ret, before=before, inputs=inputs)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SafeSparseTensor:
         if id(self) in memo:
@@ -224,7 +226,7 @@ class _ToPlain(torch.autograd.Function):
 
 
 def wrap(plain: torch.Tensor, *, leaf_requires_grad: bool = False,
-         key: IndexKey | None = None) -> SafeSparseTensor:
+         key: IndexKey | None = None, unshared: bool = False) -> SafeSparseTensor:
     """A SafeSparseTensor sharing ``plain``'s data, joined to its index structure's state and
     watched there, not yet checked (see :mod:`safesparse.checked`). ``leaf_requires_grad``
     makes a new autograd leaf; a ``plain`` that requires grad stays connected to its graph.
@@ -235,7 +237,7 @@ def wrap(plain: torch.Tensor, *, leaf_requires_grad: bool = False,
     else:
         out = torch.Tensor._make_subclass(SafeSparseTensor, plain, leaf_requires_grad)
     assert isinstance(out, SafeSparseTensor)
-    checked.join(out, key=key)
+    checked.join(out, key=key, unshared=unshared)
     return out
 
 
@@ -343,26 +345,31 @@ def validate(t: torch.Tensor) -> SafeSparseTensor:
             checked.count("skipped")
             return t  # type: ignore[return-value]
         if isinstance(t, SafeSparseTensor):
-            out = t
+            out, watched = t, True
         else:
-            out = wrap(t)
+            out, watched = wrap(t), False
             checked.watch(out, t)  # t shares out's counter, and may outlive it
-        validate_into(out, debug)
+        validate_into(out, debug, watched=watched)
     return out
 
 
-def validate_into(out: SafeSparseTensor, debug: bool = False, op: str | None = None) -> None:
-    """Validate ``out`` and record it as checked; ``op`` names the op in the error."""
+def validate_into(out: SafeSparseTensor, debug: bool = False, op: str | None = None, *,
+                  watched: bool = True) -> None:
+    """Validate ``out`` and record it as checked; ``op`` names the op in the error.
+    ``watched=False``: ``out`` was only just wrapped, so writes through its counter before
+    that went unseen."""
+    old = checked.record(out)
     rec = checked.current_record(out)
+    watched = watched and rec is old  # a record made just now saw no earlier write
     geometry = geometry_of(out)
     state = rec.state
     if (not debug and state is not None and state.is_proven(geometry)
-            and all(m._version == 0 or state.knows(out) for m in index_members(out))):
+            and (watched or all(m._version == 0 for m in rec.members))):
         # Proven index data, and no write through out's own counter that the proof missed.
         validate_tensor(out, check_indices=False)  # metadata is O(1)
         checked.count("skipped")
-        checked.mark_known(out, geometry)
-        return
+        if checked.mark_known(rec, geometry):
+            return
     for _ in range(_ATTEMPTS):
         snap = checked.snapshot(out)
         try:
@@ -436,17 +443,21 @@ def wrap_results(
     geometry: Hashable | None = None,
     *,
     before: bool = True,
+    inputs: list[torch.Tensor] | None = None,
 ) -> Any:
     """Re-wrap the sparse tensors in ``ret`` and give them their checked state.
 
     ``geometry``: that of a single sparse result, when the op knows it (a transpose keeps its
     input's). ``before``: whether every sparse input was checked before the op ran (the
-    caller knows; results that share storage with their inputs need only the check after)."""
+    caller knows; results that share storage with their inputs need only the check after).
+    ``inputs``: ``sparse_inputs(args, kwargs)``, if the caller has it."""
+    if inputs is None:
+        inputs = sparse_inputs(args, kwargs)
     if isinstance(ret, torch.Tensor):
-        return _wrap_one(func, kind, args, kwargs, ret, geometry, before)
+        return _wrap_one(func, kind, args, inputs, ret, geometry, before)
     if isinstance(ret, (tuple, list)):
         return type(ret)(
-            _wrap_one(func, kind, args, kwargs, r, None, before)
+            _wrap_one(func, kind, args, inputs, r, None, before)
             if isinstance(r, torch.Tensor) else r for r in ret)
     return ret
 
@@ -455,7 +466,7 @@ def _wrap_one(
     func: Callable[..., Any],
     kind: OpKind,
     args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    inputs: list[torch.Tensor],
     ret: torch.Tensor,
     geometry: Hashable | None,
     before: bool,
@@ -464,8 +475,8 @@ def _wrap_one(
         return ret
     debug = is_debug()
     # Checked after the op too; an in-place op's own target moved its counter itself.
-    trusted = not debug and before and kind is not OpKind.UNKNOWN and all(
-        _is_checked(x) for x in sparse_inputs(args, kwargs) if x is not ret)
+    trusted = not debug and before and kind is not OpKind.UNKNOWN and bool(inputs) and all(
+        _is_checked(x) for x in inputs if x is not ret)
     if isinstance(ret, SafeSparseTensor):  # an in-place op (or one returning its input)
         if debug:
             validate_into(ret, True, op_name(func))
@@ -474,12 +485,25 @@ def _wrap_one(
         else:
             checked.after_inplace(ret, keeps_indices=trusted and kind is OpKind.PRESERVING)
         return ret
-    out = wrap(ret)
+    out = wrap(ret, unshared=trusted)
     if debug or (trusted and kind is OpKind.NEW_INDICES):
         return _validated_result(func, out, debug)
     if trusted and kind is OpKind.PRESERVING and _metadata_kept(args, out):
-        checked.mark_derived(out, geometry_of(out) if geometry is None else geometry)
+        checked.mark_derived(out, _geometry(args, out) if geometry is None else geometry,
+                             out._ss)
     return out
+
+
+def _geometry(args: tuple[Any, ...], out: torch.Tensor) -> Hashable:
+    """The geometry of a preserving op's result: its (compressed) input's when the shape and
+    layout are the same (the index data is the input's), else computed."""
+    first = args[0] if args else None
+    if (isinstance(first, SafeSparseTensor) and first.layout == out.layout != torch.sparse_coo
+            and first.shape == out.shape):
+        rec = checked.record(first)
+        if rec is not None and rec.trusted:
+            return rec.geometry
+    return geometry_of(out)
 
 
 def _metadata_kept(args: tuple[Any, ...], out: torch.Tensor) -> bool:
