@@ -19,6 +19,7 @@ from .factories import (
     sparse_csc_tensor,
     sparse_csr_tensor,
 )
+from .indices import check_compressed_indices, check_coo_indices
 from .invariants import CATALOG, Invariant
 from .serialization import load
 from .tensor import OpKind, SafeSparseTensor, is_checked, unwrap, validate
@@ -32,6 +33,8 @@ __all__ = [
     "OpKind",
     "SafeSparseTensor",
     "Stats",
+    "check_compressed_indices",
+    "check_coo_indices",
     "clear_cache",
     "debug",
     "is_checked",
