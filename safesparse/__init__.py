@@ -10,6 +10,7 @@ from . import ops as _ops  # noqa: F401  (fills the op table)
 from . import transpose as _transpose  # noqa: F401  (zero-copy transposes)
 from .checked import Stats, clear_cache, reset_stats, stats
 from .debug import debug, is_debug, set_debug
+from .enforce import enforce, is_enforced, set_enforce
 from .errors import InvariantError
 from .factories import (
     sparse_bsc_tensor,
@@ -37,11 +38,14 @@ __all__ = [
     "check_coo_indices",
     "clear_cache",
     "debug",
+    "enforce",
     "is_checked",
     "is_debug",
+    "is_enforced",
     "load",
     "reset_stats",
     "set_debug",
+    "set_enforce",
     "sparse_bsc_tensor",
     "sparse_bsr_tensor",
     "sparse_compressed_tensor",

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
+from . import _originals
 from .tensor import OpKind, SafeSparseTensor, geometry_of, wrap_results
 from .validation import LAYOUTS, compressed_members
 
@@ -52,7 +53,7 @@ def swap_compressed(t: torch.Tensor, *, conj: bool = False) -> torch.Tensor:
         values = values.transpose(m + 1, m + 2)
     size = list(t.shape)
     size[m], size[m + 1] = size[m + 1], size[m]
-    return torch.sparse_compressed_tensor(
+    return _originals.sparse_compressed_tensor(
         compressed, plain, values, size, layout=SWAPPED[t.layout], dtype=values.dtype,
         device=values.device, check_invariants=False,
     )
