@@ -6,10 +6,13 @@ layouts the values are viewed with their two block dims swapped (seed 000: conve
 blocks and transposing commute, with the blocksize swapped). Such block-transposed values are
 column-contiguous, which invariant 3.7 admits.
 
-torch 2.13 does this itself for non-hybrid tensors but refuses hybrid ones; this module builds
-the swapped tensor with torch's factory (``check_invariants=False``: the indices are the
-already-checked ones) for every case, so there is one code path. Other dim pairs keep torch's
-behaviour, except batch-with-sparse on compressed layouts, which gets a clear error.
+torch 2.13 does this itself for non-hybrid tensors, as a view (``_is_view()``, ``_base``), but
+refuses hybrid ones. Non-hybrid tensors get torch's own transpose, so the result is a view
+exactly where torch's is (the result object is torch's view, typed ``SafeSparseTensor``);
+hybrid ones are built with torch's factory (``check_invariants=False``: the indices are the
+already-checked ones), sharing storage but not a view, since torch has no such view. Other dim
+pairs keep torch's behaviour (and its views), except batch-with-sparse on compressed layouts,
+which gets a clear error.
 """
 
 from __future__ import annotations
@@ -65,17 +68,43 @@ def _dims(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int]:
     return int(dim0), int(dim1)
 
 
+def _as_view(view: torch.Tensor, wrapped: Any) -> Any:
+    """``wrapped`` (a SafeSparseTensor built by :func:`wrap_results` from torch's result
+    ``view``) as ``view`` itself, when torch's result is a view: ``_is_view()`` and ``_base``
+    are then torch's, as for a plain tensor. Only the Python type of torch's object changes
+    (a ``SafeSparseTensor`` can only be made a view this way: ``_make_subclass`` detaches); the
+    checked state is the one :func:`wrap_results` gave ``wrapped``, for the same index members.
+    """
+    if (not isinstance(wrapped, SafeSparseTensor) or isinstance(view, SafeSparseTensor)
+            or type(view) is not torch.Tensor or not view._is_view()):
+        return wrapped
+    view.__class__ = SafeSparseTensor
+    view.__dict__.update(wrapped.__dict__)
+    return view
+
+
 def _finish(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
             out: torch.Tensor) -> Any:
     # The swapped tensor has the input's index structure and extents: the same geometry.
-    return wrap_results(func, OpKind.PRESERVING, args, kwargs, out, geometry_of(args[0]))
+    wrapped = wrap_results(func, OpKind.PRESERVING, args, kwargs, out, geometry_of(args[0]))
+    return _as_view(out, wrapped)
+
+
+def _swap(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+          *, conj: bool = False) -> Any:
+    """The sparse-dim transpose: torch's own (a view of the input) where torch has one, i.e.
+    for non-hybrid tensors; :func:`swap_compressed` for hybrid ones, which torch refuses."""
+    t = args[0]
+    if t.dense_dim() == 0 and not conj:
+        return _finish(func, args, kwargs, func(*args, **kwargs))
+    return _finish(func, args, kwargs, swap_compressed(t, conj=conj))
 
 
 def _torch_default(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                    kind: OpKind = OpKind.PRESERVING) -> Any:
     with DisableTorchFunctionSubclass():
         out = func(*args, **kwargs)
-    return wrap_results(func, kind, args, kwargs, out)
+    return _as_view(out, wrap_results(func, kind, args, kwargs, out))
 
 
 @SafeSparseTensor.implements([T.transpose, torch.transpose, torch.swapaxes, T.swapaxes,
@@ -92,7 +121,7 @@ def _transpose(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
     with DisableTorchFunctionSubclass():
         s0, s1 = sparse_dims(t)
         if {d0, d1} == {s0, s1}:
-            return _finish(func, args, kwargs, swap_compressed(t))
+            return _swap(func, args, kwargs)
     if d0 == d1:
         return _torch_default(func, args, kwargs)
     batch = set(range(s0))
@@ -110,7 +139,7 @@ def _t(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) 
     t = args[0]
     if t.layout in SWAPPED and t.dim() == 2:
         with DisableTorchFunctionSubclass():
-            return _finish(func, args, kwargs, swap_compressed(t))
+            return _swap(func, args, kwargs)
     return _torch_default(func, args, kwargs)
 
 
@@ -121,7 +150,7 @@ def _mT(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any])
         with DisableTorchFunctionSubclass():
             _, s1 = sparse_dims(t)
             if s1 == t.dim() - 1:  # non-hybrid: the last two dims are the sparse dims
-                return _finish(func, args, kwargs, swap_compressed(t))
+                return _swap(func, args, kwargs)
     return _torch_default(func, args, kwargs)
 
 
@@ -134,5 +163,5 @@ def _adjoint(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
         with DisableTorchFunctionSubclass():
             _, s1 = sparse_dims(t)
             if s1 == t.dim() - 1:
-                return _finish(func, args, kwargs, swap_compressed(t, conj=t.is_complex()))
+                return _swap(func, args, kwargs, conj=t.is_complex())
     return _torch_default(func, args, kwargs)
