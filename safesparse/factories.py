@@ -22,7 +22,7 @@ from . import _originals, checked
 from ._compile import not_traced
 from .checked import IndexKey
 from .debug import is_debug
-from .indices import coo_index_stage
+from .indices import coo_index_stage, per_batch_contiguous
 from .invariants import COMPRESSED_LAYOUTS
 from .tensor import (
     SafeSparseTensor,
@@ -36,7 +36,6 @@ from .validation import (
     check_compressed_indices,
     check_compressed_metadata,
     check_coo_metadata,
-    index_contiguous,
     values_layout_ok,
 )
 
@@ -62,9 +61,7 @@ def _as_index(x: Any, device: torch.device | None) -> torch.Tensor:
             t = t.to(torch.int64)  # an empty list of indices
     if device is not None and t.device != device:
         t = t.to(device)
-    if t.layout == torch.strided and not index_contiguous(t):
-        t = t.contiguous()
-    return t
+    return per_batch_contiguous(t)
 
 
 def _as_values(x: Any, dtype: torch.dtype | None, device: torch.device | None) -> torch.Tensor:

@@ -33,7 +33,9 @@ from .validation import (
 from .validation import check_compressed_indices as _compressed_index_stage
 from .validation import check_coo_indices as _coo_engine_stage
 
-__all__ = ["check_compressed_indices", "check_coo_indices", "coo_index_stage"]
+__all__ = [
+    "check_compressed_indices", "check_coo_indices", "coo_index_stage", "per_batch_contiguous",
+]
 
 
 def coo_index_stage(meta: CooMeta, indices: torch.Tensor, *, is_coalesced: bool,
@@ -55,15 +57,22 @@ def _index_tensor(x: Any, device: torch.device | None = None) -> torch.Tensor:
     t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
     if device is not None and t.device != device:
         t = t.to(device)
-    if t.layout == torch.strided and not index_contiguous(t):
-        t = t.contiguous()
-    return t
+    return per_batch_contiguous(t)
 
 
 def _size(size: Any, name: str) -> tuple[int, ...] | None:
     from .factories import _as_size  # the factories' own reading of a size
 
     return _as_size(size, name)
+
+
+def per_batch_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a contiguous copy when its last dim is not unit-stride (3.5 / 3.6: torch
+    requires index members to be contiguous per batch; any batch strides are kept)."""
+    if t.layout == torch.strided and not index_contiguous(t):
+        # not t.contiguous(): that returns t itself when only a size-1 dim has the odd stride
+        t = torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t)
+    return t
 
 
 def check_coo_indices(
