@@ -48,11 +48,7 @@ def _device(device: DeviceLike) -> torch.device | None:
 
 
 def _as_index(x: Any, device: torch.device | None) -> torch.Tensor:
-    """Index input as a tensor: tensors keep their dtype, other integer data becomes int64.
-
-    A member whose last dim is not unit-stride (which torch refuses) is copied; any batch
-    strides are kept, as torch keeps them (3.5 / 3.6: contiguous per batch).
-    """
+    """Index input as a tensor: tensors keep their dtype, other integer data becomes int64."""
     if isinstance(x, torch.Tensor):
         t = x
     else:
@@ -61,7 +57,7 @@ def _as_index(x: Any, device: torch.device | None) -> torch.Tensor:
             t = t.to(torch.int64)  # an empty list of indices
     if device is not None and t.device != device:
         t = t.to(device)
-    return per_batch_contiguous(t)
+    return t
 
 
 def _as_values(x: Any, dtype: torch.dtype | None, device: torch.device | None) -> torch.Tensor:
@@ -254,8 +250,11 @@ def _compressed_args(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.layout]:
     """The members as tensors, converted as torch converts them; members with strides torch
     accepts but its kernels do not assume (3.5-3.7) are copied, the others kept as they are."""
-    compressed = _as_index(compressed_indices, dev)
-    plain = _as_index(plain_indices, dev)
+    # a member whose last dim is not unit-stride (which torch refuses) is copied; any batch
+    # strides are kept, as torch keeps them (3.5 / 3.6: contiguous per batch). COO indices
+    # may have any strides, as in torch.
+    compressed = per_batch_contiguous(_as_index(compressed_indices, dev))
+    plain = per_batch_contiguous(_as_index(plain_indices, dev))
     vals = _as_values(values, dtype, dev)
     lay = layout if layout is not None else torch.strided  # torch requires a layout: 2.4
     info = LAYOUTS.get(lay)
