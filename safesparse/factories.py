@@ -5,6 +5,9 @@ Each factory converts its inputs the way torch does (tensors, nested lists, NumP
 the data, and only then builds the tensor with torch's own factory and
 ``check_invariants=False`` (no second validation, no "implicitly disabled" warning).
 
+``check_invariants=False`` keeps torch's meaning: the tensor is built without validation and is
+*unchecked* (``ss.is_checked(t) is False``). Enforce mode ignores it.
+
 Index data already validated together (same tensors, unmodified, same geometry) is not checked
 again: only the O(1) metadata checks run (see :mod:`safesparse.checked`).
 """
@@ -128,7 +131,17 @@ def sparse_compressed_tensor(
     requires_grad: bool = False,
     check_invariants: bool | None = None,
 ) -> SafeSparseTensor:
-    """Validated ``torch.sparse_compressed_tensor``; see the module docstring."""
+    """Validated ``torch.sparse_compressed_tensor``: every invariant is checked before torch
+    sees the data; a violation raises :class:`safesparse.InvariantError`. Accepts what torch
+    accepts (tensors, nested lists, NumPy arrays, index members with any strides: those torch
+    requires to be unit-stride on the last dim are copied) and raises torch's ``TypeError`` for
+    a size that is not a tuple of integers.
+
+    ``check_invariants=False`` keeps torch's meaning: the tensor is built *without* validation
+    and is unchecked (``ss.is_checked(t) is False``); nothing guards the torch kernels that
+    later read it. ``None`` (the default) and ``True`` validate. Enforce mode
+    (:func:`safesparse.enforce`) ignores ``False`` when torch's own factory is called.
+    """
     shape = _as_size(size)
     dev = _device(device)
     compressed, plain, vals, lay = _compressed_args(
@@ -176,7 +189,13 @@ def sparse_csr_tensor(
     check_invariants: bool | None = None,
 ) -> SafeSparseTensor:
     """Validated ``torch.sparse_csr_tensor``: every invariant is checked before torch sees the
-    data; a violation raises :class:`safesparse.InvariantError`."""
+    data; a violation raises :class:`safesparse.InvariantError`.
+
+    ``check_invariants=False`` keeps torch's meaning: the tensor is built *without* validation
+    and is unchecked (``ss.is_checked(t) is False``); nothing guards the torch kernels that
+    later read it. ``None`` (the default) and ``True`` validate. Enforce mode
+    (:func:`safesparse.enforce`) ignores ``False`` when torch's own factory is called.
+    """
     return sparse_compressed_tensor(
         crow_indices, col_indices, values, size, dtype=dtype, layout=torch.sparse_csr,
         device=device, pin_memory=pin_memory, requires_grad=requires_grad,
@@ -196,7 +215,13 @@ def sparse_csc_tensor(
     requires_grad: bool = False,
     check_invariants: bool | None = None,
 ) -> SafeSparseTensor:
-    """Validated ``torch.sparse_csc_tensor`` (see :func:`sparse_csr_tensor`)."""
+    """Validated ``torch.sparse_csc_tensor`` (see :func:`sparse_csr_tensor`).
+
+    ``check_invariants=False`` keeps torch's meaning: the tensor is built *without* validation
+    and is unchecked (``ss.is_checked(t) is False``); nothing guards the torch kernels that
+    later read it. ``None`` (the default) and ``True`` validate. Enforce mode
+    (:func:`safesparse.enforce`) ignores ``False`` when torch's own factory is called.
+    """
     return sparse_compressed_tensor(
         ccol_indices, row_indices, values, size, dtype=dtype, layout=torch.sparse_csc,
         device=device, pin_memory=pin_memory, requires_grad=requires_grad,
@@ -216,7 +241,13 @@ def sparse_bsr_tensor(
     requires_grad: bool = False,
     check_invariants: bool | None = None,
 ) -> SafeSparseTensor:
-    """Validated ``torch.sparse_bsr_tensor`` (see :func:`sparse_csr_tensor`)."""
+    """Validated ``torch.sparse_bsr_tensor`` (see :func:`sparse_csr_tensor`).
+
+    ``check_invariants=False`` keeps torch's meaning: the tensor is built *without* validation
+    and is unchecked (``ss.is_checked(t) is False``); nothing guards the torch kernels that
+    later read it. ``None`` (the default) and ``True`` validate. Enforce mode
+    (:func:`safesparse.enforce`) ignores ``False`` when torch's own factory is called.
+    """
     return sparse_compressed_tensor(
         crow_indices, col_indices, values, size, dtype=dtype, layout=torch.sparse_bsr,
         device=device, pin_memory=pin_memory, requires_grad=requires_grad,
@@ -236,7 +267,13 @@ def sparse_bsc_tensor(
     requires_grad: bool = False,
     check_invariants: bool | None = None,
 ) -> SafeSparseTensor:
-    """Validated ``torch.sparse_bsc_tensor`` (see :func:`sparse_csr_tensor`)."""
+    """Validated ``torch.sparse_bsc_tensor`` (see :func:`sparse_csr_tensor`).
+
+    ``check_invariants=False`` keeps torch's meaning: the tensor is built *without* validation
+    and is unchecked (``ss.is_checked(t) is False``); nothing guards the torch kernels that
+    later read it. ``None`` (the default) and ``True`` validate. Enforce mode
+    (:func:`safesparse.enforce`) ignores ``False`` when torch's own factory is called.
+    """
     return sparse_compressed_tensor(
         ccol_indices, row_indices, values, size, dtype=dtype, layout=torch.sparse_bsc,
         device=device, pin_memory=pin_memory, requires_grad=requires_grad,
@@ -320,9 +357,13 @@ def sparse_coo_tensor(
 
     Both of torch's overloads: ``sparse_coo_tensor(indices, values, size=None, ...)`` and
     ``sparse_coo_tensor(size, *, dtype=None, device=None, requires_grad=False)`` (an empty
-    tensor). ``check_invariants=False`` keeps torch's meaning: the tensor is built *without*
-    validation and is unchecked (``ss.is_checked(t) is False``); nothing guards it. Enforce mode
-    ignores it.
+    tensor). Scalar ``values`` are one specified element; indices of any dtype are converted
+    to int64 as torch converts them; ``sparse_dim`` 0 is allowed.
+
+    ``check_invariants=False`` keeps torch's meaning: the tensor is built *without* validation
+    and is unchecked (``ss.is_checked(t) is False``); nothing guards the torch kernels that
+    later read it. ``None`` (the default) and ``True`` validate. Enforce mode
+    (:func:`safesparse.enforce`) ignores ``False`` when torch's own factory is called.
     """
     dev = _device(device)
     idx, vals, shape = _coo_args(indices, values, size, dtype, dev, is_coalesced)
