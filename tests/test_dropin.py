@@ -376,3 +376,25 @@ def test_hybrid_transposes_stay_zero_copy_non_views() -> None:
     t = a.transpose(0, 1)
     assert t.layout == CSC and ss.is_checked(t) and not t._is_view()
     assert t.values().data_ptr() == values.data_ptr()
+
+
+# --- check_invariants=False is documented plainly ----------------------------------------------
+
+
+@pytest.mark.parametrize("factory", [ss.sparse_coo_tensor, ss.sparse_csr_tensor,
+                                     ss.sparse_csc_tensor, ss.sparse_bsr_tensor,
+                                     ss.sparse_bsc_tensor, ss.sparse_compressed_tensor],
+                         ids=lambda f: f.__name__)
+def test_factory_docstrings_say_what_check_invariants_false_means(
+        factory: Callable[..., Any]) -> None:
+    doc = " ".join((factory.__doc__ or "").split())
+    assert "``check_invariants=False`` keeps torch's meaning" in doc
+    assert "*without* validation" in doc and "unchecked" in doc and "Enforce mode" in doc
+    unchecked = factory(*((torch.tensor([[0, 1]]), torch.ones(2), (2,))
+                          if factory is ss.sparse_coo_tensor else
+                          (torch.tensor([0, 1]), torch.tensor([0]),
+                           torch.ones(1, 1, 1) if "bs" in factory.__name__ else torch.ones(1),
+                           (1, 1))),
+                        check_invariants=False,
+                        **({"layout": CSR} if factory is ss.sparse_compressed_tensor else {}))
+    assert isinstance(unchecked, ss.SafeSparseTensor) and not ss.is_checked(unchecked)
