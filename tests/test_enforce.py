@@ -279,3 +279,13 @@ def test_legacy_constructor_is_not_seen_but_validate_catches_it() -> None:
         assert type(legacy) is torch.Tensor
         with pytest.raises(ss.InvariantError):
             ss.validate(legacy)
+
+
+def test_demo_runs_under_enforce_mode() -> None:
+    """safesparse's own deliberate unchecked build (the demo's tampered file) uses torch's
+    held factory, so enforce mode does not break it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SAFESPARSE_ENFORCE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "safesparse", "demo"], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "5.5" in proc.stdout
