@@ -77,7 +77,8 @@ def _size_error(fname: str, detail: str) -> TypeError:
 def _as_size(size: Any, fname: str = "sparse_compressed_tensor") -> tuple[int, ...] | None:
     """``size`` as torch's argument parser reads it: a tuple, list or ``torch.Size`` of integers
     (Python or NumPy integers, one-element integer tensors). Anything else, a float, a bool,
-    a string or a tensor as the whole size included, is a ``TypeError``, as in torch."""
+    a string or a tensor as the whole size included, is a ``TypeError``, as in torch. (torch
+    refuses a bool as the first extent only; later ones are read as 0 / 1, and so here.)"""
     if size is None:
         return None
     if not isinstance(size, (tuple, list)):
@@ -85,7 +86,7 @@ def _as_size(size: Any, fname: str = "sparse_compressed_tensor") -> tuple[int, .
     out = []
     for pos, extent in enumerate(size):
         try:
-            if isinstance(extent, bool):
+            if isinstance(extent, bool) and pos == 0:
                 raise TypeError
             out.append(operator.index(extent))
         except (TypeError, RuntimeError, ValueError):

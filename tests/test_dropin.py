@@ -244,7 +244,7 @@ def test_scalar_values_of_compressed_tensors_are_refused_as_by_torch() -> None:
 
 BAD_SIZES = [(1.5, 1), ("1", 1), (True, 1), "11", torch.tensor([1, 1]), 5, (None, 1),
              (torch.tensor(1.0), 1), np.array([1, 1]), range(1, 3), (np.float64(1), 1)]
-GOOD_SIZES = [(1, 1), [1, 1], torch.Size([1, 1]), (np.int64(1), np.int32(1)),
+GOOD_SIZES = [(1, 1), [1, 1], torch.Size([1, 1]), (np.int64(1), np.int32(1)), (1, True),
               (torch.tensor(1), 1), (torch.tensor(1, dtype=torch.int8), torch.tensor([1]))]
 
 
