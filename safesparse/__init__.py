@@ -26,6 +26,7 @@ from . import pickling as _pickling  # noqa: F401  (SafeSparseTensor.__reduce_ex
 from . import transpose as _transpose  # noqa: F401  (zero-copy transposes)
 from .checked import Stats, clear_cache, reset_stats, stats
 from .debug import debug, is_debug, set_debug
+from .enforce import enforce, is_enforced, set_enforce
 from .errors import InvariantError
 from .factories import (
     sparse_bsc_tensor,
@@ -35,6 +36,7 @@ from .factories import (
     sparse_csc_tensor,
     sparse_csr_tensor,
 )
+from .indices import check_compressed_indices, check_coo_indices
 from .interop import from_scipy, to_scipy
 from .invariants import CATALOG, Invariant
 from .serialization import load, save, unwrap_all
@@ -49,15 +51,20 @@ __all__ = [
     "OpKind",
     "SafeSparseTensor",
     "Stats",
+    "check_compressed_indices",
+    "check_coo_indices",
     "clear_cache",
     "debug",
+    "enforce",
     "from_scipy",
     "is_checked",
     "is_debug",
+    "is_enforced",
     "load",
     "reset_stats",
     "save",
     "set_debug",
+    "set_enforce",
     "sparse_bsc_tensor",
     "sparse_bsr_tensor",
     "sparse_compressed_tensor",

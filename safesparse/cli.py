@@ -29,6 +29,7 @@ from typing import Any, TextIO
 
 import torch
 
+from . import _originals
 from .invariants import layout_name
 from .serialization import Found, SparseRecord, load_and_validate
 from .tensor import unwrap
@@ -420,7 +421,7 @@ def write_demo_checkpoint(path: str | os.PathLike[str]) -> None:
                                         [3.0, 0.0, 0.0, 0.0]]).to_sparse()))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*support is in beta state.*")
-        tampered = torch.sparse_csr_tensor(
+        tampered = _originals.sparse_csr_tensor(  # torch's own, also under enforce mode
             torch.tensor([0, 1, 2, 3]), torch.tensor([0, TAMPERED_COLUMN, 2]),
             torch.tensor([1.0, 2.0, 3.0]), (3, 3), check_invariants=False,
         )

@@ -5,21 +5,27 @@ Each factory converts its inputs the way torch does (tensors, nested lists, NumP
 the data, and only then builds the tensor with torch's own factory and
 ``check_invariants=False`` (no second validation, no "implicitly disabled" warning).
 
+``check_invariants=False`` keeps torch's meaning: the tensor is built without validation and is
+*unchecked* (``ss.is_checked(t) is False``). Enforce mode ignores it.
+
 Index data already validated together (same tensors, unmodified, same geometry) is not checked
 again: only the O(1) metadata checks run (see :mod:`safesparse.checked`).
 """
 
 from __future__ import annotations
 
+import operator
+import warnings
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
 
-from . import checked
+from . import _originals, checked
 from ._compile import not_traced
 from .checked import IndexKey
 from .debug import is_debug
+from .indices import per_batch_contiguous
 from .invariants import COMPRESSED_LAYOUTS
 from .tensor import SafeSparseTensor, compressed_geometry, validate_into, wrap
 from .validation import (
@@ -47,7 +53,9 @@ def _as_index(x: Any, device: torch.device | None) -> torch.Tensor:
         t = torch.as_tensor(x)
         if t.numel() == 0 and not t.dtype.is_complex and t.dtype.is_floating_point:
             t = t.to(torch.int64)  # an empty list of indices
-    return t.to(device) if device is not None and t.device != device else t
+    if device is not None and t.device != device:
+        t = t.to(device)
+    return t
 
 
 def _as_values(x: Any, dtype: torch.dtype | None, device: torch.device | None) -> torch.Tensor:
@@ -57,8 +65,30 @@ def _as_values(x: Any, dtype: torch.dtype | None, device: torch.device | None) -
     return t
 
 
-def _as_size(size: SizeLike) -> tuple[int, ...] | None:
-    return None if size is None else tuple(int(s) for s in size)
+def _size_error(fname: str, detail: str) -> TypeError:
+    return TypeError(f"{fname}(): argument 'size' must be tuple of ints, but {detail}")
+
+
+def _as_size(size: Any, fname: str = "sparse_compressed_tensor") -> tuple[int, ...] | None:
+    """``size`` as torch's argument parser reads it: a tuple, list or ``torch.Size`` of integers
+    (Python or NumPy integers, one-element integer tensors). Anything else, a float, a bool,
+    a string or a tensor as the whole size included, is a ``TypeError``, as in torch. (torch
+    refuses a bool as the first extent only; later ones are read as 0 / 1, and so here.)"""
+    if size is None:
+        return None
+    if not isinstance(size, (tuple, list)):
+        raise _size_error(fname, f"got {type(size).__name__}")
+    out = []
+    for pos, extent in enumerate(size):
+        try:
+            if isinstance(extent, bool) and pos == 0:
+                raise TypeError
+            out.append(operator.index(extent))
+        except (TypeError, RuntimeError, ValueError):
+            raise _size_error(
+                fname, f"found element of type {type(extent).__name__} at pos {pos}"
+            ) from None
+    return tuple(out)
 
 
 def _pin(pin_memory: bool) -> dict[str, Any]:
@@ -120,19 +150,24 @@ def sparse_compressed_tensor(
     requires_grad: bool = False,
     check_invariants: bool | None = None,
 ) -> SafeSparseTensor:
-    """Validated ``torch.sparse_compressed_tensor``; see the module docstring."""
-    dev = _device(device)
-    compressed = _as_index(compressed_indices, dev)
-    plain = _as_index(plain_indices, dev)
-    vals = _as_values(values, dtype, dev)
-    lay = layout if layout is not None else torch.strided  # torch requires a layout: 2.4
-    info = LAYOUTS.get(lay)
-    if info is not None and not values_layout_ok(vals, compressed.dim() - 1, info.blocked):
-        vals = vals.contiguous()  # torch accepts any strides; its kernels assume 3.7
+    """Validated ``torch.sparse_compressed_tensor``: every invariant is checked before torch
+    sees the data; a violation raises :class:`safesparse.InvariantError`. Accepts what torch
+    accepts (tensors, nested lists, NumPy arrays, index members with any strides: those torch
+    requires to be unit-stride on the last dim are copied) and raises torch's ``TypeError`` for
+    a size that is not a tuple of integers.
+
+    ``check_invariants=False`` keeps torch's meaning: the tensor is built *without* validation
+    and is unchecked (``ss.is_checked(t) is False``); nothing guards the torch kernels that
+    later read it. ``None`` (the default) and ``True`` validate. Enforce mode
+    (:func:`safesparse.enforce`) ignores ``False`` when torch's own factory is called.
+    """
     shape = _as_size(size)
+    dev = _device(device)
+    compressed, plain, vals, lay = _compressed_args(
+        compressed_indices, plain_indices, values, dtype, layout, dev)
     if not _wants_check(check_invariants):
         sized = () if shape is None else (shape,)  # torch takes no explicit size=None
-        plain_t = torch.sparse_compressed_tensor(
+        plain_t = _originals.sparse_compressed_tensor(
             compressed, plain, vals, *sized, dtype=vals.dtype, layout=lay, device=dev,
             check_invariants=False, **_pin(pin_memory),
         )
@@ -153,7 +188,7 @@ def sparse_compressed_tensor(
         meta = check_compressed_indices(meta, compressed, plain, estimate=shape is None,
                                         values=vals)
         checked.count("validations")
-    plain_t = torch.sparse_compressed_tensor(
+    plain_t = _originals.sparse_compressed_tensor(
         compressed, plain, vals, meta.size, dtype=vals.dtype, layout=meta.info.layout,
         device=vals.device, check_invariants=False, **_pin(pin_memory),
     )
@@ -176,7 +211,13 @@ def sparse_csr_tensor(
     check_invariants: bool | None = None,
 ) -> SafeSparseTensor:
     """Validated ``torch.sparse_csr_tensor``: every invariant is checked before torch sees the
-    data; a violation raises :class:`safesparse.InvariantError`."""
+    data; a violation raises :class:`safesparse.InvariantError`.
+
+    ``check_invariants=False`` keeps torch's meaning: the tensor is built *without* validation
+    and is unchecked (``ss.is_checked(t) is False``); nothing guards the torch kernels that
+    later read it. ``None`` (the default) and ``True`` validate. Enforce mode
+    (:func:`safesparse.enforce`) ignores ``False`` when torch's own factory is called.
+    """
     return sparse_compressed_tensor(
         crow_indices, col_indices, values, size, dtype=dtype, layout=torch.sparse_csr,
         device=device, pin_memory=pin_memory, requires_grad=requires_grad,
@@ -196,7 +237,13 @@ def sparse_csc_tensor(
     requires_grad: bool = False,
     check_invariants: bool | None = None,
 ) -> SafeSparseTensor:
-    """Validated ``torch.sparse_csc_tensor`` (see :func:`sparse_csr_tensor`)."""
+    """Validated ``torch.sparse_csc_tensor`` (see :func:`sparse_csr_tensor`).
+
+    ``check_invariants=False`` keeps torch's meaning: the tensor is built *without* validation
+    and is unchecked (``ss.is_checked(t) is False``); nothing guards the torch kernels that
+    later read it. ``None`` (the default) and ``True`` validate. Enforce mode
+    (:func:`safesparse.enforce`) ignores ``False`` when torch's own factory is called.
+    """
     return sparse_compressed_tensor(
         ccol_indices, row_indices, values, size, dtype=dtype, layout=torch.sparse_csc,
         device=device, pin_memory=pin_memory, requires_grad=requires_grad,
@@ -216,7 +263,13 @@ def sparse_bsr_tensor(
     requires_grad: bool = False,
     check_invariants: bool | None = None,
 ) -> SafeSparseTensor:
-    """Validated ``torch.sparse_bsr_tensor`` (see :func:`sparse_csr_tensor`)."""
+    """Validated ``torch.sparse_bsr_tensor`` (see :func:`sparse_csr_tensor`).
+
+    ``check_invariants=False`` keeps torch's meaning: the tensor is built *without* validation
+    and is unchecked (``ss.is_checked(t) is False``); nothing guards the torch kernels that
+    later read it. ``None`` (the default) and ``True`` validate. Enforce mode
+    (:func:`safesparse.enforce`) ignores ``False`` when torch's own factory is called.
+    """
     return sparse_compressed_tensor(
         crow_indices, col_indices, values, size, dtype=dtype, layout=torch.sparse_bsr,
         device=device, pin_memory=pin_memory, requires_grad=requires_grad,
@@ -236,7 +289,13 @@ def sparse_bsc_tensor(
     requires_grad: bool = False,
     check_invariants: bool | None = None,
 ) -> SafeSparseTensor:
-    """Validated ``torch.sparse_bsc_tensor`` (see :func:`sparse_csr_tensor`)."""
+    """Validated ``torch.sparse_bsc_tensor`` (see :func:`sparse_csr_tensor`).
+
+    ``check_invariants=False`` keeps torch's meaning: the tensor is built *without* validation
+    and is unchecked (``ss.is_checked(t) is False``); nothing guards the torch kernels that
+    later read it. ``None`` (the default) and ``True`` validate. Enforce mode
+    (:func:`safesparse.enforce`) ignores ``False`` when torch's own factory is called.
+    """
     return sparse_compressed_tensor(
         ccol_indices, row_indices, values, size, dtype=dtype, layout=torch.sparse_bsc,
         device=device, pin_memory=pin_memory, requires_grad=requires_grad,
@@ -244,19 +303,69 @@ def sparse_bsc_tensor(
     )
 
 
+def _compressed_args(
+    compressed_indices: Any, plain_indices: Any, values: Any, dtype: torch.dtype | None,
+    layout: torch.layout | None, dev: torch.device | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.layout]:
+    """The members as tensors, converted as torch converts them; members with strides torch
+    accepts but its kernels do not assume (3.5-3.7) are copied, the others kept as they are."""
+    # a member whose last dim is not unit-stride (which torch refuses) is copied; any batch
+    # strides are kept, as torch keeps them (3.5 / 3.6: contiguous per batch). COO indices
+    # may have any strides, as in torch.
+    compressed = per_batch_contiguous(_as_index(compressed_indices, dev))
+    plain = per_batch_contiguous(_as_index(plain_indices, dev))
+    vals = _as_values(values, dtype, dev)
+    lay = layout if layout is not None else torch.strided  # torch requires a layout: 2.4
+    info = LAYOUTS.get(lay)
+    if info is not None and not values_layout_ok(vals, compressed.dim() - 1, info.blocked):
+        vals = vals.contiguous()  # torch accepts any strides; its kernels assume 3.7
+    return compressed, plain, vals, lay
+
+
 def _coo_index(x: Any, device: torch.device | None) -> torch.Tensor:
     t = _as_index(x, device)
-    # torch converts integer (and bool) indices of other widths to int64; floating point and
-    # complex indices are refused (1.1)
-    if t.dtype != torch.int64 and not t.dtype.is_floating_point and not t.dtype.is_complex:
-        t = t.to(torch.int64)
+    # torch converts indices of every other dtype (integer, bool, floating point, complex) to
+    # int64, truncating like ``.to(torch.int64)``; out-of-range results are caught by 5.1/5.2
+    if t.dtype != torch.int64 and t.layout == torch.strided:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's "discards the imaginary part"
+            t = t.to(torch.int64)
     return t
+
+
+_NO_VALUES: Any = object()
+
+
+def _coo_args(
+    indices: Any, values: Any, size: Any, dtype: torch.dtype | None, dev: torch.device | None,
+    is_coalesced: bool | None,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...] | None]:
+    """torch's two overloads: ``(indices, values, size=None)`` and the size-only ``(size)``
+    (an empty tensor of that size: ``sparse_dim == len(size)``, no dense dims). Scalar values
+    are one specified element, as in torch."""
+    if values is _NO_VALUES or values is None:
+        if size is not None and (indices is _NO_VALUES or indices is None):
+            indices = size  # sparse_coo_tensor(size=(2, 3))
+        elif size is not None or indices is _NO_VALUES or indices is None:
+            raise TypeError("sparse_coo_tensor() takes (indices, values, size=None) or (size)")
+        if is_coalesced is not None:
+            raise TypeError("sparse_coo_tensor(size) takes no is_coalesced argument")
+        shape = _as_size(indices, "sparse_coo_tensor")
+        assert shape is not None
+        vals = torch.empty((0,), dtype=dtype, device=dev)
+        return torch.empty((len(shape), 0), dtype=torch.int64, device=vals.device), vals, shape
+    shape = _as_size(size, "sparse_coo_tensor")
+    idx = _coo_index(indices, dev)
+    vals = _as_values(values, dtype, dev)
+    if vals.dim() == 0 and vals.layout == torch.strided:
+        vals = vals.expand(1)  # one specified element, as torch expands it
+    return idx, vals, shape
 
 
 @not_traced
 def sparse_coo_tensor(
-    indices: Any,
-    values: Any,
+    indices: Any = _NO_VALUES,
+    values: Any = _NO_VALUES,
     size: SizeLike = None,
     *,
     dtype: torch.dtype | None = None,
@@ -266,14 +375,23 @@ def sparse_coo_tensor(
     check_invariants: bool | None = None,
     is_coalesced: bool | None = None,
 ) -> SafeSparseTensor:
-    """Validated ``torch.sparse_coo_tensor``; ``is_coalesced=True`` is verified (5.3)."""
+    """Validated ``torch.sparse_coo_tensor``; ``is_coalesced=True`` is verified (5.3).
+
+    Both of torch's overloads: ``sparse_coo_tensor(indices, values, size=None, ...)`` and
+    ``sparse_coo_tensor(size, *, dtype=None, device=None, requires_grad=False)`` (an empty
+    tensor). Scalar ``values`` are one specified element; indices of any dtype are converted
+    to int64 as torch converts them; ``sparse_dim`` 0 is allowed.
+
+    ``check_invariants=False`` keeps torch's meaning: the tensor is built *without* validation
+    and is unchecked (``ss.is_checked(t) is False``); nothing guards the torch kernels that
+    later read it. ``None`` (the default) and ``True`` validate. Enforce mode
+    (:func:`safesparse.enforce`) ignores ``False`` when torch's own factory is called.
+    """
     dev = _device(device)
-    idx = _coo_index(indices, dev)
-    vals = _as_values(values, dtype, dev)
-    shape = _as_size(size)
+    idx, vals, shape = _coo_args(indices, values, size, dtype, dev, is_coalesced)
     if not _wants_check(check_invariants):
         args = (idx, vals) if shape is None else (idx, vals, shape)
-        plain_t = torch.sparse_coo_tensor(
+        plain_t = _originals.sparse_coo_tensor(
             *args, dtype=vals.dtype, device=dev, **_pin(pin_memory),
             check_invariants=False, is_coalesced=is_coalesced,
         )
@@ -295,7 +413,7 @@ def sparse_coo_tensor(
         meta = check_coo_indices(meta, idx, is_coalesced=coalesced, estimate=shape is None,
                                  values=vals)
         checked.count("validations")
-    plain_t = torch.sparse_coo_tensor(
+    plain_t = _originals.sparse_coo_tensor(
         idx, vals, meta.size, dtype=vals.dtype, device=vals.device, **_pin(pin_memory),
         check_invariants=False, is_coalesced=is_coalesced,
     )

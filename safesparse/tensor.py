@@ -81,13 +81,13 @@ _run_plain: Callable[..., Any] = torch._C._disabled_torch_function_impl
 #: Ops that only read metadata or return member tensors: passed straight to torch (also in
 #: debug mode: they run no kernel over the index data and return nothing sparse).
 _GETTERS = ("shape", "layout", "dtype", "device", "requires_grad", "is_sparse", "grad_fn",
-            "is_leaf", "ndim", "is_cuda")
+            "is_leaf", "ndim", "is_cuda", "_base")
 _INSPECTION: frozenset[Callable[..., Any]] = frozenset({
     *(getattr(_T, name).__get__ for name in _GETTERS),
     _T.dim, _T.size, _T.numel, _T.nelement, _T.sparse_dim, _T.dense_dim, _T._nnz,
     _T.crow_indices, _T.col_indices, _T.ccol_indices, _T.row_indices, _T.values,
     _T._values, _T._indices, _T.indices, _T.is_coalesced, _T.data_ptr, _T.element_size,
-    _T.get_device, _T.is_floating_point, _T.is_complex,
+    _T.get_device, _T.is_floating_point, _T.is_complex, _T._is_view, _T.is_inference,
 })
 #: The accessors that hand out index members (sharing the tensor's version counter).
 _INDEX_ACCESSORS = frozenset({_T.crow_indices, _T.col_indices, _T.ccol_indices, _T.row_indices,
@@ -384,10 +384,15 @@ def validate_into(out: SafeSparseTensor, debug: bool = False, op: str | None = N
                        "(another thread writes it); the tensor is left unchecked")
 
 
-_INPLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ipow__"})
+_INPLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ipow__",
+                              "__ifloordiv__", "__imod__", "__iand__", "__ior__", "__ixor__",
+                              "__ilshift__", "__irshift__", "__imatmul__", "__setitem__",
+                              "__delitem__", "__set__"})
 
 
-def _is_inplace(func: Callable[..., Any]) -> bool:
+def _mutates(func: Callable[..., Any]) -> bool:
+    """Whether ``func`` writes its first argument in place (torch's naming: a trailing
+    underscore, or an in-place dunder)."""
     name = getattr(func, "__name__", "")
     return (name.endswith("_") and not name.endswith("__")) or name in _INPLACE_DUNDERS
 
@@ -444,20 +449,23 @@ def wrap_results(
     *,
     before: bool = True,
     inputs: list[torch.Tensor] | None = None,
+    views: bool = False,
 ) -> Any:
     """Re-wrap the sparse tensors in ``ret`` and give them their checked state.
 
     ``geometry``: that of a single sparse result, when the op knows it (a transpose keeps its
     input's). ``before``: whether every sparse input was checked before the op ran (the
     caller knows; results that share storage with their inputs need only the check after).
-    ``inputs``: ``sparse_inputs(args, kwargs)``, if the caller has it."""
+    ``inputs``: ``sparse_inputs(args, kwargs)``, if the caller has it. ``views``: a result
+    that is a view of its input (``_is_view()``) is returned as that very object, typed
+    ``SafeSparseTensor``, so that ``_is_view()`` and ``_base`` are torch's."""
     if inputs is None:
         inputs = sparse_inputs(args, kwargs)
     if isinstance(ret, torch.Tensor):
-        return _wrap_one(func, kind, args, inputs, ret, geometry, before)
+        return _wrap_one(func, kind, args, inputs, ret, geometry, before, views)
     if isinstance(ret, (tuple, list)):
         return type(ret)(
-            _wrap_one(func, kind, args, inputs, r, None, before)
+            _wrap_one(func, kind, args, inputs, r, None, before, views)
             if isinstance(r, torch.Tensor) else r for r in ret)
     return ret
 
@@ -470,6 +478,7 @@ def _wrap_one(
     ret: torch.Tensor,
     geometry: Hashable | None,
     before: bool,
+    views: bool = False,
 ) -> torch.Tensor:
     if ret.layout not in SPARSE_LAYOUTS:
         return ret
@@ -477,7 +486,9 @@ def _wrap_one(
     # Checked after the op too; an in-place op's own target moved its counter itself.
     trusted = not debug and before and kind is not OpKind.UNKNOWN and bool(inputs) and all(
         _is_checked(x) for x in inputs if x is not ret)
-    if isinstance(ret, SafeSparseTensor):  # an in-place op (or one returning its input)
+    if isinstance(ret, SafeSparseTensor):  # an in-place op, or one returning an input as is
+        if not _mutates(func):
+            return ret  # (e.g. ``t.to(t.dtype)``): nothing was written, its state stands
         if debug:
             validate_into(ret, True, op_name(func))
         elif kind is OpKind.NEW_INDICES and trusted:
@@ -485,7 +496,13 @@ def _wrap_one(
         else:
             checked.after_inplace(ret, keeps_indices=trusted and kind is OpKind.PRESERVING)
         return ret
-    out = wrap(ret, unshared=trusted)
+    if views and type(ret) is torch.Tensor and ret._is_view():
+        # torch's own view object, retyped (_make_subclass would detach it from its base)
+        ret.__class__ = SafeSparseTensor
+        out = cast(SafeSparseTensor, ret)
+        checked.join(out, unshared=trusted)
+    else:
+        out = wrap(ret, unshared=trusted)
     if debug or (trusted and kind is OpKind.NEW_INDICES):
         return _validated_result(func, out, debug)
     if trusted and kind is OpKind.PRESERVING and _metadata_kept(args, out):

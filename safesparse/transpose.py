@@ -6,10 +6,12 @@ layouts the values are viewed with their two block dims swapped (converting to b
 transposing commute, with the blocksize swapped). Such block-transposed values are
 column-contiguous, which invariant 3.7 admits.
 
-torch 2.13 does this itself for non-hybrid tensors but refuses hybrid ones; this module builds
-the swapped tensor with torch's factory (``check_invariants=False``: the indices are the
-already-checked ones) for every case, so there is one code path. Other dim pairs keep torch's
-behaviour, except batch-with-sparse on compressed layouts, which gets a clear error.
+torch 2.13 does this itself for non-hybrid tensors, as a view (``_is_view()``, ``_base``), but
+refuses hybrid ones. Non-hybrid tensors get torch's own transpose, so the result is a view
+exactly where torch's is (the result object is torch's view, typed ``SafeSparseTensor``);
+hybrid ones are built with torch's factory (``check_invariants=False``: the indices are the
+already-checked ones), sharing storage but not a view, since torch has no such view. Other dim
+pairs keep torch's behaviour (and its views, and its errors: a batch dim with a sparse dim).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
+from . import _originals
 from .tensor import OpKind, SafeSparseTensor, geometry_of, wrap_results
 from .validation import LAYOUTS, compressed_members
 
@@ -52,7 +55,7 @@ def swap_compressed(t: torch.Tensor, *, conj: bool = False) -> torch.Tensor:
         values = values.transpose(m + 1, m + 2)
     size = list(t.shape)
     size[m], size[m + 1] = size[m + 1], size[m]
-    return torch.sparse_compressed_tensor(
+    return _originals.sparse_compressed_tensor(
         compressed, plain, values, size, layout=SWAPPED[t.layout], dtype=values.dtype,
         device=values.device, check_invariants=False,
     )
@@ -67,14 +70,25 @@ def _dims(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int]:
 def _finish(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
             out: torch.Tensor) -> Any:
     # The swapped tensor has the input's index structure and extents: the same geometry.
-    return wrap_results(func, OpKind.PRESERVING, args, kwargs, out, geometry_of(args[0]))
+    return wrap_results(func, OpKind.PRESERVING, args, kwargs, out, geometry_of(args[0]),
+                        views=True)
+
+
+def _swap(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+          *, conj: bool = False) -> Any:
+    """The sparse-dim transpose: torch's own (a view of the input) where torch has one, i.e.
+    for non-hybrid tensors; :func:`swap_compressed` for hybrid ones, which torch refuses."""
+    t = args[0]
+    if t.dense_dim() == 0 and not conj:
+        return _finish(func, args, kwargs, func(*args, **kwargs))
+    return _finish(func, args, kwargs, swap_compressed(t, conj=conj))
 
 
 def _torch_default(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                    kind: OpKind = OpKind.PRESERVING) -> Any:
     with DisableTorchFunctionSubclass():
         out = func(*args, **kwargs)
-    return wrap_results(func, kind, args, kwargs, out)
+    return wrap_results(func, kind, args, kwargs, out, views=True)
 
 
 @SafeSparseTensor.implements([T.transpose, torch.transpose, torch.swapaxes, T.swapaxes,
@@ -91,15 +105,17 @@ def _transpose(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
     with DisableTorchFunctionSubclass():
         s0, s1 = sparse_dims(t)
         if {d0, d1} == {s0, s1}:
-            return _finish(func, args, kwargs, swap_compressed(t))
+            return _swap(func, args, kwargs)
     if d0 == d1:
         return _torch_default(func, args, kwargs)
     batch = set(range(s0))
     if (d0 in batch) != (d1 in batch) and {d0, d1} & {s0, s1}:
+        # torch refuses this itself, with its own message (code matching on it keeps working)
+        with DisableTorchFunctionSubclass():
+            func(*args, **kwargs)
         raise RuntimeError(
-            f"transpose({d0}, {d1}) of a {t.layout} tensor with {s0} batch dims would mix a "
-            f"batch dim with a sparse dim; only the sparse dims ({s0}, {s1}) can be swapped "
-            "without rebuilding the indices (convert with .to_sparse_coo() first)"
+            f"transpose(): can only transpose dimensions of the same type (Batch, Sparse, "
+            f"Dense), got {d0} and {d1} of a {t.layout} tensor with {s0} batch dims"
         )
     return _torch_default(func, args, kwargs, OpKind.NEW_INDICES)
 
@@ -109,7 +125,7 @@ def _t(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) 
     t = args[0]
     if t.layout in SWAPPED and t.dim() == 2:
         with DisableTorchFunctionSubclass():
-            return _finish(func, args, kwargs, swap_compressed(t))
+            return _swap(func, args, kwargs)
     return _torch_default(func, args, kwargs)
 
 
@@ -120,7 +136,7 @@ def _mT(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any])
         with DisableTorchFunctionSubclass():
             _, s1 = sparse_dims(t)
             if s1 == t.dim() - 1:  # non-hybrid: the last two dims are the sparse dims
-                return _finish(func, args, kwargs, swap_compressed(t))
+                return _swap(func, args, kwargs)
     return _torch_default(func, args, kwargs)
 
 
@@ -133,5 +149,5 @@ def _adjoint(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
         with DisableTorchFunctionSubclass():
             _, s1 = sparse_dims(t)
             if s1 == t.dim() - 1:
-                return _finish(func, args, kwargs, swap_compressed(t, conj=t.is_complex()))
+                return _swap(func, args, kwargs, conj=t.is_complex())
     return _torch_default(func, args, kwargs)

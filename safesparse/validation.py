@@ -58,8 +58,9 @@ def numel_overflows(size: Size) -> bool:
 
 
 def index_contiguous(t: torch.Tensor) -> bool:
-    """3.5 / 3.6: contiguous, with unit stride on the last dim even where its size is 1."""
-    return t.is_contiguous() and (t.dim() == 0 or t.stride(-1) == 1)
+    """3.5 / 3.6: contiguous per batch, torch's own rule: unit stride on the last dim (even
+    where its size is 1); the batch dims may have any strides (a slice of a wider tensor)."""
+    return t.dim() == 0 or t.stride(-1) == 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -469,7 +470,7 @@ def check_coo_metadata(
     s, nnz = _shape(indices)
     if size is None:
         size = (0,) * s + _shape(values)[1:]
-    if s < 1 or s > len(size):
+    if s > len(size):  # S = 0 is allowed, as in torch (one value per entry, no index data)
         raise _fail(lay, "3.2", f"sparse_dim {s} with size {tuple(size)}", size=tuple(size))
     if values.dim() < 1 or values.shape[0] != nnz:
         raise _fail(lay, "3.3", f"indices shape {(s, nnz)} but values hold "
