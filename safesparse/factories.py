@@ -389,7 +389,10 @@ def sparse_coo_tensor(
     """
     dev = _device(device)
     idx, vals, shape = _coo_args(indices, values, size, dtype, dev, is_coalesced)
-    if not _wants_check(check_invariants):
+    # torch's meta device holds no data: an empty tensor there (the size-only overload) is
+    # built as torch builds it, unchecked (4.1 admits only devices with data)
+    meta_empty = vals.device.type == "meta" and idx.numel() == 0 and vals.numel() == 0
+    if not _wants_check(check_invariants) or meta_empty:
         args = (idx, vals) if shape is None else (idx, vals, shape)
         plain_t = _originals.sparse_coo_tensor(
             *args, dtype=vals.dtype, device=dev, **_pin(pin_memory),

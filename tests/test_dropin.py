@@ -144,6 +144,13 @@ def test_size_only_overload(call: Callable[[Callable[..., torch.Tensor]], torch.
     assert ours._nnz() == 0 and ours.requires_grad == theirs.requires_grad
 
 
+def test_size_only_overload_on_the_meta_device_is_torch_s_unchecked_empty_tensor() -> None:
+    ours = ss.sparse_coo_tensor(size=(4, 4), device="meta")
+    theirs = torch.sparse_coo_tensor(size=(4, 4), device="meta")
+    assert ours.is_meta and ours.shape == theirs.shape and ours._nnz() == 0
+    assert isinstance(ours, ss.SafeSparseTensor) and not ss.is_checked(ours)
+
+
 @pytest.mark.parametrize("call", [
     lambda f: f((2, 3), is_coalesced=True),
     lambda f: f(),
