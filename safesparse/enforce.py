@@ -87,7 +87,12 @@ _local = threading.local()  # depth of validating loads run by the torch.load wr
 
 
 def is_enforced() -> bool:
-    """Whether enforce mode is on in the current thread/context."""
+    """Whether enforce mode is on in the current thread/context.
+
+    Returns:
+        ``True`` inside ``with enforce():``, after ``set_enforce(True)`` in this
+        thread/context, or with ``SAFESPARSE_ENFORCE=1`` (unless switched off here).
+    """
     return _ENFORCE.get()
 
 
@@ -186,7 +191,13 @@ def _register_jit_builtin(fn: Callable[..., Any], attr: str) -> None:
 
 
 def set_enforce(enabled: bool) -> None:
-    """Switch enforce mode on or off for the current thread/context (until switched again)."""
+    """Switch enforce mode on or off for the current thread/context (until switched again).
+
+    Args:
+        enabled: ``True``: torch's six sparse factories validate whatever ``check_invariants``
+            says and return checked ``SafeSparseTensor`` s, and ``torch.load`` validates like
+            ``ss.load``; ``False``: torch behaves as without safesparse.
+    """
     global _lasting
     if enabled:
         with _install_lock:
@@ -198,7 +209,14 @@ def set_enforce(enabled: bool) -> None:
 @contextlib.contextmanager
 def enforce(enabled: bool = True) -> Iterator[None]:
     """``with enforce():`` validates torch's sparse factories and ``torch.load`` in this
-    thread/context for the block (nestable; ``enforce(False)`` switches it off for a block)."""
+    thread/context for the block (nestable; ``enforce(False)`` switches it off for a block).
+
+    Args:
+        enabled: switch enforce mode on (default) or off for the block.
+
+    Yields:
+        None; the previous setting is restored on exit, also on an exception.
+    """
     global _blocks
     with _install_lock:
         _blocks += 1

@@ -150,16 +150,48 @@ def sparse_compressed_tensor(
     requires_grad: bool = False,
     check_invariants: bool | None = None,
 ) -> SafeSparseTensor:
-    """Validated ``torch.sparse_compressed_tensor``: every invariant is checked before torch
-    sees the data; a violation raises :class:`safesparse.InvariantError`. Accepts what torch
-    accepts (tensors, nested lists, NumPy arrays, index members with any strides: those torch
-    requires to be unit-stride on the last dim are copied) and raises torch's ``TypeError`` for
-    a size that is not a tuple of integers.
+    """Validated ``torch.sparse_compressed_tensor``: any compressed layout, chosen by ``layout``.
 
-    ``check_invariants=False`` keeps torch's meaning: the tensor is built *without* validation
-    and is unchecked (``ss.is_checked(t) is False``); nothing guards the torch kernels that
-    later read it. ``None`` (the default) and ``True`` validate. Enforce mode
-    (:func:`safesparse.enforce`) ignores ``False`` when torch's own factory is called.
+    The general form of :func:`sparse_csr_tensor`, :func:`sparse_csc_tensor`,
+    :func:`sparse_bsr_tensor` and :func:`sparse_bsc_tensor` (which call it): the same inputs,
+    defaults and result as torch's, every invariant of the catalog checked before torch sees
+    the data, and index tensors already validated together not checked again.
+
+    Args:
+        compressed_indices: ``crow_indices`` (CSR, BSR) or ``ccol_indices`` (CSC, BSC), shape
+            ``batch + (n_compressed + 1,)``, int32 or int64.
+        plain_indices: ``col_indices`` (CSR, BSR) or ``row_indices`` (CSC, BSC), shape
+            ``batch + (nnz,)``, the same dtype.
+        values: ``batch + (nnz,) + dense`` (CSR, CSC) or ``batch + (nnz, b0, b1) + dense``
+            (BSR, BSC).
+        size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the members.
+        layout: ``torch.sparse_csr``, ``sparse_csc``, ``sparse_bsr`` or ``sparse_bsc``;
+            required, as in torch (any other layout is invariant 2.4).
+        dtype: the values dtype; default: that of ``values`` (torch's default dtype for
+            Python floats). ``values`` are converted when it differs.
+        device: the device of the result; default: that of ``values`` (the CPU for lists and
+            NumPy arrays). Members on another device are moved.
+        pin_memory: build the result in pinned memory (CPU only), as torch does.
+        requires_grad: make the result an autograd leaf that requires grad (``.grad`` is
+            filled by ``backward()``). Values that already require grad keep their graph
+            connected instead.
+        check_invariants: ``None`` (default) or ``True``: validate every invariant first.
+            ``check_invariants=False`` keeps torch's meaning: the tensor is built *without*
+            validation and is unchecked (``ss.is_checked(t) is False``) until
+            :func:`validate` sees it; nothing guards the torch kernels that later read it.
+            Debug mode validates regardless. Enforce mode (:func:`safesparse.enforce`)
+            ignores ``False`` when torch's own factory is called.
+
+    Returns:
+        A checked :class:`SafeSparseTensor` of the requested layout (unchecked if
+        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
+
+    Raises:
+        InvariantError: an invariant is broken (``[CSR 5.6]``, ``[BSC 3.1]`` ...), with the
+            location of the first violation; nothing is built. A missing or non-compressed
+            ``layout`` is ``[<LAYOUT> 2.4]``.
+        TypeError: an argument is not sparse data at all, with the exception type torch
+            raises for it (e.g. a non-integral ``size``).
     """
     shape = _as_size(size)
     dev = _device(device)
@@ -210,13 +242,59 @@ def sparse_csr_tensor(
     requires_grad: bool = False,
     check_invariants: bool | None = None,
 ) -> SafeSparseTensor:
-    """Validated ``torch.sparse_csr_tensor``: every invariant is checked before torch sees the
-    data; a violation raises :class:`safesparse.InvariantError`.
+    """Validated ``torch.sparse_csr_tensor``: every invariant is checked before torch sees the data.
 
-    ``check_invariants=False`` keeps torch's meaning: the tensor is built *without* validation
-    and is unchecked (``ss.is_checked(t) is False``); nothing guards the torch kernels that
-    later read it. ``None`` (the default) and ``True`` validate. Enforce mode
-    (:func:`safesparse.enforce`) ignores ``False`` when torch's own factory is called.
+    Same signature, inputs, defaults and result as ``torch.sparse_csr_tensor``, with
+    one difference: index data that breaks an invariant of the catalog (``ss.CATALOG``,
+    ``docs/invariants.md``) raises :class:`InvariantError` instead of building a malformed
+    tensor that a later kernel may read out of bounds. The result is built by torch's own
+    factory (with ``check_invariants=False``: no second validation, no warning).
+
+    Example::
+
+        a = ss.sparse_csr_tensor([0, 2, 3], [0, 2, 1], [1.0, 2.0, 3.0], size=(2, 3))
+        ss.sparse_csr_tensor([0, 2, 3], [2, 0, 1], [1.0, 2.0, 3.0], size=(2, 3))  # [CSR 5.6]
+
+    Index tensors already validated together (the same tensors, unmodified, the same shape)
+    are not checked again: rebuilding with new values in a training loop, e.g.
+    ``ss.sparse_csr_tensor(t.crow_indices(), t.col_indices(), new_values, t.shape)``,
+    costs only O(1) metadata checks.
+
+    Args:
+        crow_indices: the compressed indices, ``batch + (n_rows + 1,)``:
+            where each row starts in ``col_indices``; int32 or int64 (a tensor, nested
+            list or NumPy array; any strides).
+        col_indices: the column index of each specified element, ``batch + (nnz,)``,
+            sorted within each row; the same dtype.
+        values: ``batch + (nnz,) + dense``
+            (a tensor, nested list, NumPy array or scalar).
+        size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the
+            members, as torch does.
+        dtype: the values dtype; default: that of ``values`` (torch's default dtype for
+            Python floats). ``values`` are converted when it differs.
+        device: the device of the result; default: that of ``values`` (the CPU for lists and
+            NumPy arrays). Members on another device are moved.
+        pin_memory: build the result in pinned memory (CPU only), as torch does.
+        requires_grad: make the result an autograd leaf that requires grad (``.grad`` is
+            filled by ``backward()``). Values that already require grad keep their graph
+            connected instead.
+        check_invariants: ``None`` (default) or ``True``: validate every invariant first.
+            ``check_invariants=False`` keeps torch's meaning: the tensor is built *without*
+            validation and is unchecked (``ss.is_checked(t) is False``) until
+            :func:`validate` sees it; nothing guards the torch kernels that later read it.
+            Debug mode validates regardless. Enforce mode (:func:`safesparse.enforce`)
+            ignores ``False`` when torch's own factory is called.
+
+    Returns:
+        A checked :class:`SafeSparseTensor` of layout ``torch.sparse_csr`` (unchecked if
+        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
+
+    Raises:
+        InvariantError: an invariant of the catalog is broken; ``str(err)`` starts with
+            ``[CSR <id>]`` and names the first violation's location (batch, row,
+            position, value). Nothing is built and no torch kernel has read the data.
+        TypeError: an argument is not sparse data at all, with the exception type torch
+            raises for it (e.g. a non-integral ``size``).
     """
     return sparse_compressed_tensor(
         crow_indices, col_indices, values, size, dtype=dtype, layout=torch.sparse_csr,
@@ -237,12 +315,54 @@ def sparse_csc_tensor(
     requires_grad: bool = False,
     check_invariants: bool | None = None,
 ) -> SafeSparseTensor:
-    """Validated ``torch.sparse_csc_tensor`` (see :func:`sparse_csr_tensor`).
+    """Validated ``torch.sparse_csc_tensor``: every invariant is checked before torch sees the data.
 
-    ``check_invariants=False`` keeps torch's meaning: the tensor is built *without* validation
-    and is unchecked (``ss.is_checked(t) is False``); nothing guards the torch kernels that
-    later read it. ``None`` (the default) and ``True`` validate. Enforce mode
-    (:func:`safesparse.enforce`) ignores ``False`` when torch's own factory is called.
+    Same signature, inputs, defaults and result as ``torch.sparse_csc_tensor``, with
+    one difference: index data that breaks an invariant of the catalog (``ss.CATALOG``,
+    ``docs/invariants.md``) raises :class:`InvariantError` instead of building a malformed
+    tensor that a later kernel may read out of bounds. The result is built by torch's own
+    factory (with ``check_invariants=False``: no second validation, no warning).
+
+    Index tensors already validated together (the same tensors, unmodified, the same shape)
+    are not checked again: rebuilding with new values in a training loop, e.g.
+    ``ss.sparse_csc_tensor(t.ccol_indices(), t.row_indices(), new_values, t.shape)``,
+    costs only O(1) metadata checks.
+
+    Args:
+        ccol_indices: the compressed indices, ``batch + (n_columns + 1,)``:
+            where each column starts in ``row_indices``; int32 or int64 (a tensor, nested
+            list or NumPy array; any strides).
+        row_indices: the row index of each specified element, ``batch + (nnz,)``,
+            sorted within each column; the same dtype.
+        values: ``batch + (nnz,) + dense``
+            (a tensor, nested list, NumPy array or scalar).
+        size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the
+            members, as torch does.
+        dtype: the values dtype; default: that of ``values`` (torch's default dtype for
+            Python floats). ``values`` are converted when it differs.
+        device: the device of the result; default: that of ``values`` (the CPU for lists and
+            NumPy arrays). Members on another device are moved.
+        pin_memory: build the result in pinned memory (CPU only), as torch does.
+        requires_grad: make the result an autograd leaf that requires grad (``.grad`` is
+            filled by ``backward()``). Values that already require grad keep their graph
+            connected instead.
+        check_invariants: ``None`` (default) or ``True``: validate every invariant first.
+            ``check_invariants=False`` keeps torch's meaning: the tensor is built *without*
+            validation and is unchecked (``ss.is_checked(t) is False``) until
+            :func:`validate` sees it; nothing guards the torch kernels that later read it.
+            Debug mode validates regardless. Enforce mode (:func:`safesparse.enforce`)
+            ignores ``False`` when torch's own factory is called.
+
+    Returns:
+        A checked :class:`SafeSparseTensor` of layout ``torch.sparse_csc`` (unchecked if
+        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
+
+    Raises:
+        InvariantError: an invariant of the catalog is broken; ``str(err)`` starts with
+            ``[CSC <id>]`` and names the first violation's location (batch, column,
+            position, value). Nothing is built and no torch kernel has read the data.
+        TypeError: an argument is not sparse data at all, with the exception type torch
+            raises for it (e.g. a non-integral ``size``).
     """
     return sparse_compressed_tensor(
         ccol_indices, row_indices, values, size, dtype=dtype, layout=torch.sparse_csc,
@@ -263,12 +383,56 @@ def sparse_bsr_tensor(
     requires_grad: bool = False,
     check_invariants: bool | None = None,
 ) -> SafeSparseTensor:
-    """Validated ``torch.sparse_bsr_tensor`` (see :func:`sparse_csr_tensor`).
+    """Validated ``torch.sparse_bsr_tensor``: every invariant is checked before torch sees the data.
 
-    ``check_invariants=False`` keeps torch's meaning: the tensor is built *without* validation
-    and is unchecked (``ss.is_checked(t) is False``); nothing guards the torch kernels that
-    later read it. ``None`` (the default) and ``True`` validate. Enforce mode
-    (:func:`safesparse.enforce`) ignores ``False`` when torch's own factory is called.
+    Same signature, inputs, defaults and result as ``torch.sparse_bsr_tensor``, with
+    one difference: index data that breaks an invariant of the catalog (``ss.CATALOG``,
+    ``docs/invariants.md``) raises :class:`InvariantError` instead of building a malformed
+    tensor that a later kernel may read out of bounds. The result is built by torch's own
+    factory (with ``check_invariants=False``: no second validation, no warning).
+
+    Index tensors already validated together (the same tensors, unmodified, the same shape)
+    are not checked again: rebuilding with new values in a training loop, e.g.
+    ``ss.sparse_bsr_tensor(t.crow_indices(), t.col_indices(), new_values, t.shape)``,
+    costs only O(1) metadata checks.
+
+    Args:
+        crow_indices: the compressed indices, ``batch + (n_block_rows + 1,)``:
+            where each block row starts in ``col_indices``; int32 or int64 (a tensor, nested
+            list or NumPy array; any strides).
+        col_indices: the column index of each specified block, ``batch + (nnz,)``,
+            sorted within each block row; the same dtype.
+        values: ``batch + (nnz, b0, b1) + dense``: one dense block per
+            specified block; the blocksize ``(b0, b1)`` is read off its shape
+            (a tensor, nested list, NumPy array or scalar).
+        size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the members (for BSR,
+            ncols = max(col_indices.max() + 1, crow_indices.diff(dim=-1).max())
+            blocks), as torch does.
+        dtype: the values dtype; default: that of ``values`` (torch's default dtype for
+            Python floats). ``values`` are converted when it differs.
+        device: the device of the result; default: that of ``values`` (the CPU for lists and
+            NumPy arrays). Members on another device are moved.
+        pin_memory: build the result in pinned memory (CPU only), as torch does.
+        requires_grad: make the result an autograd leaf that requires grad (``.grad`` is
+            filled by ``backward()``). Values that already require grad keep their graph
+            connected instead.
+        check_invariants: ``None`` (default) or ``True``: validate every invariant first.
+            ``check_invariants=False`` keeps torch's meaning: the tensor is built *without*
+            validation and is unchecked (``ss.is_checked(t) is False``) until
+            :func:`validate` sees it; nothing guards the torch kernels that later read it.
+            Debug mode validates regardless. Enforce mode (:func:`safesparse.enforce`)
+            ignores ``False`` when torch's own factory is called.
+
+    Returns:
+        A checked :class:`SafeSparseTensor` of layout ``torch.sparse_bsr`` (unchecked if
+        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
+
+    Raises:
+        InvariantError: an invariant of the catalog is broken; ``str(err)`` starts with
+            ``[BSR <id>]`` and names the first violation's location (batch, block row,
+            position, value). Nothing is built and no torch kernel has read the data.
+        TypeError: an argument is not sparse data at all, with the exception type torch
+            raises for it (e.g. a non-integral ``size``).
     """
     return sparse_compressed_tensor(
         crow_indices, col_indices, values, size, dtype=dtype, layout=torch.sparse_bsr,
@@ -289,12 +453,56 @@ def sparse_bsc_tensor(
     requires_grad: bool = False,
     check_invariants: bool | None = None,
 ) -> SafeSparseTensor:
-    """Validated ``torch.sparse_bsc_tensor`` (see :func:`sparse_csr_tensor`).
+    """Validated ``torch.sparse_bsc_tensor``: every invariant is checked before torch sees the data.
 
-    ``check_invariants=False`` keeps torch's meaning: the tensor is built *without* validation
-    and is unchecked (``ss.is_checked(t) is False``); nothing guards the torch kernels that
-    later read it. ``None`` (the default) and ``True`` validate. Enforce mode
-    (:func:`safesparse.enforce`) ignores ``False`` when torch's own factory is called.
+    Same signature, inputs, defaults and result as ``torch.sparse_bsc_tensor``, with
+    one difference: index data that breaks an invariant of the catalog (``ss.CATALOG``,
+    ``docs/invariants.md``) raises :class:`InvariantError` instead of building a malformed
+    tensor that a later kernel may read out of bounds. The result is built by torch's own
+    factory (with ``check_invariants=False``: no second validation, no warning).
+
+    Index tensors already validated together (the same tensors, unmodified, the same shape)
+    are not checked again: rebuilding with new values in a training loop, e.g.
+    ``ss.sparse_bsc_tensor(t.ccol_indices(), t.row_indices(), new_values, t.shape)``,
+    costs only O(1) metadata checks.
+
+    Args:
+        ccol_indices: the compressed indices, ``batch + (n_block_columns + 1,)``:
+            where each block column starts in ``row_indices``; int32 or int64 (a tensor, nested
+            list or NumPy array; any strides).
+        row_indices: the row index of each specified block, ``batch + (nnz,)``,
+            sorted within each block column; the same dtype.
+        values: ``batch + (nnz, b0, b1) + dense``: one dense block per
+            specified block; the blocksize ``(b0, b1)`` is read off its shape
+            (a tensor, nested list, NumPy array or scalar).
+        size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the members (for BSR,
+            ncols = max(col_indices.max() + 1, crow_indices.diff(dim=-1).max())
+            blocks), as torch does.
+        dtype: the values dtype; default: that of ``values`` (torch's default dtype for
+            Python floats). ``values`` are converted when it differs.
+        device: the device of the result; default: that of ``values`` (the CPU for lists and
+            NumPy arrays). Members on another device are moved.
+        pin_memory: build the result in pinned memory (CPU only), as torch does.
+        requires_grad: make the result an autograd leaf that requires grad (``.grad`` is
+            filled by ``backward()``). Values that already require grad keep their graph
+            connected instead.
+        check_invariants: ``None`` (default) or ``True``: validate every invariant first.
+            ``check_invariants=False`` keeps torch's meaning: the tensor is built *without*
+            validation and is unchecked (``ss.is_checked(t) is False``) until
+            :func:`validate` sees it; nothing guards the torch kernels that later read it.
+            Debug mode validates regardless. Enforce mode (:func:`safesparse.enforce`)
+            ignores ``False`` when torch's own factory is called.
+
+    Returns:
+        A checked :class:`SafeSparseTensor` of layout ``torch.sparse_bsc`` (unchecked if
+        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
+
+    Raises:
+        InvariantError: an invariant of the catalog is broken; ``str(err)`` starts with
+            ``[BSC <id>]`` and names the first violation's location (batch, block column,
+            position, value). Nothing is built and no torch kernel has read the data.
+        TypeError: an argument is not sparse data at all, with the exception type torch
+            raises for it (e.g. a non-integral ``size``).
     """
     return sparse_compressed_tensor(
         ccol_indices, row_indices, values, size, dtype=dtype, layout=torch.sparse_bsc,
@@ -375,17 +583,54 @@ def sparse_coo_tensor(
     check_invariants: bool | None = None,
     is_coalesced: bool | None = None,
 ) -> SafeSparseTensor:
-    """Validated ``torch.sparse_coo_tensor``; ``is_coalesced=True`` is verified (5.3).
+    """Validated ``torch.sparse_coo_tensor``: every invariant is checked before torch sees the data.
 
-    Both of torch's overloads: ``sparse_coo_tensor(indices, values, size=None, ...)`` and
-    ``sparse_coo_tensor(size, *, dtype=None, device=None, requires_grad=False)`` (an empty
-    tensor). Scalar ``values`` are one specified element; indices of any dtype are converted
-    to int64 as torch converts them; ``sparse_dim`` 0 is allowed.
+    Same signature, overloads, accepted inputs, defaults and result as
+    ``torch.sparse_coo_tensor``, with one difference: index data that breaks an invariant of
+    the catalog raises :class:`InvariantError` instead of building a tensor that a later kernel
+    may read out of bounds. Also ``sparse_coo_tensor(size, *, dtype=None, device=None,
+    requires_grad=False)``: an empty tensor of that size.
 
-    ``check_invariants=False`` keeps torch's meaning: the tensor is built *without* validation
-    and is unchecked (``ss.is_checked(t) is False``); nothing guards the torch kernels that
-    later read it. ``None`` (the default) and ``True`` validate. Enforce mode
-    (:func:`safesparse.enforce`) ignores ``False`` when torch's own factory is called.
+    Index tensors already validated (the same tensor, unmodified, the same sparse sizes) are not
+    checked again, so rebuilding with new values costs only O(1) metadata checks.
+
+    Example::
+
+        t = ss.sparse_coo_tensor([[0, 1, 1], [2, 0, 2]], [3.0, 4.0, 5.0], (2, 3))
+
+    Args:
+        indices: ``(sparse_dim, nnz)`` indices; integer, bool and floating point indices are
+            converted to int64 as torch does (a tensor, nested list or NumPy array).
+        values: ``(nnz,) + size[sparse_dim:]``; a scalar is one specified element.
+        size: the full shape; ``None`` estimates the sparse sizes as ``max index + 1`` per
+            sparse dim.
+        dtype: the values dtype; default: that of ``values`` (torch's default dtype for
+            Python floats). ``values`` are converted when it differs.
+        device: the device of the result; default: that of ``values`` (the CPU for lists and
+            NumPy arrays). Members on another device are moved.
+        pin_memory: build the result in pinned memory (CPU only), as torch does.
+        requires_grad: make the result an autograd leaf that requires grad (``.grad`` is
+            filled by ``backward()``). Values that already require grad keep their graph
+            connected instead.
+        check_invariants: ``None`` (default) or ``True``: validate every invariant first.
+            ``check_invariants=False`` keeps torch's meaning: the tensor is built *without*
+            validation and is unchecked (``ss.is_checked(t) is False``) until
+            :func:`validate` sees it; nothing guards the torch kernels that later read it.
+            Debug mode validates regardless. Enforce mode (:func:`safesparse.enforce`)
+            ignores ``False`` when torch's own factory is called.
+        is_coalesced: ``True`` marks the result coalesced, which is verified (5.3: indices
+            sorted lexicographically, no duplicates); ``None``/``False``: torch's default.
+
+    Returns:
+        A checked :class:`SafeSparseTensor` of layout ``torch.sparse_coo`` (unchecked if
+        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
+
+    Raises:
+        InvariantError: an invariant is broken, e.g. ``[COO 5.2]`` for an index past its size,
+            with the position and value; ``[COO 5.3]`` for ``is_coalesced=True`` on unsorted
+            or duplicate indices. Nothing is built.
+        TypeError: an argument is not sparse data at all, with the exception type torch
+            raises for it (e.g. a non-integral ``size``).
     """
     dev = _device(device)
     idx, vals, shape = _coo_args(indices, values, size, dtype, dev, is_coalesced)

@@ -67,7 +67,19 @@ def check_coo_indices(
     checks, ids and locations are those of :func:`safesparse.sparse_coo_tensor` (``[COO 5.2]``:
     an index >= its extent); ``is_coalesced=True`` also checks 5.3 (sorted, no duplicates).
     Indices are converted as the factory converts them (any integer, bool or floating dtype to
-    int64), so pass the tensor your own code will use. Raises :class:`InvariantError`.
+    int64), so pass the tensor your own code will use.
+
+    Args:
+        indices: ``(sparse_dim, nnz)`` indices (a tensor, nested list or NumPy array).
+        size: the extents (at least ``sparse_dim`` of them), or None to estimate them.
+        is_coalesced: also check that the indices are sorted with no duplicates (5.3).
+
+    Returns:
+        The size, as a ``torch.Size``.
+
+    Raises:
+        InvariantError: an invariant is broken; ``str(err)`` names it and where.
+        TypeError: ``size`` is not a sequence of integers.
     """
     idx = _index_tensor(indices)
     if idx.layout == torch.strided and idx.dtype != torch.int64:
@@ -101,7 +113,21 @@ def check_compressed_indices(
     ``size`` is ``batch + (rows, cols)`` in elements (dense dims, if given, are ignored);
     ``blocksize`` (BSR/BSC, default ``(1, 1)``) is the block shape. The checks, ids and
     locations are those of :func:`safesparse.sparse_compressed_tensor` for that layout (e.g.
-    ``[CSR 5.5]``: a column index >= ncols). Raises :class:`InvariantError`.
+    ``[CSR 5.5]``: a column index >= ncols).
+
+    Args:
+        compressed_indices: ``batch + (n_compressed + 1,)`` (crow or ccol indices).
+        plain_indices: ``batch + (nnz,)`` (col or row indices), of the same dtype.
+        size: ``batch + (rows, cols)`` in elements, or None to estimate the plain extent.
+        layout: ``torch.sparse_csr``, ``sparse_csc``, ``sparse_bsr`` or ``sparse_bsc``.
+        blocksize: the block shape for BSR/BSC (default ``(1, 1)``).
+
+    Returns:
+        The size, as a ``torch.Size``.
+
+    Raises:
+        InvariantError: an invariant is broken; ``str(err)`` names it and where.
+        TypeError: ``size`` is not a sequence of integers.
     """
     compressed = _index_tensor(compressed_indices)
     plain = _index_tensor(plain_indices, compressed.device)

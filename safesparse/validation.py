@@ -671,6 +671,18 @@ def native_compressed_ok(meta: CompressedMeta, compressed: torch.Tensor, plain: 
     )
 
 
+def _offsets_in_bounds(meta: CompressedMeta, compressed: torch.Tensor) -> bool:
+    """Whether every compressed offset lies in ``[0, nnz]`` (one host sync). torch's native
+    checker reads the plain indices of each line *before* it has checked the offsets of the
+    later lines, so offsets outside that range make it read outside the plain indices (a
+    segfault, e.g. BSR crow ``[0, 3, -1, 2, 0]`` with no plain index at all)."""
+    if compressed.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(compressed)
+    low, high = torch.stack((lo, hi)).tolist()
+    return bool(low >= 0 and high <= meta.nnz)
+
+
 def native_coo_ok(meta: CooMeta, indices: torch.Tensor, values: torch.Tensor, *,
                   is_coalesced: bool) -> bool:
     """Whether torch's native checker may run the COO index stage (see the section comment):
@@ -722,8 +734,9 @@ def check_compressed_indices(
     metadata stage with ``meta``) lets the check use torch's native checker where that is the
     faster path (see :func:`native_compressed_ok`); without it the vectorised path runs.
     """
-    if values is not None and not estimate and native_compressed_ok(meta, compressed, plain,
-                                                                     values):
+    if (values is not None and not estimate
+            and native_compressed_ok(meta, compressed, plain, values)
+            and _offsets_in_bounds(meta, compressed)):
         try:
             torch._validate_sparse_compressed_tensor_args(
                 compressed, plain, values, meta.size, meta.info.layout)

@@ -23,13 +23,8 @@ API_MD = ROOT / "docs" / "api.md"
 #: their modules (factories, tensor, checked, serialization). The tests below
 #: are strict xfails for them: once a docstring is applied, its test passes, the xfail turns
 #: into a failure, and the name must be removed here.
-PENDING_ARGS: set[str] = {  # no Args:/Returns: sections yet
-    "sparse_coo_tensor", "sparse_csr_tensor", "sparse_csc_tensor", "sparse_bsr_tensor",
-    "sparse_bsc_tensor", "sparse_compressed_tensor",
-}
-PENDING_DOC: set[str] = {  # no docstring, or one too short to help
-    "sparse_bsc_tensor", "sparse_bsr_tensor", "sparse_compressed_tensor", "sparse_csc_tensor",
-}
+PENDING_ARGS: set[str] = set()  # no Args:/Returns: sections yet
+PENDING_DOC: set[str] = set()  # no docstring, or one too short to help
 
 
 def _pending(names: list[str], pending: set[str]) -> list[object]:

@@ -323,3 +323,27 @@ def test_fuzz_in_subprocess() -> None:
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, f"child exited with {proc.returncode}:\n{tail}"
     assert " passed" in proc.stdout, tail
+
+
+def test_compressed_offsets_outside_nnz_never_reach_the_native_checker() -> None:
+    """torch's checker reads each line's plain indices before it has checked the later lines'
+    offsets: an offset outside [0, nnz] made it read outside the plain indices and segfault
+    (found by fuzzing the factories). Run where a crash only fails this test."""
+    code = (
+        "import torch, safesparse as ss\n"
+        "for _ in range(500):\n"
+        "    for crow in ([0, 3, -1, 2, 0], [0, 4, -4, 0], [0, 10**9, -10**9, 0]):\n"
+        "        try:\n"
+        "            ss.sparse_bsr_tensor(torch.tensor(crow), torch.tensor([], dtype=torch.int64),\n"
+        "                                 torch.ones(0, 1, 2), (len(crow) - 1, 8))\n"
+        "        except ss.InvariantError as err:\n"
+        "            assert err.invariant == '5.3', err\n"
+        "        else:\n"
+        "            raise AssertionError(crow)\n"
+        "print('refused')\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr
+    assert "refused" in done.stdout

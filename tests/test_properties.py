@@ -347,6 +347,11 @@ def test_metadata_corruption_against_torch(c: Corruption) -> None:
           f"{'refused' if isinstance(ours, ss.InvariantError) else 'accepted'}, torch "
           f"{'refused' if isinstance(theirs, Exception) else 'accepted'}")
     if isinstance(theirs, Exception):
+        if c.kind == "strides" and not isinstance(ours, ss.InvariantError):
+            # the factories copy index members whose strides torch's checker refuses (SPEC 1:
+            # any strides; copy where needed): the same, valid data
+            assert ss.is_checked(ours)
+            return
         assert isinstance(ours, ss.InvariantError), f"torch refused ({theirs}), ss accepted"
     if not isinstance(ours, ss.InvariantError):
         assert not isinstance(theirs, Exception)
