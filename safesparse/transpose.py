@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from . import _originals
+from . import _originals, checked
 from .tensor import OpKind, SafeSparseTensor, geometry_of, wrap_results
 from .validation import LAYOUTS, compressed_members
 
@@ -69,9 +69,11 @@ def _dims(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int]:
 
 def _finish(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
             out: torch.Tensor) -> Any:
-    # The swapped tensor has the input's index structure and extents: the same geometry.
-    return wrap_results(func, OpKind.PRESERVING, args, kwargs, out, geometry_of(args[0]),
-                        views=True)
+    # The swapped tensor has the input's index structure and extents: the same geometry (the
+    # one its checked input was proven for, or computed).
+    rec = checked.record(args[0])
+    geometry = rec.geometry if rec is not None and rec.trusted else geometry_of(args[0])
+    return wrap_results(func, OpKind.PRESERVING, args, kwargs, out, geometry, views=True)
 
 
 def _swap(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
