@@ -506,3 +506,43 @@ def test_docs_list_the_op_table() -> None:
 if __name__ == "__main__":  # regenerate the list: PYTHONPATH=. python tests/test_tensor.py
     write_doc_op_table()
     print(f"updated {DOC}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Every values-only op of the table, in every form it has
+
+
+def _values_only_forms() -> list[Any]:
+    from safesparse.ops import VALUES_ONLY
+
+    forms = []
+    for name in VALUES_ONLY:
+        for label, fn in ((f"torch.{name}", getattr(torch, name, None)),
+                          (f"Tensor.{name}", getattr(torch.Tensor, name, None)),
+                          (f"Tensor.{name}_", getattr(torch.Tensor, name + "_", None))):
+            if fn is not None:
+                forms.append(pytest.param(fn, label.endswith("_"), id=label))
+    return forms
+
+
+@pytest.mark.parametrize("layout", ["CSR", "COO"])
+@pytest.mark.parametrize(("fn", "inplace"), _values_only_forms())
+def test_every_values_only_op_is_preserving(fn: Any, inplace: bool, layout: str) -> None:
+    dense = torch.tensor([[0.0, 0.25, 0.0], [0.4, 0.0, 0.1], [0.0, 0.3, 0.0]])
+    t = ss.validate(dense.to_sparse_csr() if layout == "CSR" else dense.to_sparse().coalesce())
+    assert fn in SafeSparseTensor.op_table()
+    plain = ss.unwrap(t).clone()
+    try:
+        with DisableTorchFunctionSubclass():
+            expected = fn(plain)
+    except (RuntimeError, NotImplementedError, TypeError) as err:
+        with pytest.raises(type(err)):
+            fn(t)
+        pytest.skip(f"torch does not support this on {layout}: {err}")
+    ss.reset_stats()
+    out = fn(t)
+    assert type(out) is SafeSparseTensor
+    assert out is t or not inplace  # (positive, conj_physical of real values: t itself)
+    assert ss.is_checked(out)
+    assert ss.stats().validations == 0
+    assert torch.equal(out.to_dense(), expected.to_dense())
