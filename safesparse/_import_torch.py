@@ -19,3 +19,11 @@ if "torch" not in sys.modules:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=NUMPY_WARNING, category=UserWarning)
         import torch  # noqa: F401
+
+#: torch warns once per process that compressed layouts are "in beta state", from whatever line
+#: first builds one. When that line is safesparse's own (a factory, a transpose, a load), the
+#: warning would point into safesparse rather than at the user's code: it is silenced for
+#: warnings attributed to safesparse's modules only (a module-scoped filter, thread-safe).
+BETA_WARNING = r".*support is in beta state"
+warnings.filterwarnings("ignore", message=BETA_WARNING, category=UserWarning,
+                        module=r"safesparse(\..*)?$")
