@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from oracle import really_valid
 from torch._C import DisableTorchFunctionSubclass
 
 import safesparse as ss
@@ -27,22 +28,6 @@ SIZE = (3, 3)
 
 def members() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.tensor([0, 2, 3, 4]), torch.tensor([0, 2, 1, 2]), torch.tensor([1.0, 2, 3, 4])
-
-
-def really_valid(t: torch.Tensor) -> bool:
-    """An independent oracle: torch's own checker on clones of the members."""
-    with DisableTorchFunctionSubclass():
-        try:
-            if t.layout == torch.sparse_coo:
-                torch._validate_sparse_coo_tensor_args(
-                    t._indices().clone(), t._values().clone(), t.shape, t.is_coalesced())
-            else:
-                c, p = checked.index_members(t)
-                torch._validate_sparse_compressed_tensor_args(
-                    c.clone(), p.clone(), t.values().clone(), t.shape, t.layout)
-        except RuntimeError:
-            return False
-    return True
 
 
 def run_isolated(code: str) -> subprocess.CompletedProcess[str]:

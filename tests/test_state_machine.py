@@ -20,33 +20,13 @@ import hypothesis.strategies as st
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from torch._C import DisableTorchFunctionSubclass
+from oracle import really_valid
 
 import safesparse as ss
 from safesparse import checked
 
 SIZE = (4, 4)
 THOROUGH = os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
-
-
-def really_valid(t: torch.Tensor) -> bool:
-    """The oracle: torch's checker (``check_invariants=True`` semantics) on member clones."""
-    with DisableTorchFunctionSubclass():
-        try:
-            if t.layout == torch.sparse_coo:
-                torch._validate_sparse_coo_tensor_args(
-                    t._indices().clone(), t._values().clone(), t.shape, t.is_coalesced())
-            else:
-                c, p = checked.index_members(t)
-                values = t.values().clone()
-                if values.dim() != c.dim() + (2 if t.layout in (
-                        torch.sparse_bsr, torch.sparse_bsc) else 0):  # 3.10: no dense dims here
-                    return False
-                torch._validate_sparse_compressed_tensor_args(
-                    c.clone(), p.clone(), values, t.shape, t.layout)
-        except RuntimeError:
-            return False
-    return True
 
 
 DENSE = torch.tensor([[1.0, 0, 2, 0], [0, 0, 3, 0], [4, 5, 0, 0], [0, 0, 0, 6]])
