@@ -71,3 +71,10 @@ def debug(enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         _DEBUG.reset(token)
+
+
+__all__ = [
+    "debug",
+    "is_debug",
+    "set_debug",
+]

@@ -117,3 +117,8 @@ def _rebuild_error(
     path: str | None,
 ) -> InvariantError:
     return InvariantError(layout, invariant, detail, location=location, op=op, path=path)
+
+
+__all__ = [
+    "InvariantError",
+]

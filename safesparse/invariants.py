@@ -204,3 +204,19 @@ def render_markdown() -> str:
             lines += [f"- **{inv.id}**: {inv.hint}" for inv in hinted]
             lines.append("")
     return "\n".join(lines)
+
+
+__all__ = [
+    "CATALOG",
+    "COMPRESSED",
+    "COMPRESSED_LAYOUTS",
+    "COO",
+    "LAYOUT_NAMES",
+    "SPARSE_LAYOUTS",
+    "Catalog",
+    "Invariant",
+    "family_of",
+    "layout_name",
+    "lookup",
+    "render_markdown",
+]

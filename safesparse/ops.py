@@ -231,3 +231,10 @@ def _set_data(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         checked.mark_derived(t, checked.geometry_of(t))
     else:
         checked.mark_unchecked(t)
+
+
+__all__ = [
+    "VALUES_ONLY",
+    "positive_power",
+    "scalar_else_new",
+]

@@ -602,3 +602,22 @@ def _validated_result(func: Callable[..., Any], out: SafeSparseTensor,
 def _validate_in_debug(func: Callable[..., Any], t: SafeSparseTensor) -> None:
     """Debug mode: validate ``t`` fully (no cache), naming ``func`` in the error."""
     validate_into(t, True, op_name(func))
+
+
+__all__ = [
+    "REPAIRS",
+    "OpEntry",
+    "OpKind",
+    "SafeSparseTensor",
+    "compressed_geometry",
+    "geometry_of",
+    "index_members",
+    "is_checked",
+    "op_name",
+    "sparse_inputs",
+    "unwrap",
+    "validate",
+    "validate_into",
+    "wrap",
+    "wrap_results",
+]

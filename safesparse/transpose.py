@@ -153,3 +153,10 @@ def _adjoint(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
             if s1 == t.dim() - 1:
                 return _swap(func, args, kwargs, conj=t.is_complex())
     return _torch_default(func, args, kwargs)
+
+
+__all__ = [
+    "SWAPPED",
+    "sparse_dims",
+    "swap_compressed",
+]

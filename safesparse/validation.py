@@ -977,3 +977,32 @@ def validate_tensor(t: torch.Tensor, *, check_indices: bool = True) -> None:
                             check_indices=check_indices)
     else:
         raise TypeError(f"expected a sparse tensor, got layout {t.layout}")
+
+
+__all__ = [
+    "INDEX_DTYPES",
+    "LAYOUTS",
+    "NATIVE_MAX_NNZ_COO",
+    "SUPPORTED_DEVICE_TYPES",
+    "CompressedMeta",
+    "CooMeta",
+    "LayoutInfo",
+    "check_compressed_indices",
+    "check_compressed_metadata",
+    "check_coo_indices",
+    "check_coo_metadata",
+    "check_coo_size",
+    "check_index_capacity",
+    "compressed_members",
+    "diagnose_compressed",
+    "diagnose_coo",
+    "index_contiguous",
+    "native_compressed_ok",
+    "native_coo_ok",
+    "numel_overflows",
+    "set_native",
+    "validate_compressed",
+    "validate_coo",
+    "validate_tensor",
+    "values_layout_ok",
+]
