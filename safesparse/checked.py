@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from .validation import compressed_members
+from .validation import compressed_members, members
 
 __all__ = [
     "IndexKey",
@@ -74,9 +74,7 @@ IndexKey = tuple[tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype, torch
 def index_members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The index tensors of a sparse tensor (compressed + plain, or the COO indices)."""
     with DisableTorchFunctionSubclass():
-        if t.layout == torch.sparse_coo:
-            return (t._indices(),)
-        return compressed_members(t)
+        return members(t)[:-1]
 
 
 def index_key(indices: Iterable[torch.Tensor]) -> IndexKey:

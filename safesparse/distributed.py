@@ -44,7 +44,7 @@ from torch._C import DisableTorchFunctionSubclass
 from .errors import InvariantError
 from .factories import sparse_compressed_tensor, sparse_coo_tensor
 from .tensor import SafeSparseTensor, validate
-from .validation import compressed_members
+from .validation import compressed_members, members
 
 __all__ = [
     "HEADER_LEN",
@@ -149,10 +149,7 @@ def _members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The member tensors of a sparse tensor, plain and detached: (indices, values) for COO,
     (compressed, plain, values) otherwise."""
     with DisableTorchFunctionSubclass():
-        plain = t.detach()
-        if plain.layout == torch.sparse_coo:
-            return plain._indices(), plain._values()
-        return (*compressed_members(plain), plain.values())
+        return members(t.detach())
 
 
 def _header(t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -25,7 +25,7 @@ from torch._C import DisableTorchFunctionSubclass
 
 from . import checked
 from .tensor import REPAIRS, OpKind, SafeSparseTensor, _inputs_checked, _is_checked, wrap_results
-from .validation import compressed_members
+from .validation import compressed_members, values_of
 
 T = torch.Tensor
 PRESERVING, NEW_INDICES = OpKind.PRESERVING, OpKind.NEW_INDICES
@@ -179,10 +179,6 @@ def _same_index_data(t: Any, other: Any) -> bool:
             and a.geometry == b.geometry and _is_checked(t) and _is_checked(other))
 
 
-def _values(t: torch.Tensor) -> torch.Tensor:
-    return t._values() if t.layout == torch.sparse_coo else t.values()
-
-
 @SafeSparseTensor.implements([T.add_, T.__iadd__, T.sub_, T.__isub__], NEW_INDICES)
 def _add_inplace(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``t.add_(g)`` where ``g`` has the same checked index data as ``t`` (an optimizer step
@@ -195,7 +191,7 @@ def _add_inplace(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     if (before and _same_index_data(t, other) and set(kwargs) <= {"other", "alpha"}
             and not (torch.is_grad_enabled() and (t.requires_grad or other.requires_grad))):
         sign = -1 if func in (T.sub_, T.__isub__) else 1
-        _values(t).add_(_values(other), alpha=sign * alpha)
+        values_of(t).add_(values_of(other), alpha=sign * alpha)
         checked.after_inplace(t, keeps_indices=True)
         return t
     ret = func(*args, **kwargs)

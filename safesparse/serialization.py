@@ -112,7 +112,7 @@ from .factories import (
 )
 from .invariants import COMPRESSED_LAYOUTS, SPARSE_LAYOUTS
 from .tensor import SafeSparseTensor, is_checked, unwrap, validate
-from .validation import compressed_members
+from .validation import compressed_members, members
 
 __all__ = [
     "Found",
@@ -553,9 +553,7 @@ class _BuildWatch(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
 def _members_of(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
     with DisableTorchFunctionSubclass():
-        if t.layout == torch.sparse_coo:
-            return (t._indices(), t._values())
-        return (*compressed_members(t), t.values())
+        return members(t)
 
 
 def _index_members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:

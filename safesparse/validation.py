@@ -106,6 +106,19 @@ def compressed_members(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return t.ccol_indices(), t.row_indices()
 
 
+def values_of(t: torch.Tensor) -> torch.Tensor:
+    """The values member of a sparse tensor of any layout (COO's even when uncoalesced)."""
+    return t._values() if t.layout == torch.sparse_coo else t.values()
+
+
+def members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The member tensors of a plain sparse tensor, the one place that knows them per layout:
+    ``(indices, values)`` for COO, ``(compressed, plain, values)`` for the compressed layouts."""
+    if t.layout == torch.sparse_coo:
+        return t._indices(), t._values()
+    return (*compressed_members(t), t.values())
+
+
 # --------------------------------------------------------------------------------------------
 # Results of the metadata stage
 
@@ -997,6 +1010,7 @@ __all__ = [
     "diagnose_compressed",
     "diagnose_coo",
     "index_contiguous",
+    "members",
     "native_compressed_ok",
     "native_coo_ok",
     "numel_overflows",
@@ -1005,4 +1019,5 @@ __all__ = [
     "validate_coo",
     "validate_tensor",
     "values_layout_ok",
+    "values_of",
 ]
