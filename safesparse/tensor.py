@@ -599,10 +599,6 @@ def _validated_result(func: Callable[..., Any], out: SafeSparseTensor,
     return out
 
 
-def _validate_in_debug(func: Callable[..., Any], t: SafeSparseTensor) -> None:
-    """Debug mode: validate ``t`` fully (no cache), naming ``func`` in the error."""
-    validate_into(t, True, op_name(func))
-
 
 __all__ = [
     "REPAIRS",
