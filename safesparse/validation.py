@@ -878,12 +878,19 @@ def diagnose_compressed(
         return _fail(lay, "5.2", f"{_where(meta, b)}{cn}[{meta.n_compressed}] = {v}, "
                      f"nnz = {meta.nnz}", batch=_batch_index(meta, b),
                      position=meta.n_compressed, value=v)
-    hit = _first(_bad_lines(c, meta.nnz, n_plain))
+    # A line whose count is out of range first; the [0, nnz] guard of _bad_lines flags the
+    # line *before* an out-of-range offset, whose own count may be fine.
+    d = _row_counts(c)
+    hit = _first((d < 0) | (d > n_plain))
+    if hit is None:
+        hit = _first(_bad_lines(c, meta.nnz, n_plain))
     if hit is not None:
         b, i = hit
         lo, hi = int(c[b, i]), int(c[b, i + 1])
-        return _fail(lay, "5.3", f"{_where(meta, b)}{info.line} {i}: {cn}[{i + 1}] - "
-                     f"{cn}[{i}] = {hi} - {lo} = {hi - lo}, n_plain = {n_plain}",
+        what = (f"{cn}[{i + 1}] - {cn}[{i}] = {hi} - {lo} = {hi - lo}, n_plain = {n_plain}"
+                if not 0 <= hi - lo <= n_plain
+                else f"{cn}[{i + 1}] = {hi} lies outside [0, nnz = {meta.nnz}]")
+        return _fail(lay, "5.3", f"{_where(meta, b)}{info.line} {i}: {what}",
                      batch=_batch_index(meta, b), **{info.line.replace(" ", "_"): i},
                      position=i + 1, value=hi - lo)
     for iid, mask in (

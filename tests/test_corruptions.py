@@ -528,6 +528,21 @@ def test_negative_line_count_names_batch_line_and_count(layout: torch.layout) ->
     assert "-4" in str(err)
 
 
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
+def test_5_3_names_the_line_whose_count_is_wrong(index_dtype: torch.dtype) -> None:
+    """crow [0, 2, 5, 3]: row 1 holds 3 <= n_plain entries, fine; row 2 holds -2.
+
+    crow[2] = 5 > nnz also trips the int64 wrap-around guard, which used to name row 1."""
+    crow = torch.tensor([0, 2, 5, 3], dtype=index_dtype)
+    col = torch.tensor([0, 1, 2], dtype=index_dtype)
+    with pytest.raises(ss.InvariantError) as excinfo:
+        ss.sparse_csr_tensor(crow, col, torch.ones(3), (3, 5))
+    err = excinfo.value
+    assert err.invariant == "5.3"
+    assert re.search(r"\brow 2\b", str(err)), str(err)
+    assert "= -2" in str(err), str(err)
+
+
 def test_first_violating_batch_is_reported() -> None:
     m = base(CSR, batch=(3,))
     plain = m.plain.clone()
