@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -342,6 +342,23 @@ def send(tensor: torch.Tensor, dst: int, group: Group = None, tag: int = 0) -> N
             dist.send(m, dst, group=group, tag=tag)
 
 
+def _receive(header: torch.Tensor, src: int, op: str, device: torch.device,
+             max_bytes: int | None, transfer: Callable[[torch.Tensor], object]) -> SafeSparseTensor:
+    """The receiving side of one tensor from ``src``: plan from its header, bound the memory it
+    asks for, ``transfer`` each non-empty member into a fresh buffer, build and validate."""
+    (row,) = _read_headers([header])
+    plan = _plan(row, src, op)
+    limit = default_max_bytes(device) if max_bytes is None else max_bytes
+    _check_limit([(src, plan)], limit, op)
+    members = []
+    for shape, dtype, nbytes in zip(plan.shapes, plan.dtypes, plan.nbytes, strict=True):
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        if nbytes:
+            transfer(buf)
+        members.append(_from_bytes(buf, nbytes, shape, dtype))
+    return _build(plan, members, src, op)
+
+
 def recv(src: int | None = None, group: Group = None, tag: int = 0, *,
          max_bytes: int | None = None) -> SafeSparseTensor:
     """Receive a sparse tensor sent by :func:`send` from ``src`` (any rank if ``None``).
@@ -355,17 +372,8 @@ def recv(src: int | None = None, group: Group = None, tag: int = 0, *,
     header = torch.empty(HEADER_LEN, dtype=torch.int64, device=device)
     sender = dist.recv(header, src, group=group, tag=tag)
     src_rank = sender if src is None else src
-    (row,) = _read_headers([header])
-    plan = _plan(row, src_rank, "recv")
-    limit = default_max_bytes(device) if max_bytes is None else max_bytes
-    _check_limit([(src_rank, plan)], limit, "recv")
-    members = []
-    for shape, dtype, nbytes in zip(plan.shapes, plan.dtypes, plan.nbytes, strict=True):
-        buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        if nbytes:
-            dist.recv(buf, src_rank, group=group, tag=tag)
-        members.append(_from_bytes(buf, nbytes, shape, dtype))
-    return _build(plan, members, src_rank, "recv")
+    return _receive(header, src_rank, "recv", device, max_bytes,
+                    lambda buf: dist.recv(buf, src_rank, group=group, tag=tag))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,17 +401,8 @@ def broadcast(tensor: torch.Tensor | None, src: int, group: Group = None, *,
         return t
     header = torch.empty(HEADER_LEN, dtype=torch.int64, device=device)
     dist.broadcast(header, src, group=group)
-    (row,) = _read_headers([header])
-    plan = _plan(row, src, "broadcast")
-    limit = default_max_bytes(device) if max_bytes is None else max_bytes
-    _check_limit([(src, plan)], limit, "broadcast")
-    received = []
-    for shape, dtype, nbytes in zip(plan.shapes, plan.dtypes, plan.nbytes, strict=True):
-        buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        if nbytes:
-            dist.broadcast(buf, src, group=group)
-        received.append(_from_bytes(buf, nbytes, shape, dtype))
-    return _build(plan, received, src, "broadcast")
+    return _receive(header, src, "broadcast", device, max_bytes,
+                    lambda buf: dist.broadcast(buf, src, group=group))
 
 
 def all_gather(tensor: torch.Tensor, group: Group = None, *,
