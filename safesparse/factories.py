@@ -163,7 +163,8 @@ def sparse_compressed_tensor(
         plain_indices: ``col_indices`` (CSR, BSR) or ``row_indices`` (CSC, BSC), shape
             ``batch + (nnz,)``, the same dtype.
         values: ``batch + (nnz,) + dense`` (CSR, CSC) or ``batch + (nnz, b0, b1) + dense``
-            (BSR, BSC).
+            (BSR, BSC); copied when not contiguous (or, BSR/BSC, not contiguous after
+            swapping the two block dims: 3.7), where torch keeps them strided.
         size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the members.
         layout: ``torch.sparse_csr``, ``sparse_csc``, ``sparse_bsr`` or ``sparse_bsc``;
             required, as in torch (any other layout is invariant 2.4).
@@ -267,7 +268,8 @@ def sparse_csr_tensor(
         col_indices: the column index of each specified element, ``batch + (nnz,)``,
             sorted within each row; the same dtype.
         values: ``batch + (nnz,) + dense``
-            (a tensor, nested list, NumPy array or scalar).
+            (a tensor, nested list, NumPy array or scalar); copied when not contiguous
+            (3.7), where torch keeps them strided.
         size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the
             members, as torch does.
         dtype: the values dtype; default: that of ``values`` (torch's default dtype for
@@ -335,7 +337,8 @@ def sparse_csc_tensor(
         row_indices: the row index of each specified element, ``batch + (nnz,)``,
             sorted within each column; the same dtype.
         values: ``batch + (nnz,) + dense``
-            (a tensor, nested list, NumPy array or scalar).
+            (a tensor, nested list, NumPy array or scalar); copied when not contiguous
+            (3.7), where torch keeps them strided.
         size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the
             members, as torch does.
         dtype: the values dtype; default: that of ``values`` (torch's default dtype for
@@ -404,7 +407,8 @@ def sparse_bsr_tensor(
             sorted within each block row; the same dtype.
         values: ``batch + (nnz, b0, b1) + dense``: one dense block per
             specified block; the blocksize ``(b0, b1)`` is read off its shape
-            (a tensor, nested list, NumPy array or scalar).
+            (a tensor, nested list, NumPy array or scalar); copied unless contiguous,
+            or contiguous after swapping the two block dims (3.7); torch keeps them strided.
         size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the members (for BSR,
             ncols = max(col_indices.max() + 1, crow_indices.diff(dim=-1).max())
             blocks), as torch does.
@@ -474,7 +478,8 @@ def sparse_bsc_tensor(
             sorted within each block column; the same dtype.
         values: ``batch + (nnz, b0, b1) + dense``: one dense block per
             specified block; the blocksize ``(b0, b1)`` is read off its shape
-            (a tensor, nested list, NumPy array or scalar).
+            (a tensor, nested list, NumPy array or scalar); copied unless contiguous,
+            or contiguous after swapping the two block dims (3.7); torch keeps them strided.
         size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the members (for BSR,
             ncols = max(col_indices.max() + 1, crow_indices.diff(dim=-1).max())
             blocks), as torch does.
