@@ -520,8 +520,8 @@ def _compressed_args(
     compressed_indices: Any, plain_indices: Any, values: Any, dtype: torch.dtype | None,
     layout: torch.layout | None, dev: torch.device | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.layout]:
-    """The members as tensors, converted as torch converts them; members with strides torch
-    accepts but its kernels do not assume (3.5-3.7) are copied, the others kept as they are."""
+    """The members as tensors, converted as torch converts them. Copied: index members whose
+    last dim is not unit-stride (3.5 / 3.6) and values that break 3.7; the others are kept."""
     # a member whose last dim is not unit-stride (which torch refuses) is copied; any batch
     # strides are kept, as torch keeps them (3.5 / 3.6: contiguous per batch). COO indices
     # may have any strides, as in torch.
@@ -531,7 +531,9 @@ def _compressed_args(
     lay = layout if layout is not None else torch.strided  # torch requires a layout: 2.4
     info = LAYOUTS.get(lay)
     if info is not None and not values_layout_ok(vals, compressed.dim() - 1, info.blocked):
-        vals = vals.contiguous()  # torch accepts any strides; its kernels assume 3.7
+        # torch accepts any strides (and its 2.13 CPU kernels read them correctly); a checked
+        # tensor has contiguous values (3.7), so they are copied
+        vals = vals.contiguous()
     return compressed, plain, vals, lay
 
 
