@@ -534,6 +534,12 @@ def _row_counts(c: torch.Tensor) -> torch.Tensor:
     return c.to(torch.int64).diff(dim=1)
 
 
+def _bad_counts(c: torch.Tensor, n_plain: int) -> torch.Tensor:
+    """5.3 as stated, per (batch, line i): compressed[i+1] - compressed[i] is < 0 or > n_plain."""
+    d = _row_counts(c)
+    return (d < 0) | (d > n_plain)
+
+
 def _bad_lines(c: torch.Tensor, nnz: int, n_plain: int) -> torch.Tensor:
     """5.3 per (batch, line i): the count compressed[i+1] - compressed[i] is < 0 or > n_plain.
 
@@ -541,8 +547,7 @@ def _bad_lines(c: torch.Tensor, nnz: int, n_plain: int) -> torch.Tensor:
     values from wrapping the differences around into range (int32 values are widened first,
     so their differences are exact).
     """
-    d = _row_counts(c)
-    bad = (d < 0) | (d > n_plain)
+    bad = _bad_counts(c, n_plain)
     if c.dtype == torch.int64:
         nxt = c[:, 1:]
         bad |= (nxt < 0) | (nxt > nnz)
@@ -880,16 +885,15 @@ def diagnose_compressed(
                      position=meta.n_compressed, value=v)
     # A line whose count is out of range first; the [0, nnz] guard of _bad_lines flags the
     # line *before* an out-of-range offset, whose own count may be fine.
-    d = _row_counts(c)
-    hit = _first((d < 0) | (d > n_plain))
-    if hit is None:
+    hit = _first(_bad_counts(c, n_plain))
+    counts_ok = hit is None
+    if counts_ok:
         hit = _first(_bad_lines(c, meta.nnz, n_plain))
     if hit is not None:
         b, i = hit
         lo, hi = int(c[b, i]), int(c[b, i + 1])
-        what = (f"{cn}[{i + 1}] - {cn}[{i}] = {hi} - {lo} = {hi - lo}, n_plain = {n_plain}"
-                if not 0 <= hi - lo <= n_plain
-                else f"{cn}[{i + 1}] = {hi} lies outside [0, nnz = {meta.nnz}]")
+        what = (f"{cn}[{i + 1}] = {hi} lies outside [0, nnz = {meta.nnz}]" if counts_ok
+                else f"{cn}[{i + 1}] - {cn}[{i}] = {hi} - {lo} = {hi - lo}, n_plain = {n_plain}")
         return _fail(lay, "5.3", f"{_where(meta, b)}{info.line} {i}: {what}",
                      batch=_batch_index(meta, b), **{info.line.replace(" ", "_"): i},
                      position=i + 1, value=hi - lo)
