@@ -15,7 +15,6 @@ Both reuse the validation engine (:mod:`safesparse.validation`); no check is wri
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,11 +80,9 @@ def check_coo_indices(
         InvariantError: an invariant is broken; ``str(err)`` names it and where.
         TypeError: ``size`` is not a sequence of integers.
     """
-    idx = _index_tensor(indices)
-    if idx.layout == torch.strided and idx.dtype != torch.int64:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # complex -> int64 "discards the imaginary part"
-            idx = idx.to(torch.int64)
+    from .factories import _coo_index  # the factory's own conversion of COO indices
+
+    idx = _coo_index(indices, None)
     shape = _size(size, "check_coo_indices")
     s = idx.shape[0] if idx.dim() == 2 else 0
     nnz = idx.shape[1] if idx.dim() == 2 else 0
