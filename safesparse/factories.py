@@ -14,8 +14,6 @@ again: only the O(1) metadata checks run (see :mod:`safesparse.checked`).
 
 from __future__ import annotations
 
-import operator
-import warnings
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -23,6 +21,7 @@ import torch
 
 from . import _originals, checked
 from ._compile import not_traced
+from ._convert import _as_index, _as_size, _coo_index
 from .checked import IndexKey
 from .debug import is_debug
 from .indices import per_batch_contiguous
@@ -45,50 +44,11 @@ def _device(device: DeviceLike) -> torch.device | None:
     return None if device is None else torch.device(device)
 
 
-def _as_index(x: Any, device: torch.device | None) -> torch.Tensor:
-    """Index input as a tensor: tensors keep their dtype, other integer data becomes int64."""
-    if isinstance(x, torch.Tensor):
-        t = x
-    else:
-        t = torch.as_tensor(x)
-        if t.numel() == 0 and not t.dtype.is_complex and t.dtype.is_floating_point:
-            t = t.to(torch.int64)  # an empty list of indices
-    if device is not None and t.device != device:
-        t = t.to(device)
-    return t
-
-
 def _as_values(x: Any, dtype: torch.dtype | None, device: torch.device | None) -> torch.Tensor:
     t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x, dtype=dtype)
     if (dtype is not None and t.dtype != dtype) or (device is not None and t.device != device):
         t = t.to(device=device, dtype=dtype)
     return t
-
-
-def _size_error(fname: str, detail: str) -> TypeError:
-    return TypeError(f"{fname}(): argument 'size' must be tuple of ints, but {detail}")
-
-
-def _as_size(size: Any, fname: str = "sparse_compressed_tensor") -> tuple[int, ...] | None:
-    """``size`` as torch's argument parser reads it: a tuple, list or ``torch.Size`` of integers
-    (Python or NumPy integers, one-element integer tensors). Anything else, a float, a bool,
-    a string or a tensor as the whole size included, is a ``TypeError``, as in torch. (torch
-    refuses a bool as the first extent only; later ones are read as 0 / 1, and so here.)"""
-    if size is None:
-        return None
-    if not isinstance(size, (tuple, list)):
-        raise _size_error(fname, f"got {type(size).__name__}")
-    out = []
-    for pos, extent in enumerate(size):
-        try:
-            if isinstance(extent, bool) and pos == 0:
-                raise TypeError
-            out.append(operator.index(extent))
-        except (TypeError, RuntimeError, ValueError):
-            raise _size_error(
-                fname, f"found element of type {type(extent).__name__} at pos {pos}"
-            ) from None
-    return tuple(out)
 
 
 def _pin(pin_memory: bool) -> dict[str, Any]:
@@ -535,17 +495,6 @@ def _compressed_args(
         # tensor has contiguous values (3.7), so they are copied
         vals = vals.contiguous()
     return compressed, plain, vals, lay
-
-
-def _coo_index(x: Any, device: torch.device | None) -> torch.Tensor:
-    t = _as_index(x, device)
-    # torch converts indices of every other dtype (integer, bool, floating point, complex) to
-    # int64, truncating like ``.to(torch.int64)``; out-of-range results are caught by 5.1/5.2
-    if t.dtype != torch.int64 and t.layout == torch.strided:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch's "discards the imaginary part"
-            t = t.to(torch.int64)
-    return t
 
 
 _NO_VALUES: Any = object()

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from . import checked
+from ._convert import _as_size, _coo_index
 from .validation import (
     LAYOUTS,
     check_compressed_metadata,
@@ -41,8 +42,6 @@ def _index_tensor(x: Any, device: torch.device | None = None) -> torch.Tensor:
 
 
 def _size(size: Any, name: str) -> tuple[int, ...] | None:
-    from .factories import _as_size  # the factories' own reading of a size
-
     return _as_size(size, name)
 
 
@@ -80,8 +79,6 @@ def check_coo_indices(
         InvariantError: an invariant is broken; ``str(err)`` names it and where.
         TypeError: ``size`` is not a sequence of integers.
     """
-    from .factories import _coo_index  # the factory's own conversion of COO indices
-
     idx = _coo_index(indices, None)
     shape = _size(size, "check_coo_indices")
     s = idx.shape[0] if idx.dim() == 2 else 0
