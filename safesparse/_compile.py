@@ -6,6 +6,14 @@ graph-breaks at them and they always run eagerly. Applying ``torch.compiler.disa
 each marked function calls through a one-element cell holding its implementation; the cells are
 switched to the disabled versions the moment ``torch._dynamo`` is imported (a meta-path hook
 watches for it), which happens before dynamo can trace anything.
+
+Dynamo also calls marked functions itself while it converts a frame: wrapping a
+``SafeSparseTensor`` argument reads attributes such as ``is_nested`` through
+``__torch_function__``, which in debug mode validates the tensor. An error raised there would
+reach the caller as dynamo's ``InternalTorchDynamoError`` (with no ``__cause__``). So while a
+frame is being converted, an error from a marked function becomes dynamo's ``Unsupported``
+(skip this frame): dynamo runs the frame eagerly, where the same call raises the same error,
+``InvariantError`` included, straight to the caller.
 """
 
 from __future__ import annotations
@@ -45,7 +53,40 @@ def not_traced(fn: F) -> F:
 
 
 def _disable(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return cast(Callable[..., Any], torch.compiler.disable(fn))  # type: ignore[no-untyped-call]
+    @functools.wraps(fn)
+    def surfaced(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:
+            if _converting_frame() and not isinstance(err, _dynamo_errors()):
+                raise _skip_frame(err) from err
+            raise
+
+    return cast(Callable[..., Any], torch.compiler.disable(surfaced))  # type: ignore[no-untyped-call]
+
+
+def _converting_frame() -> bool:
+    """Whether dynamo is converting a frame right now (not running compiled code)."""
+    from torch._guards import TracingContext
+
+    return TracingContext.try_get() is not None
+
+
+def _dynamo_errors() -> type[Exception]:
+    from torch._dynamo.exc import TorchDynamoException
+
+    return TorchDynamoException
+
+
+def _skip_frame(err: Exception) -> Exception:
+    """Dynamo's "run this frame eagerly" for an error raised while it probed an argument."""
+    from torch._dynamo.exc import Unsupported
+
+    return Unsupported(
+        f"safesparse raised {type(err).__name__} while dynamo inspected an argument; the frame "
+        "runs eagerly, which raises it to the caller",
+        gb_type="safesparse error while tracing", skip_frame=True,
+    )
 
 
 def _arm() -> None:
