@@ -6,7 +6,7 @@ function on the underlying tensor and re-wraps sparse results, deciding their ch
 from the per-class op table (:mod:`safesparse.ops`).
 
 Autograd: ``_make_subclass`` detaches, so wrapping and unwrapping a tensor that takes part in
-autograd go through identity :class:`torch.autograd.Function` s (:class:`_ToSafe`,
+autograd go through identity :class:`torch.autograd.Function` s (:class:`ToSafeSparseTensor`,
 :class:`_ToPlain`), which keep the graph connected.
 """
 
@@ -231,6 +231,8 @@ class SafeSparseTensor(torch.Tensor):
         with DisableTorchFunctionSubclass():
             body: str = torch.Tensor.__repr__(self)  # type: ignore[no-untyped-call]
         prefix = f"{type(self).__name__}("
+        if body.startswith(f"Parameter({prefix}"):  # an nn.Parameter of a SafeSparseTensor
+            prefix = f"Parameter({prefix}"
         body = body[len(prefix):] if body.startswith(prefix) else body + ")"
         return f"{prefix}checked={_is_checked(self)}, {body}"
 
@@ -239,7 +241,7 @@ class SafeSparseTensor(torch.Tensor):
 # Wrapping, unwrapping and checked state
 
 
-class _ToSafe(torch.autograd.Function):
+class ToSafeSparseTensor(torch.autograd.Function):
     """Identity from a plain sparse tensor to a SafeSparseTensor, keeping the graph."""
 
     @staticmethod
@@ -273,7 +275,7 @@ def wrap(plain: torch.Tensor, *, leaf_requires_grad: bool = False,
     ``key`` is the index key of the tensors ``plain`` was built from, if the caller has it.
     """
     if plain.requires_grad:
-        out = _ToSafe.apply(plain)  # type: ignore[no-untyped-call]
+        out = ToSafeSparseTensor.apply(plain)  # type: ignore[no-untyped-call]
     else:
         out = torch.Tensor._make_subclass(SafeSparseTensor, plain, leaf_requires_grad)
     assert isinstance(out, SafeSparseTensor)

@@ -94,6 +94,22 @@ def test_repr_names_class_and_state(t: ss.SafeSparseTensor) -> None:
     assert "checked=False" in repr(u)
 
 
+def test_repr_of_a_parameter_reads_as_one_call(t: ss.SafeSparseTensor) -> None:
+    p = torch.nn.Parameter(t)
+    text = repr(p)
+    assert text.startswith("Parameter(SafeSparseTensor(checked=True, crow_indices=")
+    assert text.count("SafeSparseTensor(") == 1  # not SafeSparseTensor(..., Parameter(...))
+    assert text.endswith("requires_grad=True))")
+
+
+def test_grad_fn_of_a_wrapped_tensor_has_a_public_name() -> None:
+    dense = torch.eye(2, requires_grad=True)
+    a = ss.validate(dense.to_sparse_csr())
+    assert a.grad_fn is not None
+    assert a.grad_fn.name() == "ToSafeSparseTensorBackward"
+    assert not type(a.grad_fn).__name__.startswith("_")
+
+
 def test_deepcopy_is_checked_with_separate_storage(t: ss.SafeSparseTensor) -> None:
     c = copy.deepcopy(t)
     assert type(c) is SafeSparseTensor
