@@ -61,6 +61,7 @@ def from_scipy(
     dtype: torch.dtype | None = None,
     device: DeviceLike = None,
     requires_grad: bool = False,
+    canonicalize: bool = False,
 ) -> SafeSparseTensor:
     """A validated :class:`SafeSparseTensor` holding a copy of the SciPy sparse matrix ``m``.
 
@@ -72,15 +73,20 @@ def from_scipy(
     and the values keep their dtype unless ``dtype`` is given. A COO matrix that SciPy marks
     canonical (``m.has_canonical_format``) becomes a coalesced tensor, which is verified (5.3).
 
-    SciPy does not require sorted or distinct indices; torch does. A CSR/CSC/BSR matrix with
-    unsorted or duplicate indices fails with invariant 5.6: canonicalise it first with
-    ``m.sum_duplicates()`` (which also sorts), or ``m.sort_indices()``.
+    SciPy does not require sorted or distinct indices; torch does. By default a CSR/CSC/BSR
+    matrix with unsorted or duplicate indices fails with invariant 5.6 (and ``m`` is taken as
+    it is: no silent change of its entries). ``canonicalize=True`` converts a copy the way
+    ``m.sum_duplicates()`` does: duplicates are summed and indices sorted, so the result equals
+    ``m.toarray()``, and a COO result is coalesced; ``m`` itself is not modified. A matrix
+    whose structure is broken beyond order (an index out of range, a decreasing ``indptr``) is
+    not canonicalised but refused, as by default.
 
     Args:
         m: a ``scipy.sparse`` matrix or array in COO, CSR, CSC or BSR format.
         dtype: the values dtype of the result (default: the dtype of ``m.data``).
         device: the device of the result (default: CPU).
         requires_grad: make the result an autograd leaf that requires grad.
+        canonicalize: sum duplicate entries and sort the indices (of a copy) first.
 
     Returns:
         A checked :class:`SafeSparseTensor` of the matching layout, with ``to_dense()`` equal
@@ -92,12 +98,14 @@ def from_scipy(
             (DIA, DOK, LIL: convert it with ``m.tocsr()`` or ``m.tocoo()`` first), or its
             dtype has no torch equivalent.
         InvariantError: the data breaks an invariant (e.g. ``[CSR 5.6]`` for unsorted or
-            duplicate column indices).
+            duplicate column indices, without ``canonicalize``).
     """
     sparse = _scipy_sparse()
     if not sparse.issparse(m):
         raise TypeError(f"from_scipy() expects a scipy.sparse matrix or array, got {type(m)}")
     fmt = m.format
+    if canonicalize and fmt in SCIPY_FORMATS:
+        m = _canonical(m)
     kw: dict[str, Any] = {"dtype": dtype, "device": device, "requires_grad": requires_grad}
     shape = tuple(int(s) for s in m.shape)
     if fmt == "csr":
@@ -124,6 +132,23 @@ def from_scipy(
         f"from_scipy() supports the SciPy formats {', '.join(SCIPY_FORMATS)}; "
         f"convert this {fmt.upper()} matrix first, e.g. with m.tocsr() or m.tocoo()"
     )
+
+
+def _canonical(m: Any) -> Any:
+    """A canonical copy of ``m`` (duplicates summed, indices sorted), or ``m`` itself when its
+    structure is broken beyond order: SciPy's compiled ``sum_duplicates`` trusts ``indptr`` and
+    the index ranges, so those are checked first (``check_format``), and a matrix that fails
+    goes to the factories unchanged, which name the broken invariant."""
+    c = m.copy()
+    if m.format != "coo":  # (COO is canonicalised by NumPy sorts, which check their bounds)
+        try:
+            c.check_format(full_check=True)
+        except (ValueError, TypeError, IndexError):
+            return m
+        c.has_sorted_indices = False  # SciPy's flags are not rechecked: a stale one would
+    c.has_canonical_format = False  # make sum_duplicates() a no-op
+    c.sum_duplicates()
+    return c
 
 
 def _numpy(t: torch.Tensor) -> Any:

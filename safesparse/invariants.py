@@ -94,9 +94,10 @@ COMPRESSED: Final[dict[str, Invariant]] = _table(
     ],
     {
         "5.6": (
-            "canonicalise the matrix first: in SciPy, m.sum_duplicates() (or m.sort_indices() "
-            "when there are no duplicates); in torch, build it as COO, call .coalesce(), then "
-            ".to_sparse_csr() (or _csc(), _bsr(blocksize), _bsc(blocksize))"
+            "canonicalise the matrix first: from SciPy, ss.from_scipy(m, canonicalize=True) "
+            "or m.sum_duplicates() (or m.sort_indices() when there are no duplicates); in "
+            "torch, build it as COO, call .coalesce(), then .to_sparse_csr() (or _csc(), "
+            "_bsr(blocksize), _bsc(blocksize))"
         ),
     },
 )

@@ -143,6 +143,43 @@ def test_duplicate_entries_fail_with_5_6_until_summed(fmt: str) -> None:
 
 
 @needs_scipy
+@pytest.mark.parametrize("fmt", ["csr", "csc", "bsr", "coo"])
+def test_canonicalize_sums_duplicates_and_sorts_a_copy(fmt: str) -> None:
+    m = _csr([0, 3, 4], [2, 1, 2, 0], [1.0, 2.0, 3.0, 4.0], (2, 3))  # unsorted, (0, 2) twice
+    m = {"csr": m, "csc": sp.csc_array((m.data, m.indices, m.indptr), shape=(3, 2)),
+         "bsr": sp.bsr_array((m.data.reshape(-1, 1, 1), m.indices, m.indptr), shape=(2, 3)),
+         "coo": sp.coo_array(m.tocoo())}[fmt]
+    if fmt == "coo":
+        m.has_canonical_format = True  # a stale flag: canonicalize does not trust it
+    before = (m.data.copy(), m.toarray())
+    if fmt != "coo":
+        with pytest.raises(ss.InvariantError) as excinfo:
+            ss.from_scipy(m)  # the default stays strict
+        assert excinfo.value.invariant == "5.6"
+        assert "canonicalize=True" in str(excinfo.value)
+    t = ss.from_scipy(m, canonicalize=True)
+    assert ss.is_checked(t)
+    assert torch.equal(t.to_dense(), torch.from_numpy(before[1]))  # duplicates summed
+    assert t._nnz() == 3
+    if fmt == "coo":
+        assert t.is_coalesced()
+    np.testing.assert_array_equal(m.data, before[0])  # m itself untouched
+
+
+@needs_scipy
+def test_canonicalize_refuses_a_structure_broken_beyond_order() -> None:
+    m = _csr([0, 2, 1], [1, 0], [1.0, 2.0], (2, 2))  # indptr decreases: no sort may run on it
+    with pytest.raises(ss.InvariantError) as excinfo:
+        ss.from_scipy(m, canonicalize=True)
+    assert excinfo.value.invariant in {"5.2", "5.3"}
+    m = _csr([0, 2, 2], [1, 0], [1.0, 2.0], (2, 2))
+    m.indices[0] = 10**6  # out of range and unsorted
+    with pytest.raises(ss.InvariantError) as excinfo:
+        ss.from_scipy(m, canonicalize=True)
+    assert excinfo.value.invariant == "5.5"
+
+
+@needs_scipy
 def test_out_of_range_index_fails_with_5_5() -> None:
     m = _csr([0, 1, 2], [0, 1], [1.0, 2.0], (2, 2))
     m.indices[1] = 10**6  # SciPy does not look again after construction
