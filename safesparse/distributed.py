@@ -75,6 +75,7 @@ _VERSION: Final = 1
 _F_MAGIC, _F_VERSION, _F_LAYOUT, _F_DTYPE, _F_INDEX_DTYPE, _F_NDIM = range(6)
 _F_NNZ, _F_SPLIT, _F_DENSE, _F_B0, _F_B1, _F_COALESCED = range(6, 12)
 _F_SHAPE: Final = 12
+_INT64_MAX: Final = 2**63 - 1
 #: Length of a header (int64 elements).
 HEADER_LEN: Final = _F_SHAPE + MAX_DIMS
 
@@ -94,7 +95,8 @@ _INDEX_DTYPES: Final = (torch.int32, torch.int64)
 
 class TransferError(ValueError, RuntimeError):
     """A peer sent a header that describes no tensor this process will allocate: an unknown
-    protocol, layout or dtype code, or members larger than ``max_bytes``.
+    protocol, layout or dtype code, members larger than ``max_bytes``, or members whose
+    strides would overflow int64 (a zero-size dim next to a 2**63 - 1 one).
 
     Attributes:
         source_rank: the (global) rank the header came from.
@@ -242,8 +244,8 @@ def _plan(h: Sequence[int], src: int, op: str) -> _Plan:
         if not (1 <= split <= ndim and dense == ndim - split):
             raise refuse("3.2", f"sparse_dim {split}, dense_dim {dense} with size {size}")
         coo_shapes: tuple[tuple[int, ...], ...] = ((split, nnz), (nnz, *size[split:]))
-        return _Plan(layout, size, bool(h[_F_COALESCED]), coo_shapes,
-                     (torch.int64, dtype))
+        return _addressable(_Plan(layout, size, bool(h[_F_COALESCED]), coo_shapes,
+                                  (torch.int64, dtype)), src, op)
     blocked = layout in (torch.sparse_bsr, torch.sparse_bsc)
     b0, b1 = (h[_F_B0], h[_F_B1]) if blocked else (1, 1)
     if split < 0 or dense < 0 or split + 2 + dense != ndim or b0 < 0 or b1 < 0:
@@ -259,7 +261,20 @@ def _plan(h: Sequence[int], src: int, op: str) -> _Plan:
         (*batch, nnz),
         (*batch, nnz, *((b0, b1) if blocked else ()), *size[split + 2:]),
     )
-    return _Plan(layout, size, False, shapes, (index_dtype, index_dtype, dtype))
+    return _addressable(_Plan(layout, size, False, shapes, (index_dtype, index_dtype, dtype)),
+                        src, op)
+
+
+def _addressable(plan: _Plan, src: int, op: str) -> _Plan:
+    """``plan``, if every member can be laid out: torch computes a contiguous tensor's strides
+    as products of the later extents (an extent of 0 counting as 1), so a zero-size dim next
+    to a 2**63 - 1 one allocates nothing and still overflows them."""
+    for shape in plan.shapes:
+        if math.prod(max(s, 1) for s in shape) > _INT64_MAX:
+            raise TransferError(f"{op}: the header describes a {plan.layout} tensor of size "
+                                f"{plan.size} whose member of shape {shape} cannot be laid out "
+                                "(its strides overflow int64)", source_rank=src)
+    return plan
 
 
 def _check_limit(plans: Sequence[tuple[int, _Plan]], max_bytes: int, op: str, *,

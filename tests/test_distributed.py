@@ -396,6 +396,55 @@ def test_header_with_an_overflowing_size_is_refused_after_a_tiny_allocation() ->
         ssd._build(plan, members, 4, "recv")
 
 
+def _header_of(layout: int, size: tuple[int, ...], split: int, nnz: int = 0) -> list[int]:
+    h = [0] * ssd.HEADER_LEN
+    h[ssd._F_MAGIC], h[ssd._F_VERSION] = ssd._MAGIC, ssd._VERSION
+    h[ssd._F_LAYOUT], h[ssd._F_DTYPE] = layout, ssd._DTYPES.index(torch.float32)
+    h[ssd._F_INDEX_DTYPE], h[ssd._F_NDIM], h[ssd._F_NNZ] = 1, len(size), nnz
+    h[ssd._F_SPLIT] = split
+    h[ssd._F_DENSE] = len(size) - split - (0 if layout == 0 else 2)
+    h[ssd._F_B0] = h[ssd._F_B1] = 1
+    h[ssd._F_SHAPE: ssd._F_SHAPE + len(size)] = size
+    return h
+
+
+BIG = 2**63 - 1
+
+
+@pytest.mark.parametrize(("layout", "size", "split"), [
+    (0, (1, 0, BIG, 2), 1),  # COO values (0, 0, BIG, 2): strides overflow, nothing to allocate
+    (0, (2, 0, BIG, BIG), 1),
+    (1, (2, 2, 0, BIG, 2), 0),  # CSR, hybrid
+    (1, (0, BIG, BIG), 1),  # CSR, one batch dim: BIG + 1 compressed entries per batch
+])
+def test_header_with_a_zero_size_dim_next_to_a_huge_one_is_a_transfer_error(
+        layout: int, size: tuple[int, ...], split: int) -> None:
+    with pytest.raises(ssd.TransferError, match="cannot be laid out") as info:
+        ssd._plan(_header_of(layout, size, split), 2, "recv")
+    assert info.value.source_rank == 2
+
+
+@given(st.sampled_from([0, 1, 3]), st.lists(st.sampled_from([0, 1, 2, BIG]), min_size=2,
+                                             max_size=5), st.integers(0, 2))
+def test_headers_with_extreme_sizes_are_built_or_refused(layout: int, size: list[int],
+                                                         nnz: int) -> None:
+    """Sizes at the int64 limit, with or without zero-size dims: the receiver allocates the
+    members and builds a checked tensor, or refuses with InvariantError / TransferError."""
+    split = 1 if layout == 0 else 0  # COO: one sparse dim; compressed: no batch dims
+    if layout != 0 and len(size) < 2:
+        return
+    try:
+        plan = ssd._plan(_header_of(layout, tuple(size), split, nnz), 1, "recv")
+        if sum(plan.nbytes) > 2**20:
+            return  # refused by max_bytes in a real transfer
+        members = [ssd._from_bytes(torch.zeros(n, dtype=torch.uint8), n, shape, dtype)
+                   for shape, dtype, n in zip(plan.shapes, plan.dtypes, plan.nbytes,
+                                              strict=True)]
+        ssd._build(plan, members, 1, "recv")
+    except (ss.InvariantError, ssd.TransferError) as err:
+        assert "rank 1" in str(err)
+
+
 def test_received_bool_values_are_normalised() -> None:
     """Bytes other than 0 and 1 in bool values would be undefined behaviour in torch's
     kernels: the receiver maps them to True."""
