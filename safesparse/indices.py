@@ -22,6 +22,7 @@ import torch
 
 from . import checked
 from ._convert import _as_size, _coo_index
+from .errors import InvariantError
 from .validation import (
     LAYOUTS,
     check_compressed_metadata,
@@ -120,7 +121,10 @@ def check_compressed_indices(
         The size, as a ``torch.Size``.
 
     Raises:
-        InvariantError: an invariant is broken; ``str(err)`` names it and where.
+        InvariantError: an invariant is broken; ``str(err)`` names it and where (a
+            negative ``blocksize`` is ``[BSR 3.1]`` / ``[BSC 3.1]``, like a block shape the
+            factories refuse).
+        ValueError: ``layout`` is not compressed, or ``blocksize`` does not fit it.
         TypeError: ``size`` is not a sequence of integers.
     """
     compressed = _index_tensor(compressed_indices)
@@ -131,6 +135,9 @@ def check_compressed_indices(
     block = (1, 1) if blocksize is None else tuple(int(b) for b in blocksize)
     if len(block) != 2 or (not info.blocked and block != (1, 1)):
         raise ValueError(f"blocksize {tuple(block)} does not fit layout {layout}")
+    if min(block) < 0:  # as the factories refuse a block shape that does not fit (3.1)
+        raise InvariantError(layout, "3.1", f"blocksize {block} has a negative extent",
+                             location={"blocksize": block})
     shape = _size(size, "check_compressed_indices")
     m = max(compressed.dim() - 1, 0)
     if shape is not None:

@@ -151,6 +151,21 @@ def test_blocked_pairs_use_the_blocksize() -> None:
         ss.check_compressed_indices(crow, col, (4, 6), layout=COO)
 
 
+@pytest.mark.parametrize("blocksize", [(-2, 2), (2, -3), (-1, -1)])
+@pytest.mark.parametrize("layout", [BSR, torch.sparse_bsc])
+def test_a_negative_blocksize_is_refused_like_a_block_shape_the_factories_refuse(
+        blocksize: tuple[int, int], layout: torch.layout) -> None:
+    crow, col = torch.tensor([0, 1, 2]), torch.tensor([1, 0])
+    with pytest.raises(ss.InvariantError) as info:
+        ss.check_compressed_indices(crow, col, (4, 6), layout=layout, blocksize=blocksize)
+    assert (info.value.layout, info.value.invariant) == (layout, "3.1")
+    assert f"blocksize {blocksize}" in str(info.value) and "negative" in str(info.value)
+    # a zero extent is refused by the factories with the same id
+    with pytest.raises(ss.InvariantError) as info:
+        ss.sparse_compressed_tensor(crow, col, torch.ones(2, 0, 2), (4, 6), layout=layout)
+    assert info.value.invariant == "3.1"
+
+
 def test_strided_batch_members_are_accepted() -> None:
     crow = torch.tensor([[0, 1, 2, 9], [0, 2, 2, 9]])[:, :3]
     col = torch.tensor([[0, 1], [0, 1]])
