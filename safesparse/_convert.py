@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from .errors import InvariantError
+
 
 def _as_index(x: Any, device: torch.device | None) -> torch.Tensor:
     """Index input as a tensor: tensors keep their dtype, other integer data becomes int64."""
@@ -53,12 +55,31 @@ def _as_size(size: Any, fname: str = "sparse_compressed_tensor") -> tuple[int, .
     return tuple(out)
 
 
-def _coo_index(x: Any, device: torch.device | None) -> torch.Tensor:
+def _coo_index(x: Any, device: torch.device | None, *, check: bool = True) -> torch.Tensor:
+    """COO indices as torch converts them (int64). ``check``: refuse uint64 indices that do
+    not survive the conversion (a validating caller; without it they wrap, as in torch)."""
     t = _as_index(x, device)
     # torch converts indices of every other dtype (integer, bool, floating point, complex) to
     # int64, truncating like ``.to(torch.int64)``; out-of-range results are caught by 5.1/5.2
     if t.dtype != torch.int64 and t.layout == torch.strided:
+        unsigned64 = t.dtype == torch.uint64
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's "discards the imaginary part"
             t = t.to(torch.int64)
+        if unsigned64 and check:
+            _refuse_wrapped(t)
     return t
+
+
+def _refuse_wrapped(t: torch.Tensor) -> None:
+    """uint64 indices of 2**63 and more wrap around to negative int64 values; report the first
+    (in the engine's order: by position, then sparse dim) with its real value. It breaks 5.2
+    (index < size) whatever the size: no extent exceeds 2**63 - 1."""
+    if t.dim() != 2 or t.device.type == "meta" or not bool((t < 0).any()):
+        return  # (a wrong shape is the engine's to report)
+    j, d = (int(x) for x in (t.t() < 0).nonzero()[0])
+    real = int(t[d, j]) + 2**64
+    raise InvariantError(torch.sparse_coo, "5.2",
+                         f"position {j}, sparse dim {d}: indices[{d}, {j}] = {real} (uint64), "
+                         "beyond any size (at most 2**63 - 1)",
+                         location={"position": j, "dim": d, "value": real})

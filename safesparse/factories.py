@@ -502,7 +502,7 @@ _NO_VALUES: Any = object()
 
 def _coo_args(
     indices: Any, values: Any, size: Any, dtype: torch.dtype | None, dev: torch.device | None,
-    is_coalesced: bool | None,
+    is_coalesced: bool | None, check: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...] | None]:
     """torch's two overloads: ``(indices, values, size=None)`` and the size-only ``(size)``
     (an empty tensor of that size: ``sparse_dim == len(size)``, no dense dims). Scalar values
@@ -519,7 +519,7 @@ def _coo_args(
         vals = torch.empty((0,), dtype=dtype, device=dev)
         return torch.empty((len(shape), 0), dtype=torch.int64, device=vals.device), vals, shape
     shape = _as_size(size, "sparse_coo_tensor")
-    idx = _coo_index(indices, dev)
+    idx = _coo_index(indices, dev, check=check)
     vals = _as_values(values, dtype, dev)
     if vals.dim() == 0 and vals.layout == torch.strided:
         vals = vals.expand(1)  # one specified element, as torch expands it
@@ -589,7 +589,8 @@ def sparse_coo_tensor(
             raises for it (e.g. a non-integral ``size``).
     """
     dev = _device(device)
-    idx, vals, shape = _coo_args(indices, values, size, dtype, dev, is_coalesced)
+    idx, vals, shape = _coo_args(indices, values, size, dtype, dev, is_coalesced,
+                                 _wants_check(check_invariants))
     # torch's meta device holds no data: an empty tensor there (the size-only overload) is
     # built as torch builds it, unchecked (4.1 admits only devices with data)
     meta_empty = vals.device.type == "meta" and idx.numel() == 0 and vals.numel() == 0

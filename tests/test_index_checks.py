@@ -189,3 +189,30 @@ def test_compressed_property_same_verdict_as_factory(
         c, p, (rows, cols), layout=layout, blocksize=block if blocked else None))
     theirs = _error(lambda: FACTORIES[layout](c, p, values, (rows, cols)))
     _same_error(ours, theirs)
+
+
+@pytest.mark.parametrize("value", [2**64 - 1, 2**63])
+@pytest.mark.parametrize("entry", ["factory", "check_coo_indices"])
+def test_a_uint64_index_beyond_int64_is_reported_with_its_real_value(value: int,
+                                                                      entry: str) -> None:
+    np = pytest.importorskip("numpy")
+    indices = np.array([[0, 1, 1], [2, 0, value]], dtype=np.uint64)
+    with pytest.raises(ss.InvariantError) as info:
+        if entry == "factory":
+            ss.sparse_coo_tensor(indices, [1.0, 2.0, 3.0], (3, 3))
+        else:
+            ss.check_coo_indices(indices, (3, 3))
+    err = info.value
+    assert err.invariant == "5.2"  # index < size: no size holds it
+    assert f"indices[1, 2] = {value}" in str(err) and "-1" not in str(err)
+    assert err.location == {"position": 2, "dim": 1, "value": value}
+
+
+def test_uint64_indices_that_fit_convert_and_unchecked_builds_wrap_as_in_torch() -> None:
+    np = pytest.importorskip("numpy")
+    ok = ss.sparse_coo_tensor(np.array([[0, 2]], dtype=np.uint64), [1.0, 2.0], (3,))
+    assert ss.is_checked(ok) and ok.to_dense().tolist() == [1.0, 0.0, 2.0]
+    huge = torch.tensor([[0, 2**64 - 1]], dtype=torch.uint64)
+    t = ss.sparse_coo_tensor(huge, [1.0, 2.0], (3,), check_invariants=False)
+    assert not ss.is_checked(t)
+    assert ss.unwrap(t)._indices().tolist() == [[0, -1]]  # what torch's conversion gives
