@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,42 @@ def test_no_references_to_documents_outside_the_repository(path: Path) -> None:
 def test_help_of_the_package_is_self_contained() -> None:
     doc = ss.__doc__ or ""
     assert "SPEC" not in doc and "docs/" in doc and "help(safesparse.NAME)" in doc
+
+
+def test_the_version_is_written_once() -> None:
+    project = _project()
+    assert "version" not in project, "pyproject.toml must not repeat safesparse.__version__"
+    assert project["dynamic"] == ["version"]
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        dynamic = tomllib.load(f)["tool"]["setuptools"]["dynamic"]
+    assert dynamic["version"] == {"attr": "safesparse.__version__"}
+    assert re.fullmatch(r"\d+\.\d+\.\d+", ss.__version__)
+    sources = (ROOT / "safesparse" / "__init__.py").read_text(encoding="utf-8")
+    assert sources.count(f'__version__ = "{ss.__version__}"') == 1
+
+
+def test_an_installed_copy_reports_the_same_version() -> None:
+    from importlib import metadata
+
+    try:
+        installed = metadata.version("safesparse")
+    except metadata.PackageNotFoundError:
+        installed = None  # running from a checkout that was never installed
+    assert installed in (None, ss.__version__) or Path(ss.__file__).parent != ROOT / "safesparse"
+
+
+def test_the_changelog_has_a_section_for_the_version() -> None:
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^## \[([^\]]+)\]", text, re.MULTILINE)
+    assert headings[0] == "Unreleased"
+    assert ss.__version__ in headings
+
+
+def test_classifiers_claim_only_tested_python_versions() -> None:
+    classifiers = _project()["classifiers"]
+    assert isinstance(classifiers, list)
+    claimed = {c.rsplit(" :: ", 1)[1] for c in classifiers
+               if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)}
+    assert claimed == {"3.11"}  # what .ci/run runs; add a version here only with a CI run
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert running in claimed, f"the suite runs on Python {running}, not a claimed version"
