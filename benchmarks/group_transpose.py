@@ -20,17 +20,21 @@ from harness import (
     fmt_signed_us,
     fmt_us,
     fmt_verdict,
+    judge,
     load_safesparse,
     measure,
     ratio,
     register,
+    target_text,
 )
 from inputs import CompressedInput
 
 COLUMNS = [
     Column("layout"), Column("op"), Column("nnz", fmt_n), Column("torch (µs)", fmt_us),
-    Column("safesparse (µs)", fmt_us), Column("overhead (µs, target <= 10)", fmt_signed_us),
-    Column("flat ratio (large/small, target <= 2x)", fmt_ratio), Column("met", fmt_verdict),
+    Column("safesparse (µs)", fmt_us),
+    Column(f"overhead (µs, target {target_text('transpose.overhead')})", fmt_signed_us),
+    Column(f"flat ratio (large/small, target {target_text('transpose.flat')})", fmt_ratio),
+    Column("met", fmt_verdict),
     Column("spread", fmt_pct),
 ]
 SMALL = 10**3
@@ -109,7 +113,7 @@ def _rows(table: Table, cfg: Config, ss: ModuleType, label: str, inp: Compressed
             small[op] = t_ss
         flat = ratio(t_ss, small[op]) if is_large else None
         overhead = diff(t_ss, t_torch)
-        oks = [x for x in (None if overhead is None else overhead <= 10e-6,
-                           None if flat is None else flat <= 2.0) if x is not None]
+        oks = [x for x in (judge("transpose.overhead", overhead),
+                           judge("transpose.flat", flat)) if x is not None]
         table.add(label, op, inp.nnz, TORCH_REFUSES if torch_refuses else t_torch, t_ss,
                   overhead, flat, int(all(oks)) if oks else None, tm.max_spread())

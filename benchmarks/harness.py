@@ -7,6 +7,7 @@ compare numbers, never re-parse their own output, and ``--json`` writes the raw 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import platform
@@ -16,9 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils import benchmark as tbench
+
+if TYPE_CHECKING:
+    from targets import Target
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SEED = 0
@@ -191,6 +196,79 @@ def load_safesparse(submodule: str = "") -> ModuleType | None:
         print(f"note: cannot import {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
         PROBLEMS.append(f"cannot import {name}: {type(exc).__name__}: {exc}")
         return None
+
+
+# --------------------------------------------------------------------------------------------
+# Targets (the table is benchmarks/targets.py)
+
+
+#: Every judged measurement of this run: target key -> [(value in the target's unit, met)].
+OUTCOMES: dict[str, list[tuple[float, bool]]] = {}
+
+
+@functools.cache
+def _targets() -> dict[str, Target]:
+    from targets import all_targets
+
+    return all_targets()
+
+
+def target_text(key: str) -> str:
+    """The target ``key`` as a table cell, e.g. ``<= 10 µs``."""
+    return _targets()[key].text()
+
+
+def judge(key: str, value: float | str | None) -> Cell:
+    """Record ``value`` (seconds or a ratio) against the target ``key``; the ``met`` cell:
+    1 (met), 0 (missed), or None (not measured: an error cell or no value)."""
+    target = _targets()[key]
+    x = num(value)
+    if x is None:
+        return None
+    ok = target.met(x)
+    OUTCOMES.setdefault(key, []).append((target.scaled(x), ok))
+    return int(ok)
+
+
+def import_groups() -> list[str]:
+    """Import every ``benchmarks/group_*.py`` (each registers its group), in the order of
+    ``targets.ORDER``; returns the module names."""
+    from targets import group_modules
+
+    names = group_modules()
+    for name in names:
+        importlib.import_module(name)
+    return names
+
+
+def targets_table() -> Table:
+    """One row per target: its limit, the worst value this run measured, and whether every
+    measurement met it."""
+    table = Table("targets (benchmarks/targets.py)", [
+        Column("key"), Column("target"), Column("worst measured"), Column("met", fmt_verdict)])
+    for key, target in _targets().items():
+        got = OUTCOMES.get(key)
+        if not got:
+            table.add(key, target.text(), "not measured", None)
+            continue
+        worst = max(v for v, _ in got)
+        shown = f"{worst:.2f} µs" if target.unit == "µs" else f"{worst:.2f}x"
+        table.add(key, target.text(), shown, int(all(ok for _, ok in got)))
+    return table
+
+
+def summary_line() -> str:
+    """``targets met: k/n`` over the targets this run measured (a target is met when every
+    measurement of it is), naming the missed ones."""
+    measured = [k for k in _targets() if OUTCOMES.get(k)]
+    missed = [k for k in measured if not all(ok for _, ok in OUTCOMES[k])]
+    line = f"targets met: {len(measured) - len(missed)}/{len(measured)}"
+    if missed:
+        line += f" (missed: {', '.join(missed)})"
+    unmeasured = len(_targets()) - len(measured)
+    if unmeasured:
+        line += f"; {unmeasured} of {len(_targets())} not measured by this run"
+    return line
 
 
 # --------------------------------------------------------------------------------------------

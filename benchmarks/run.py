@@ -7,9 +7,12 @@ Usage (from the repository root)::
     python benchmarks/run.py --only validate  # one group (repeat --only for several)
     python benchmarks/run.py --sizes 1e5 1e6  # override the nnz sizes
     python benchmarks/run.py --list           # list the registered groups
+    python benchmarks/run.py --readme         # full run, then rewrite README.md's cost section
 
-The harness (timing, numeric tables, registry) is ``benchmarks/harness.py``; each group lives
-in its own ``benchmarks/group_*.py``. See ``benchmarks/README.md``.
+The harness (timing, numeric tables, registry, target verdicts) is ``benchmarks/harness.py``;
+each group lives in its own ``benchmarks/group_*.py`` (every such file is a group); the targets
+are ``benchmarks/targets.py``. The run ends with the line ``targets met: k/n``. See
+``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -28,19 +31,23 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import group_debug  # noqa: F401  (registers the group)
-import group_transpose  # noqa: F401
-import group_validate  # noqa: F401
-import group_wrapper  # noqa: F401
+import readme
 from harness import (
     GROUPS,
+    OUTCOMES,
     PROBLEMS,
     Config,
     header,
+    import_groups,
     set_safesparse_root,
+    summary_line,
+    targets_table,
 )
 
-DEFAULT_PLOT = Path(__file__).resolve().parent / "validation.png"
+import_groups()  # every benchmarks/group_*.py registers its group
+
+DEFAULT_PLOT = Path(__file__).resolve().parent / "validation.png"  # (the overhead group's plot
+# goes next to it, as overhead.png)
 
 
 def parse_size(text: str) -> int:
@@ -75,6 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--safesparse", type=Path, default=None, metavar="DIR",
                         help="import safesparse from this checkout instead (before/after)")
     parser.add_argument("--list", action="store_true", help="list the groups and exit")
+    parser.add_argument("--readme", action="store_true",
+                        help="after the run, rewrite the cost section of README.md from its "
+                             "results (needs the validate and overhead groups)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", message="Sparse (CSR|BSR|CSC|BSC) tensor support is in beta")
 
@@ -92,11 +102,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = args.rounds if args.rounds is not None else (2 if args.quick else 4)
     plot = None if args.no_plot else args.plot if args.plot is not None else (
         None if args.quick or args.sizes else DEFAULT_PLOT)
+    if args.readme and (args.quick or args.sizes):
+        parser.error("--readme takes the figures of a full run (no --quick, no --sizes)")
+    if args.readme and args.only and not {"validate", "overhead"} <= set(args.only):
+        parser.error("--readme needs the validate and overhead groups")
     cfg = Config(quick=args.quick, sizes=tuple(args.sizes) if args.sizes else None,
                  min_run_time=min_run_time, rounds=max(rounds, 1), stat=args.stat,
                  threads=threads, plot=plot)
 
-    print(header(cfg, default_threads), flush=True)
+    header_text = header(cfg, default_threads)
+    print(header_text, flush=True)
     results: dict[str, Any] = {"config": {**asdict(cfg), "plot": str(cfg.plot)},
                                "torch": torch.__version__, "groups": {}}
     for name in args.only or list(GROUPS):
@@ -109,12 +124,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n_group {name}: {elapsed:.1f} s_", flush=True)
         results["groups"][name] = [t.as_json() for t in tables]
     results["problems"] = PROBLEMS
+    print("\n" + targets_table().render(), flush=True)
+    summary = summary_line()
+    results["targets"] = {key: [list(o) for o in got] for key, got in OUTCOMES.items()}
+    results["summary"] = summary
+    results["header"] = header_text
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+    if args.readme and not PROBLEMS:
+        path = readme.write(results)
+        print(f"\n{path}: cost section rewritten from this run", flush=True)
     if PROBLEMS:
         print("\nFAILED:", *PROBLEMS, sep="\n- ", file=sys.stderr)
-        return 1
-    return 0
+    print(f"\n{summary}", flush=True)  # the closing line
+    return 1 if PROBLEMS else 0
 
 
 if __name__ == "__main__":
