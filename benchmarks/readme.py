@@ -6,6 +6,9 @@ with figures taken from that run's results. The figures used are also embedded i
 as a JSON comment, so a test can render them again and compare: a figure edited by hand, or a
 section that no generator wrote, fails it. Groups the section does not show only count in the
 closing ``targets met`` line, so new groups need no change here.
+
+``python benchmarks/readme.py`` renders the section again from its embedded figures (after a
+change to the wording or layout here), without a new run.
 """
 
 from __future__ import annotations
@@ -49,10 +52,11 @@ def extract(results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _us(x: Any) -> str:
+def _us(x: Any, sign: str = "") -> str:
+    """Seconds as ``12.3 µs`` (below 1 ms) or ``4.56 ms``; other cells as they are."""
     if not isinstance(x, (int, float)):
         return "-" if x is None else str(x)
-    return f"{x * 1e6:,.1f} µs" if x < 1e-2 else f"{x * 1e3:,.1f} ms"
+    return f"{x * 1e6:{sign},.1f} µs" if abs(x) < 1e-3 else f"{x * 1e3:{sign},.2f} ms"
 
 
 def _ratio(a: Any, b: Any) -> str:
@@ -104,8 +108,7 @@ def render(data: dict[str, Any]) -> str:
     ]
     for op, n, t, s in data["overhead"]:
         over = s - t if isinstance(s, (int, float)) and isinstance(t, (int, float)) else None
-        shown = "-" if over is None else f"{over * 1e6:+,.1f} µs"
-        out.append(f"| `{op}` | {_nnz(n)} | {_us(t)} | {_us(s)} | {shown} |")
+        out.append(f"| `{op}` | {_nnz(n)} | {_us(t)} | {_us(s)} | {_us(over, '+')} |")
     out += [
         "",
         "![First validation: torch, the engine and the public factory, per layout]"
@@ -140,9 +143,23 @@ def embedded(text: str) -> dict[str, Any]:
 
 def write(results: dict[str, Any], path: Path = README) -> Path:
     """Rewrite the cost section of ``path`` from ``results``; returns ``path``."""
+    return _write_data(extract(results), path)
+
+
+def _write_data(data: dict[str, Any], path: Path) -> Path:
     text = path.read_text(encoding="utf-8")
     section(text)  # the markers are there, once each
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    path.write_text(f"{head}{BEGIN}\n{render(extract(results))}\n{END}{tail}", encoding="utf-8")
+    path.write_text(f"{head}{BEGIN}\n{render(data)}\n{END}{tail}", encoding="utf-8")
     return path
+
+
+def rerender(path: Path = README) -> Path:
+    """Render the section again from the figures embedded in it (after a change to this
+    generator; the figures stay those of the run that wrote them)."""
+    return _write_data(embedded(path.read_text(encoding="utf-8")), path)
+
+
+if __name__ == "__main__":
+    print(f"{rerender()}: cost section rendered again from its embedded figures")

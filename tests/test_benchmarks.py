@@ -161,6 +161,7 @@ def test_the_generator_renders_a_run() -> None:
     assert not any("/somewhere" in line for line in data["run"])  # no local paths
     text = readme.render(data)
     assert "| CSR int64 | 100 | 8.0 µs | 10.0 µs | 60.0 µs | 7.50x |" in text
+    assert "| CSR int64 | 1e6 | 2.00 ms | 2.10 ms | 2.20 ms | 1.10x |" in text
     assert "| `A.mT` | 1e3 | 2.0 µs | 20.0 µs | +18.0 µs |" in text
     assert "ERR RuntimeError: x" in text  # an error cell stays visible
     assert "`targets met: 3/4 (missed: transpose.overhead)`" in text
