@@ -236,8 +236,12 @@ def import_groups() -> list[str]:
     from targets import group_modules
 
     names = group_modules()
-    for name in names:
-        importlib.import_module(name)
+    modules = [importlib.import_module(name) for name in names]
+    # (a group's import may import the others first, through the targets table): reorder
+    rank = {m.__name__: i for i, m in enumerate(modules)}
+    ordered = sorted(GROUPS.values(), key=lambda g: rank.get(g.fn.__module__, len(rank)))
+    GROUPS.clear()
+    GROUPS.update((g.name, g) for g in ordered)
     return names
 
 

@@ -63,7 +63,7 @@ def test_every_group_file_is_a_group() -> None:
     assert names[:2] == ["group_validate", "group_overhead"]
     assert {p.stem for p in BENCH.glob("group_*.py")} == set(names)
     harness.import_groups()
-    assert {"validate", "overhead", "wrapper", "transpose", "debug"} <= set(harness.GROUPS)
+    assert list(harness.GROUPS)[:5] == ["validate", "overhead", "wrapper", "transpose", "debug"]
 
 
 def test_every_target_is_judged_by_a_group() -> None:
