@@ -2,9 +2,9 @@
 
 ``python -m safesparse check PATH...`` loads each file (and each checkpoint file found in a
 directory, recursively) with ``torch.load(weights_only=True, map_location="cpu")`` through
-:func:`safesparse.serialization.load_and_validate`, so every sparse tensor's members are
+:func:`safesparse.files.load_and_validate`, so every sparse tensor's members are
 validated before torch builds the tensor or anything uses it, and a tensor that fails is never
-built at all, or never touched (see :mod:`safesparse.serialization`). It prints one line per
+built at all, or never touched (see :mod:`safesparse.files`). It prints one line per
 sparse tensor and a summary, or one JSON document with ``--json``.
 
 Exit status: 0 when every sparse tensor of every file is valid, 1 when any is invalid or shares
@@ -30,8 +30,8 @@ from typing import Any, TextIO
 import torch
 
 from . import _originals
+from .files import Found, SparseRecord, load_and_validate
 from .invariants import layout_name
-from .serialization import Found, SparseRecord, load_and_validate
 from .tensor import unwrap
 
 EXIT_OK = 0
