@@ -1,4 +1,11 @@
-"""Saving for plain torch: :func:`save` (``ss.save``) and :func:`unwrap_all`."""
+"""Saving for plain torch: :func:`save` (``ss.save``) and :func:`unwrap_all`.
+
+Saving is where the author can still fix bad data, so :func:`save` first validates every
+sparse tensor in the object that is not checked (:func:`check_before_saving`, the walk that
+loading uses) and raises :class:`InvariantError` naming its key path; only then is the file
+written, through a temporary file renamed over the target (:mod:`safesparse.files.atomic`), so
+no file and no partial file is left behind when anything fails.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +16,12 @@ from typing import Any
 import torch
 
 from ..tensor import SafeSparseTensor, unwrap
-from .walk import _ATOMS, _rebuild_tuple
+from .atomic import is_path, replacing
+from .results import Found
+from .session import SparseRecord, _Session
+from .walk import _ATOMS, _rebuild_tuple, _Walk
 
-__all__ = ["save", "unwrap_all"]
+__all__ = ["check_before_saving", "save", "unwrap_all"]
 
 
 _torch_save = torch.save
@@ -74,8 +84,36 @@ def _unwrap(node: Any, memo: dict[int, Any]) -> Any:
     return out
 
 
+def check_before_saving(obj: Any) -> None:
+    """Validate every sparse tensor in ``obj`` that is not checked (dicts and their keys,
+    lists, tuples, sets, object attributes, nested: what the load walk reaches); an unchecked
+    ``SafeSparseTensor`` that passes is checked afterwards.
+
+    Raises:
+        InvariantError: the first invalid sparse tensor, with its key path.
+    """
+    walk = _Walk(_Session(), {})
+    try:
+        walk.find(obj, ())
+    except RecursionError:
+        raise RuntimeError(
+            "the object is nested too deeply for safesparse to check every tensor in it"
+        ) from None
+    for s in walk.sparse.values():
+        if isinstance(s.item, SparseRecord):
+            err = Found(s.keys, s.item).error
+            assert err is not None
+            raise err
+
+
 def save(obj: Any, f: Any, **kwargs: Any) -> None:
-    """``torch.save(unwrap_all(obj), f, **kwargs)``: a checkpoint plain torch can load.
+    """``torch.save(unwrap_all(obj), f, **kwargs)``, refusing invalid data: a checkpoint plain
+    torch can load.
+
+    Every sparse tensor in ``obj`` that is not checked (a plain torch sparse tensor, one built
+    with ``check_invariants=False``) is validated first; an invalid one raises and nothing is
+    written. A file name is written through a temporary file in the same directory, renamed
+    over it once ``torch.save`` has finished, so no partial file is ever left behind.
 
     The file holds no safesparse globals, so ``torch.load(f, weights_only=True)`` opens it
     where safesparse is not installed (a serving stack, a teammate); ``ss.load`` gives back
@@ -88,5 +126,15 @@ def save(obj: Any, f: Any, **kwargs: Any) -> None:
 
     Returns:
         None.
+
+    Raises:
+        InvariantError: a sparse tensor breaks an invariant; ``err.path`` names its key path,
+            e.g. ``['layer.weight']``. Nothing is written.
     """
-    _torch_save(unwrap_all(obj), f, **kwargs)
+    check_before_saving(obj)
+    plain = unwrap_all(obj)
+    if not is_path(f):
+        _torch_save(plain, f, **kwargs)
+        return
+    with replacing(f) as tmp:
+        _torch_save(plain, tmp, **kwargs)
