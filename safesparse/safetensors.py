@@ -290,8 +290,10 @@ def _rebuild(flat: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | Non
                if name.startswith(METADATA_PREFIX)}
     owner: dict[str, str] = {}  # member name -> key of its sparse tensor
     built: dict[str, SafeSparseTensor | SparseRecord] = {}
+    layouts: dict[str, torch.layout] = {}
     for key, text in entries.items():
         layout, size, coalesced = _parse_entry(key, text)
+        layouts[key] = layout
         if key in flat:
             raise FormatError(f"{_where(key)}: the file also stores a dense tensor named {key!r}")
         names = [key + MEMBER_SEP + m for m in _MEMBERS[layout]]
@@ -306,10 +308,14 @@ def _rebuild(flat: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | Non
         built[key] = _build(key, layout, size, coalesced, parts)
     extra = [n for n in flat if MEMBER_SEP in n and n not in owner]
     if extra:
+        key = extra[0].split(MEMBER_SEP, 1)[0]
+        more = f" ({len(extra) - 1} more such tensors)" if len(extra) > 1 else ""
+        if key in layouts:
+            raise FormatError(f"tensor {extra[0]!r} is not a member of {_where(key)}: a "
+                              f"{_LAYOUT_NAMES[layouts[key]]} tensor has "
+                              f"{', '.join(_MEMBERS[layouts[key]])}{more}")
         raise FormatError(f"tensor {extra[0]!r} is named as a member of a sparse tensor, but no "
-                          f"entry of the file's metadata describes "
-                          f"{extra[0].split(MEMBER_SEP, 1)[0]!r}"
-                          + (f" ({len(extra) - 1} more such tensors)" if len(extra) > 1 else ""))
+                          f"entry of the file's metadata describes {key!r}{more}")
     out: dict[str, Any] = {}
     found: list[Found] = []
     dense = 0

@@ -119,7 +119,8 @@ def test_a_truncated_file_and_an_empty_directory_are_unreadable(
     code, out = run("check", empty, truncated)
     assert code == 2
     assert f"{truncated}: cannot read: " in out
-    assert f"{empty}: cannot read: no checkpoint files (.pt, .pth, .ckpt, .bin, .safetensors)" in out
+    assert (f"{empty}: cannot read: no checkpoint files (.pt, .pth, .ckpt, .bin, .safetensors)"
+            in out)
 
 
 def test_unreadable_wins_over_invalid_and_every_file_is_reported(files: dict[str, Path]) -> None:
