@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, note
+from strategies import Case, cases
 
 import safesparse as ss
 from safesparse import cli
@@ -552,3 +554,15 @@ def test_check_allow_global_admits_a_named_global(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as info:
         _run("check", "--allow-global", "no_such_module_x.Thing", path)
     assert info.value.code == 2
+
+
+# --- property: every valid tensor round-trips ----------------------------------------------------
+
+
+@given(case=cases())
+def test_every_valid_tensor_round_trips_through_bytes(case: Case) -> None:
+    note(case.describe())
+    t = case.ss_build()
+    out = load(save({"t": t, "d": torch.ones(1)}))
+    _assert_same(out["t"], t)
+    assert torch.equal(out["t"].to_dense(), case.dense)
