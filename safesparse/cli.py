@@ -38,6 +38,7 @@ import torch
 
 from . import _originals
 from .files import Found, LoadResult, SparseRecord, load_and_validate
+from .files.safetensors import load_and_validate as safetensors_load_and_validate
 from .invariants import layout_name
 from .tensor import unwrap
 
@@ -263,9 +264,7 @@ def _looks_like_safetensors(path: Path) -> bool:
 
 
 def _load_safetensors(p: Path) -> LoadResult:
-    from . import safetensors  # imports the safetensors package only when it is called
-
-    return safetensors.load_and_validate(p, device="cpu")
+    return safetensors_load_and_validate(p, device="cpu")
 
 
 def resolve_global(name: str) -> Any:

@@ -441,9 +441,37 @@ def test_a_file_that_is_not_safetensors_at_all(tmp_path: Path) -> None:
         load_file(path)
     assert not isinstance(info.value, ss.InvariantError)
     with pytest.raises(FormatError):
-        from safesparse.safetensors import _rebuild
+        from safesparse.files.safetensors import _rebuild
 
         _rebuild({}, {"__ss_sparse__:x": "{"})
+
+
+# --- ss.load of a safetensors path -------------------------------------------------------------
+
+
+def test_ss_load_reads_a_safetensors_path_through_safesparse(tmp_path: Path) -> None:
+    """torch.load hands a path ending in .safetensors to plain safetensors, which would return
+    the loose members; ss.load rebuilds and validates them instead."""
+    path = tmp_path / "m.safetensors"
+    t = ss.validate(_dense(4, 6).to_sparse_csc())
+    save_file({"w": t, "b": torch.ones(2)}, path)
+    assert sorted(torch.load(path, weights_only=True)) == [
+        "b", "w.__ss_ccol_indices", "w.__ss_row_indices", "w.__ss_values"]
+    for kwargs in ({}, {"map_location": "cpu"}, {"map_location": torch.device("cpu")}):
+        out = ss.load(str(path), **kwargs)
+        assert sorted(out) == ["b", "w"]
+        _assert_same(out["w"], t)
+    found = ss.serialization.load_and_validate(path)
+    assert [f.path for f in found.found] == ["['w']"] and found.dense == 1
+    with pytest.raises(RuntimeError, match="map_location"):
+        ss.load(path, map_location={"cuda:0": "cpu"})
+    flat, meta = _valid_parts()
+    bad = tmp_path / "bad.safetensors"
+    st.save_file({**flat, "w.__ss_col_indices": torch.tensor([0, 10**9, 2])}, bad,
+                 metadata=meta)
+    with pytest.raises(ss.InvariantError) as info:
+        ss.load(bad)
+    assert (info.value.invariant, info.value.path) == ("5.5", "['w']")
 
 
 # --- plain safetensors where safesparse is absent ------------------------------------------------

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 import torch
 
+from . import safetensors as _safetensors
+from .atomic import is_path
 from .results import Found, LoadResult
 from .session import (
     LEGACY_WRAPPED_MESSAGE,
@@ -27,6 +30,16 @@ __all__ = ["load", "load_and_validate"]
 _torch_load = torch.load
 
 
+def _safetensors_device(map_location: Any) -> str:
+    """``map_location`` as the device of a safetensors load, as ``torch.load`` converts it."""
+    if map_location is None:
+        return "cpu"
+    if isinstance(map_location, (str, bytes, torch.device)):
+        return os.fsdecode(map_location) if isinstance(map_location, bytes) else str(map_location)
+    raise RuntimeError("loading a safetensors file with a dict or callable map_location is not "
+                       "supported (as in torch.load); use a device string or torch.device")
+
+
 def load_and_validate(
     f: Any, *, on_sparse: OnSparse | None = None, **kwargs: Any
 ) -> LoadResult:
@@ -37,7 +50,13 @@ def load_and_validate(
     one caused by a refused tensor (torch wrapping it in a Parameter, say) is reported as that
     tensor (``found`` then lists the refused tensors only, with no key path).
     ``on_sparse(count, layout, shape)`` is called after each sparse tensor is validated.
+
+    A path ending in ``.safetensors`` is read as ``torch.load`` reads it (torch hands such a
+    path to ``safetensors.torch.load_file``), but through :mod:`safesparse.safetensors`, so
+    that its sparse tensors are rebuilt and validated rather than returned as loose members.
     """
+    if is_path(f) and os.fsdecode(os.fspath(f)).endswith(".safetensors"):
+        return _safetensors.load_and_validate(f, _safetensors_device(kwargs.get("map_location")))
     session = _Session(on_sparse=on_sparse)
     prior = _session()
     _local.session = session
@@ -75,7 +94,9 @@ def load(f: Any, **kwargs: Any) -> Any:
     lists, tuples, sets, state dicts, object attributes, legacy constructors, nested) before
     anything uses it. Each is returned as a checked :class:`SafeSparseTensor`; one whose index
     storage another loaded tensor shares gets its own copy of its index members. Everything
-    else is returned as ``torch.load`` gives it.
+    else is returned as ``torch.load`` gives it. A path ending in ``.safetensors`` (which
+    ``torch.load`` hands to plain safetensors) is read with
+    ``safesparse.safetensors.load_file``: its sparse tensors come back rebuilt and checked.
 
     Example::
 
