@@ -10,7 +10,9 @@ Where things are
 * :mod:`~safesparse.files.results`: key paths, :class:`Found`, :class:`LoadResult`;
 * :mod:`~safesparse.files.save`: :func:`save` and :func:`unwrap_all`;
 * :mod:`~safesparse.files.pickling`: how a ``SafeSparseTensor`` pickles and unpickles;
-* :mod:`safesparse.safetensors`: safetensors files (no pickle at all).
+* :mod:`~safesparse.files.safetensors`: safetensors files, no pickle at all (public as
+  :mod:`safesparse.safetensors`);
+* :mod:`~safesparse.files.atomic`: writing a file whole or not at all.
 
 A checkpoint is untrusted input. ``torch.load`` rebuilds every sparse tensor in a file with
 ``torch._utils._rebuild_sparse_tensor``, which calls ``torch.sparse_coo_tensor`` /
