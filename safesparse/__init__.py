@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from . import _import_torch  # noqa: F401  (first: torch without its NumPy warning)
 from . import ops as _ops  # noqa: F401  (fills the op table)
-from . import pickling as _pickling  # noqa: F401  (SafeSparseTensor.__reduce_ex__)
+from . import serialization as _serialization  # noqa: F401  (the name pickled files give)
 from . import transpose as _transpose  # noqa: F401  (zero-copy transposes)
 from .checked import Stats, clear_cache, reset_stats, stats
 from .debug import debug, is_debug, set_debug
@@ -36,10 +36,10 @@ from .factories import (
     sparse_csc_tensor,
     sparse_csr_tensor,
 )
+from .files import load, save, unwrap_all  # also registers SafeSparseTensor's pickling
 from .indices import check_compressed_indices, check_coo_indices
 from .interop import from_scipy, to_scipy
 from .invariants import CATALOG, Invariant
-from .serialization import load, save, unwrap_all
 from .tensor import OpKind, SafeSparseTensor, is_checked, unwrap, validate
 
 __version__ = "0.1.0"

@@ -2,10 +2,15 @@
 
 ``python -m safesparse check PATH...`` loads each file (and each checkpoint file found in a
 directory, recursively) with ``torch.load(weights_only=True, map_location="cpu")`` through
-:func:`safesparse.serialization.load_and_validate`, so every sparse tensor's members are
+:func:`safesparse.files.load_and_validate`, so every sparse tensor's members are
 validated before torch builds the tensor or anything uses it, and a tensor that fails is never
-built at all, or never touched (see :mod:`safesparse.serialization`). It prints one line per
+built at all, or never touched (see :mod:`safesparse.files`). It prints one line per
 sparse tensor and a summary, or one JSON document with ``--json``.
+
+A ``.safetensors`` file (or any file that starts like one) is read with
+:func:`safesparse.safetensors.load_and_validate` instead: no pickle at all, the same report.
+``--allow-global MODULE.NAME`` admits extra globals under ``weights_only=True``; ``--quiet``
+prints only the failures and the summary.
 
 Exit status: 0 when every sparse tensor of every file is valid, 1 when any is invalid or shares
 its index storage with another tensor of the file, 2 when a file cannot be read (missing, not a
@@ -15,6 +20,8 @@ torch checkpoint, refused by ``weights_only``); 2 wins over 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import os
 import re
@@ -30,8 +37,9 @@ from typing import Any, TextIO
 import torch
 
 from . import _originals
+from .files import Found, LoadResult, SparseRecord, load_and_validate
+from .files.safetensors import load_and_validate as safetensors_load_and_validate
 from .invariants import layout_name
-from .serialization import Found, SparseRecord, load_and_validate
 from .tensor import unwrap
 
 EXIT_OK = 0
@@ -44,9 +52,10 @@ PROGRESS_MIN_BYTES = 32 * 2**20
 PROGRESS_INTERVAL_S = 0.1
 #: Files a directory argument is searched for (recursively). ``.bin`` is a common name for
 #: other formats too: such a file is checked only if it starts like a torch checkpoint.
-CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (?P<name>[\w.]+)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,6 +236,11 @@ def _read_error(exc: BaseException) -> str:
         if marker not in text:
             reasons = reasons[-1:]
         detail = reasons[0].splitlines()[0] if reasons else text.splitlines()[0]
+        unsupported = _UNSUPPORTED_GLOBAL.search(detail)
+        if unsupported is not None:  # torch's advice names Python calls; a shell user has ours
+            name = unsupported["name"]
+            detail = (f"{name} is not an allowed global; if you trust this file, "
+                      f"admit it with --allow-global {name}")
         return f"refused by torch.load(weights_only=True): {detail}"
     first = text.strip().splitlines()[0] if text.strip() else ""
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
@@ -239,9 +253,49 @@ def _looks_like_torch_file(path: Path) -> bool:
     return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
 
 
+def _looks_like_safetensors(path: Path) -> bool:
+    """A safetensors file starts with its header's length (8 bytes, little-endian) and the
+    header, a JSON object."""
+    with path.open("rb") as f:
+        head = f.read(9)
+    if len(head) < 9 or head[8:9] != b"{":
+        return False
+    return 0 < int.from_bytes(head[:8], "little") <= path.stat().st_size - 8
+
+
+def _load_safetensors(p: Path) -> LoadResult:
+    return safetensors_load_and_validate(p, device="cpu")
+
+
+def resolve_global(name: str) -> Any:
+    """The object ``MODULE.NAME`` names (``NAME`` may be dotted: ``mod.Class.attr``), for
+    ``--allow-global``. Imports the longest importable module prefix.
+
+    Raises:
+        ValueError: nothing of that name can be imported.
+    """
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            break
+        return obj
+    raise ValueError(f"cannot import {name!r} (expected MODULE.NAME, e.g. collections.OrderedDict)")
+
+
 def check_file(path: str | os.PathLike[str], *, display: str | None = None,
-               progress_stream: TextIO | None = None) -> FileReport:
-    """Validate every sparse tensor of one checkpoint without building any invalid one."""
+               progress_stream: TextIO | None = None,
+               allow_globals: Sequence[Any] = ()) -> FileReport:
+    """Validate every sparse tensor of one checkpoint without building any invalid one.
+
+    ``allow_globals`` are objects admitted by ``torch.load(weights_only=True)`` for this file
+    (``torch.serialization.safe_globals``); a safetensors file needs none."""
     p = Path(path)
     report = FileReport(display if display is not None else str(path))
     if not p.exists():
@@ -253,17 +307,24 @@ def check_file(path: str | os.PathLike[str], *, display: str | None = None,
     stream = progress_stream if progress_stream is not None else sys.stderr
     progress = _Progress(stream, report.path) if _wants_progress(p, stream) else None
     try:
-        if not _looks_like_torch_file(p):
-            report.error = "not a torch checkpoint (neither a zip archive nor a pickle)"
+        is_safetensors = p.suffix.lower() == ".safetensors" or _looks_like_safetensors(p)
+        if not is_safetensors and not _looks_like_torch_file(p):
+            report.error = ("not a torch checkpoint (neither a zip archive nor a pickle) "
+                            "nor a safetensors file")
             return report
         if progress is not None:
             progress.show(f"loading {p.stat().st_size / 2**20:.1f} MiB", force=True)
-        with warnings.catch_warnings():
+        allowed = (torch.serialization.safe_globals(list(allow_globals)) if allow_globals
+                   else contextlib.nullcontext())
+        with warnings.catch_warnings(), allowed:
             warnings.filterwarnings("ignore", message=".*support is in beta state.*")
-            result = load_and_validate(
-                p, weights_only=True, map_location="cpu",
-                on_sparse=None if progress is None else progress.on_sparse,
-            )
+            if is_safetensors:
+                result = _load_safetensors(p)
+            else:
+                result = load_and_validate(
+                    p, weights_only=True, map_location="cpu",
+                    on_sparse=None if progress is None else progress.on_sparse,
+                )
     except Exception as exc:
         report.error = _read_error(exc)
         return report
@@ -287,7 +348,7 @@ def find_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
             suffix = path.suffix.lower()
             if suffix not in CHECKPOINT_SUFFIXES or not path.is_file():
                 continue
-            if suffix == ".bin":
+            if suffix == ".bin":  # a .bin safetensors file is named .safetensors, by custom
                 try:
                     if not _looks_like_torch_file(path):
                         continue
@@ -297,7 +358,8 @@ def find_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
     return found
 
 
-def check_files(paths: Sequence[str | os.PathLike[str]]) -> list[FileReport]:
+def check_files(paths: Sequence[str | os.PathLike[str]],
+                allow_globals: Sequence[Any] = ()) -> list[FileReport]:
     """Check each file; a directory stands for the checkpoint files in it (recursively)."""
     reports: list[FileReport] = []
     for path in paths:
@@ -307,9 +369,9 @@ def check_files(paths: Sequence[str | os.PathLike[str]]) -> list[FileReport]:
                 reports.append(FileReport(
                     str(path), error="no checkpoint files ("
                     + ", ".join(CHECKPOINT_SUFFIXES) + ") in this directory"))
-            reports += [check_file(f) for f in files]
+            reports += [check_file(f, allow_globals=allow_globals) for f in files]
         else:
-            reports.append(check_file(path))
+            reports.append(check_file(path, allow_globals=allow_globals))
     return reports
 
 
@@ -339,12 +401,16 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def format_text(reports: Sequence[FileReport]) -> str:
-    """The human-readable report: a header per file, one line per sparse tensor, a summary."""
+def format_text(reports: Sequence[FileReport], *, quiet: bool = False) -> str:
+    """The human-readable report: a header per file, one line per sparse tensor, a summary.
+    ``quiet``: only the files that cannot be read, the tensors that are not OK (under their
+    file's header) and the summary."""
     lines: list[str] = []
     for report in reports:
         if report.error is not None:
             lines.append(f"{report.path}: cannot read: {report.error}")
+            continue
+        if quiet and report.ok:
             continue
         lines.append(f"{report.path}: {_plural(len(report.tensors), 'sparse tensor')}, "
                      f"{_plural(report.dense, 'dense tensor')}")
@@ -357,6 +423,7 @@ def format_text(reports: Sequence[FileReport]) -> str:
                 t.verdict,
             )
             for t in report.tensors
+            if not (quiet and t.ok)
         ]
         widths = [max((len(row[i]) for row in rows), default=0) for i in range(4)]
         for row in rows:
@@ -379,12 +446,14 @@ def format_json(reports: Sequence[FileReport]) -> str:
     return json.dumps(doc, indent=2)
 
 
-def run_check(paths: Sequence[str], *, as_json: bool = False, out: TextIO | None = None) -> int:
-    reports = check_files(paths)
+def run_check(paths: Sequence[str], *, as_json: bool = False, out: TextIO | None = None,
+              quiet: bool = False, allow_globals: Sequence[Any] = ()) -> int:
+    reports = check_files(paths, allow_globals)
     stream = out if out is not None else sys.stdout
     code = exit_code(reports)
     try:
-        stream.write((format_json(reports) if as_json else format_text(reports)) + "\n")
+        text = format_json(reports) if as_json else format_text(reports, quiet=quiet)
+        stream.write(text + "\n")
         stream.flush()
     except BrokenPipeError:  # `check ... | head`: the reader left; the status still counts
         _silence_stdout()
@@ -496,15 +565,22 @@ def _parser() -> argparse.ArgumentParser:
         help="validate every sparse tensor in checkpoint files",
         description=(
             "Load each FILE with torch.load(weights_only=True, map_location='cpu'), validating "
-            "every sparse tensor before torch builds it. A directory is searched recursively "
+            "every sparse tensor before torch builds it; a .safetensors file is read with no "
+            "pickle at all. A directory is searched recursively "
             "for " + ", ".join(CHECKPOINT_SUFFIXES) + " files. Exit status: 0 all valid, 1 any "
             "invalid (or sharing its index storage with another tensor), 2 a file cannot be "
             "read."
         ),
     )
     check.add_argument("files", nargs="+", metavar="PATH",
-                       help="checkpoint written by torch.save, or a directory of them")
+                       help="checkpoint written by torch.save, a .safetensors file, or a "
+                       "directory of them")
     check.add_argument("--json", action="store_true", help="print one JSON document")
+    check.add_argument("--quiet", "-q", action="store_true",
+                       help="print only the failures and the summary (text output)")
+    check.add_argument("--allow-global", action="append", default=[], metavar="MODULE.NAME",
+                       help="admit this global under torch.load(weights_only=True) (imports "
+                       "MODULE; only for files you trust to name it); repeatable")
     sub.add_parser(
         "demo",
         help="check a small checkpoint with a valid and a tampered tensor",
@@ -515,12 +591,18 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     with warnings.catch_warnings():
         # torch flags CSR/CSC/BSR/BSC as beta on first use; not news to someone vetting files
         warnings.filterwarnings("ignore", message=".*support is in beta state.*")
         if args.command == "check":
-            return run_check(args.files, as_json=args.json)
+            try:
+                allowed = [resolve_global(name) for name in args.allow_global]
+            except ValueError as exc:
+                parser.error(f"--allow-global: {exc}")  # exits with status 2
+            return run_check(args.files, as_json=args.json, quiet=args.quiet,
+                             allow_globals=allowed)
         if args.command == "demo":
             try:
                 return run_demo()
@@ -542,6 +624,7 @@ __all__ = [
     "format_json",
     "format_text",
     "main",
+    "resolve_global",
     "run_check",
     "run_demo",
     "write_demo_checkpoint",

@@ -57,8 +57,8 @@ from typing import Any
 import torch
 import torch.serialization
 
-# serialization first: it records torch's functions before any wrapper is installed
-from . import _originals, factories, serialization
+# files first: it records torch's functions before any wrapper is installed
+from . import _originals, factories, files
 
 __all__ = ["enforce", "is_enforced", "set_enforce"]
 
@@ -133,7 +133,7 @@ def _load_wrapper(previous: Callable[..., Any]) -> Callable[..., Any]:
         extra = bound.arguments.pop("pickle_load_args", {})
         _local.loading = getattr(_local, "loading", 0) + 1
         try:
-            return serialization.load(f, **bound.arguments, **extra)
+            return files.load(f, **bound.arguments, **extra)
         finally:
             _local.loading -= 1
 

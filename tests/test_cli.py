@@ -96,8 +96,8 @@ def test_invalid_file_exits_1_and_names_invariant_and_location(files: dict[str, 
         ("text.txt", "not a torch checkpoint"),
         ("evil.pt", "refused by torch.load(weights_only=True): Trying to load unsupported "
                     "GLOBAL posix.system whose module posix is blocked."),
-        ("other.pt", "refused by torch.load(weights_only=True): Unsupported global: GLOBAL "
-                     "_io.StringIO was not an allowed global by default."),
+        ("other.pt", "refused by torch.load(weights_only=True): _io.StringIO is not an allowed "
+                     "global; if you trust this file, admit it with --allow-global _io.StringIO"),
     ],
 )
 def test_unreadable_file_exits_2(files: dict[str, Path], tmp_path: Path, name: str,
@@ -119,7 +119,8 @@ def test_a_truncated_file_and_an_empty_directory_are_unreadable(
     code, out = run("check", empty, truncated)
     assert code == 2
     assert f"{truncated}: cannot read: " in out
-    assert f"{empty}: cannot read: no checkpoint files (.pt, .pth, .ckpt, .bin)" in out
+    assert (f"{empty}: cannot read: no checkpoint files (.pt, .pth, .ckpt, .bin, .safetensors)"
+            in out)
 
 
 def test_unreadable_wins_over_invalid_and_every_file_is_reported(files: dict[str, Path]) -> None:

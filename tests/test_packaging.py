@@ -40,6 +40,9 @@ def test_optional_extras() -> None:
     assert any(req.startswith("scipy") for req in extras["scipy"])
     assert any(req.startswith("matplotlib") for req in extras["bench"])
     assert any(req.startswith("scipy") for req in extras["test"])  # the bridge is tested in CI
+    assert any(req.startswith("safetensors") for req in extras["safetensors"])
+    for extra in ("test", "dev"):  # safesparse.safetensors is tested in CI
+        assert any(req.startswith("safetensors") for req in extras[extra])
 
 
 def test_source_distribution_carries_the_docs() -> None:

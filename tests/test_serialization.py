@@ -481,3 +481,18 @@ def test_refused_records_are_not_tensors() -> None:
     assert not isinstance(record, torch.Tensor)
     assert record.shape == (0, 0) and record.nnz == 0
     assert "[CSR 5.5]" in repr(record)
+
+
+def test_pickles_name_the_rebuild_function_where_files_have_always_found_it() -> None:
+    """The code moved to safesparse.files; files written before and after the move name
+    ``safesparse.serialization._rebuild_safe_sparse`` and load under weights_only=True."""
+    from safesparse import serialization
+    from safesparse.files import pickling
+
+    data = pickle.dumps(ss.validate(sample(CSR)))
+    assert b"safesparse.serialization" in data and b"safesparse.files" not in data
+    assert serialization._rebuild_safe_sparse is pickling._rebuild_safe_sparse
+    buf = io.BytesIO()
+    torch.save({"w": ss.validate(sample(CSR))}, buf)
+    buf.seek(0)
+    assert ss.is_checked(torch.load(buf, weights_only=True)["w"])
