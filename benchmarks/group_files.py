@@ -19,7 +19,6 @@ import torch
 from common import DebugOff, checked_csr, large_size, make_csr
 from harness import (
     SEED,
-    Cell,
     Column,
     Config,
     Table,
@@ -29,15 +28,16 @@ from harness import (
     fmt_ratio,
     fmt_text,
     fmt_verdict,
+    judge,
     load_safesparse,
     measure,
     num,
     ratio,
     register,
+    target_text,
 )
 
-#: (key, description, limit, unit): the targets of this group (the lead moves them into
-#: benchmarks/targets.py when merging).
+#: (key, description, limit, unit): this group's targets, merged into benchmarks/targets.py.
 TARGETS = [
     ("files.load_file",
      "safesparse.safetensors.load_file of a checkpoint with a CSR weight vs "
@@ -47,17 +47,12 @@ TARGETS = [
      "safesparse.safetensors.save_file vs safetensors.torch.save_file of the members",
      1.2, "x"),
 ]
-_LIMITS = {key: limit for key, _, limit, _ in TARGETS}
 
 COLUMNS = [
     Column("measurement"), Column("nnz", fmt_n), Column("safesparse (ms)", fmt_ms),
     Column("baseline"), Column("baseline (ms)", fmt_ms), Column("ratio", fmt_ratio),
     Column("target", fmt_text), Column("met", fmt_verdict), Column("spread", fmt_pct),
 ]
-
-
-def _met(r: float | None, limit: float) -> Cell:
-    return None if r is None else int(r <= limit)
 
 
 @register("files", "safetensors checkpoints with a sparse CSR weight: safesparse.safetensors "
@@ -100,10 +95,9 @@ def bench_files(cfg: Config) -> list[Table]:
             "ss": lambda: load_file(path), "plain": plain_load_and_build}
         tm = measure(fns, cfg, f"files load_file nnz={fmt_n(nnz)}")
         r = ratio(num(tm["ss"]), num(tm["plain"]))
-        limit = _LIMITS["files.load_file"]
         table.add("load_file (validated, checked result)", nnz, tm["ss"],
                   "st.load_file + check_invariants=True build", tm["plain"], r,
-                  f"ratio <= {limit}", _met(r, limit), tm.max_spread())
+                  target_text("files.load_file"), judge("files.load_file", r), tm.max_spread())
 
         out_ss, out_plain = os.path.join(tmp, "out_ss"), os.path.join(tmp, "out_plain")
         save_file, plain_save = sst.save_file, st.save_file
@@ -111,9 +105,9 @@ def bench_files(cfg: Config) -> list[Table]:
                "plain": lambda: plain_save(members, out_plain)}
         tm = measure(fns, cfg, f"files save_file nnz={fmt_n(nnz)}")
         r = ratio(num(tm["ss"]), num(tm["plain"]))
-        limit = _LIMITS["files.save_file"]
         table.add("save_file (checked weight)", nnz, tm["ss"], "st.save_file of the members",
-                  tm["plain"], r, f"ratio <= {limit}", _met(r, limit), tm.max_spread())
+                  tm["plain"], r, target_text("files.save_file"), judge("files.save_file", r),
+                  tm.max_spread())
         fns.clear()
     gc.collect()
     table.notes += [
