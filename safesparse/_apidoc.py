@@ -56,6 +56,7 @@ SECTIONS: dict[str, str] = {
 #: section titles: every name in their ``__all__`` gets an entry, titled ``module.name``.
 PUBLIC_MODULES: dict[str, str] = {
     "safesparse.distributed": "Across processes: safesparse.distributed",
+    "safesparse.safetensors": "safetensors checkpoints: safesparse.safetensors",
 }
 
 #: Names of internal modules that the guides tell users to import, by module; documented in
