@@ -34,8 +34,9 @@ Mechanism
 ---------
 The switch is a :class:`contextvars.ContextVar`, like debug mode's: ``enforce()`` and
 ``set_enforce()`` act on the current thread (or asyncio task) only; the process default
-(``SAFESPARSE_ENFORCE``, read once at import, or the runner's switch for the whole process) is what every
-context starts from, so it holds in every thread, including threads started before or after.
+(``SAFESPARSE_ENFORCE``, read once at import, or :func:`set_process_default`, used by
+``safesparse run`` and the pytest option) is what every context starts from, so it holds in
+every thread, including threads started before or after.
 
 The routes are intercepted by replacing their attributes (``torch.<factory>``,
 ``torch.load`` / ``torch.serialization.load``, ``torch.sparse.<Type>Tensor``, ``Tensor.new``,

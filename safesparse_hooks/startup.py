@@ -15,6 +15,7 @@ Only :mod:`os`, :mod:`sys` and :mod:`importlib` are imported here.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -57,10 +58,8 @@ class _AfterTorch(importlib.abc.MetaPathFinder):
 
 
 def _remove(finder: object) -> None:
-    try:
+    with contextlib.suppress(ValueError):
         sys.meta_path.remove(finder)  # type: ignore[arg-type]
-    except ValueError:
-        pass
 
 
 def install() -> None:
