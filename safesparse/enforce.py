@@ -227,6 +227,20 @@ def _new_wrapper(previous: Callable[..., Any]) -> Callable[..., Any]:
     return new
 
 
+def _type_wrapper(previous: Callable[..., Any]) -> Callable[..., Any]:
+    """``Tensor.type(torch.sparse.DoubleTensor)`` while the legacy types are replaced: torch's
+    parser wants its own type object, not the stand-in."""
+
+    @functools.wraps(previous)
+    def type_(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        args = tuple(_originals._original(a) for a in args)
+        kwargs = {k: _originals._original(v) for k, v in kwargs.items()}
+        return previous(self, *args, **kwargs)
+
+    type_.__ss_original__ = previous  # type: ignore[attr-defined]
+    return type_
+
+
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -311,7 +325,7 @@ def _routes() -> list[tuple[Any, str, Callable[[Any], Any]]]:
             if module is not None and hasattr(module, name):
                 routes.append((module, name, functools.partial(
                     _Builder, op=f"{module.__name__}.{name}")))
-    routes.append((torch.Tensor, "new", _new_wrapper))
+    routes += [(torch.Tensor, "new", _new_wrapper), (torch.Tensor, "type", _type_wrapper)]
     for name in UNSAFE_OPS:
         if hasattr(torch.ops.aten, name):
             routes.append((torch.ops.aten, name,

@@ -322,3 +322,28 @@ def test_pyg_corrupted_edge_index_is_refused_never_a_crash() -> None:
         if "/far/" in case or "/too_large/" in case:
             assert verdict == "refused", line
     assert lines[-1] == "EdgeIndex.to_sparse_csr/uncoalesced refused 5.6"
+
+
+def test_block_end_puts_every_route_back() -> None:
+    import torch
+
+    import safesparse as ss
+
+    before = {"new": torch.Tensor.new, "type": torch.Tensor.type,
+              "legacy": torch.sparse.FloatTensor,
+              "unsafe": torch.ops.aten._sparse_coo_tensor_unsafe,
+              "convert": torch._convert_indices_from_coo_to_csr}
+    own = set(torch.Tensor.__dict__)
+    if ss.is_enforced():
+        pytest.skip("enforce mode is on for the whole session (lasting wrappers)")
+    with ss.enforce():
+        assert torch.sparse.FloatTensor is not before["legacy"]
+        assert isinstance(torch.sparse.FloatTensor(2), torch.sparse.FloatTensor)
+        t = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.ones(2), (3,))
+        assert ss.unwrap(t).type(torch.sparse.DoubleTensor).dtype == torch.float64
+        assert torch.ops.aten._sparse_coo_tensor_unsafe.default is not None  # overloads reachable
+    assert torch.Tensor.new is before["new"] and torch.Tensor.type is before["type"]
+    assert set(torch.Tensor.__dict__) == own
+    assert torch.sparse.FloatTensor is before["legacy"]
+    assert torch.ops.aten._sparse_coo_tensor_unsafe is before["unsafe"]
+    assert torch._convert_indices_from_coo_to_csr is before["convert"]
