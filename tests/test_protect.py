@@ -168,6 +168,38 @@ def test_environment_variable_reaches_subprocesses(tmp_path: Path) -> None:
 
 
 @needs_install
+@pytest.mark.parametrize("how", ["variable", "run"])
+def test_dataloader_workers_are_protected(tmp_path: Path, how: str) -> None:
+    script = tmp_path / "loader.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+
+        class Tampered(Dataset):
+            def __len__(self):
+                return 1
+
+            def __getitem__(self, i):
+                t = torch.sparse_csr_tensor(torch.tensor([0, 1]), torch.tensor([10**7]),
+                                            torch.ones(1), (1, 2), check_invariants=False)
+                return type(t).__name__
+
+        if __name__ == "__main__":
+            loader = DataLoader(Tampered(), batch_size=None, num_workers=1,
+                                multiprocessing_context="spawn")
+            try:
+                print("WORKER BUILT", list(loader))
+            except Exception as err:
+                print("WORKER REFUSED", "[CSR 5.5]" in str(err))
+    """))
+    if how == "variable":
+        proc = _child([str(script)], env_extra={env.ENFORCE: "1"}, pythonpath=False)
+    else:
+        proc = _child(["-m", "safesparse", "run", str(script)], pythonpath=False)
+    assert "WORKER REFUSED True" in proc.stdout, (proc.stdout, proc.stderr[-2000:])
+
+
+@needs_install
 def test_hook_bogus_value_stops_the_program(tmp_path: Path) -> None:
     proc = _child(["-c", "print('RAN')"], env_extra={env.ENFORCE: "ture"}, pythonpath=False)
     assert proc.returncode == 2 and "RAN" not in proc.stdout
