@@ -8,8 +8,9 @@ function runs (cache ignored), raising :class:`~safesparse.InvariantError` namin
 Metadata and member accessors are passed through, so bad data can still be inspected.
 
 The mode is pushed on a thread's torch function mode stack when debug mode is switched on
-there (``set_debug(True)``, ``with debug():``, the process default on the importing thread) and
-popped when it is switched off while on top. A torch function mode costs every torch call some
+there (``set_debug(True)``, ``with debug():``, the process default on the importing thread), at
+the bottom of the stack so that other modes entered and exited meanwhile never pop it, and
+removed when debug mode is switched off there. A torch function mode costs every torch call some
 Python work, which is why enforce mode does without one; debug mode is allowed to cost more.
 Threads that never switch debug mode on themselves (the environment variable makes it their
 default) see plain tensors only in operations with a ``SafeSparseTensor``.
@@ -51,13 +52,24 @@ def _stack() -> list[Any]:
     return torch.overrides._get_current_function_mode_stack()  # type: ignore[no-any-return,no-untyped-call]
 
 
-def _switched(enabled: bool) -> None:
-    stack = _stack()
-    ours = [m for m in stack if isinstance(m, DebugMode)]
-    if enabled and not ours:
-        torch.overrides._push_mode(DebugMode())  # type: ignore[no-untyped-call]
-    elif not enabled and ours and stack[-1] is ours[-1]:
+def _rebuild(modes: list[Any]) -> None:
+    """Make ``modes`` this thread's torch function mode stack (bottom first)."""
+    for _ in range(len(_stack())):
         torch.overrides._pop_mode()  # type: ignore[no-untyped-call]
+    for mode in modes:
+        torch.overrides._push_mode(mode)  # type: ignore[no-untyped-call]
+
+
+def _switched(enabled: bool) -> None:
+    """Keep one :class:`DebugMode` at the *bottom* of this thread's stack while debug mode is on
+    (so that a mode entered earlier and exited later, which pops whatever is on top, never pops
+    ours), none while it is off."""
+    stack = _stack()
+    ours = any(isinstance(m, DebugMode) for m in stack)
+    if enabled and not ours:
+        _rebuild([DebugMode(), *stack])
+    elif not enabled and ours:
+        _rebuild([m for m in stack if not isinstance(m, DebugMode)])
 
 
 debug.LISTENERS.append(_switched)
