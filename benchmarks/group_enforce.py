@@ -156,7 +156,7 @@ def bench_enforce(cfg: Config) -> list[Table]:
         "SafeSparseTensor: each product goes through its wrapper); not enforced, the same "
         "function's plain CSR tensor. size: edges (nnz).",
         "spread: largest IQR / median of the row's statements; on a loaded machine use "
-        "--threads 2 --stat min.",
+        "--threads 1 --stat min (with 2 threads, other load makes every step far slower).",
     ]
     return [table]
 
