@@ -1,4 +1,4 @@
-"""``python -m safesparse check FILE...`` / ``python -m safesparse demo``: see :mod:`.cli`."""
+"""``python -m safesparse check FILE...`` / ``demo`` / ``run``: see :mod:`.cli`."""
 
 from __future__ import annotations
 

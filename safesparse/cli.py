@@ -582,6 +582,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="admit this global under torch.load(weights_only=True) (imports "
                        "MODULE; only for files you trust to name it); repeatable")
     sub.add_parser(
+        "run", add_help=False,
+        help="run a program with enforce mode on: run [--debug] script.py|-m module [args...]",
+    )  # parsed by safesparse.runner (see main)
+    sub.add_parser(
         "demo",
         help="check a small checkpoint with a valid and a tampered tensor",
         description="Write a small checkpoint with a tampered CSR tensor and check it.",
@@ -591,6 +595,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["run"]:  # the program's own arguments are not ours to parse
+        from .runner import main as run_main
+
+        return run_main(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     with warnings.catch_warnings():

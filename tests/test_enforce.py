@@ -271,16 +271,6 @@ def test_originals_are_torch_s_builtins() -> None:
         assert _originals.FACTORIES[name] is BUILTIN[name]
 
 
-def test_legacy_constructor_is_not_seen_but_validate_catches_it() -> None:
-    """Documented limit: torch.sparse.FloatTensor is not a factory call."""
-    with ss.enforce():
-        legacy = _quiet(lambda: torch.sparse.FloatTensor(torch.tensor([[0, 5]]), torch.ones(2),
-                                                         torch.Size([2])))
-        assert type(legacy) is torch.Tensor
-        with pytest.raises(ss.InvariantError):
-            ss.validate(legacy)
-
-
 def test_demo_runs_under_enforce_mode() -> None:
     """safesparse's own deliberate unchecked build (the demo's tampered file) uses torch's
     held factory, so enforce mode does not break it."""

@@ -1,0 +1,57 @@
+"""Strict reading of safesparse's switches in the environment.
+
+``SAFESPARSE_ENFORCE`` and ``SAFESPARSE_DEBUG`` accept ``1``/``0``, ``true``/``false``,
+``yes``/``no`` and ``on``/``off`` in any case (surrounding blanks ignored); unset or empty means
+off. Any other value is an error naming the variable: a typo (``SAFESPARSE_ENFORCE=ture``) must
+not silently leave protection off. Imports nothing but :mod:`os`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+ENFORCE = "SAFESPARSE_ENFORCE"
+DEBUG = "SAFESPARSE_DEBUG"
+VARIABLES = (ENFORCE, DEBUG)
+
+TRUE = frozenset({"1", "true", "yes", "on"})
+FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+class BadValueError(ValueError):
+    """A safesparse environment variable holds a value that is neither on nor off."""
+
+    def __init__(self, name: str, value: str) -> None:
+        self.name = name
+        self.value = value
+        super().__init__(
+            f"{name}={value!r} is not a valid value: use 1/0, true/false, yes/no or on/off "
+            f"(any case), or leave {name} unset")
+
+
+def parse(name: str, value: str | None) -> bool:
+    """The switch ``value`` of variable ``name`` stands for (``None``: unset, off).
+
+    Raises:
+        BadValueError: ``value`` is none of the accepted spellings.
+    """
+    if value is None:
+        return False
+    v = value.strip().lower()
+    if v in TRUE:
+        return True
+    if v in FALSE:
+        return False
+    raise BadValueError(name, value)
+
+
+def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """``parse(name, environ[name])``, ``environ`` defaulting to :data:`os.environ`."""
+    return parse(name, (os.environ if environ is None else environ).get(name))
+
+
+def any_set(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether either variable is present with a non-blank value (cheap, never raises)."""
+    env = os.environ if environ is None else environ
+    return any(env.get(name, "").strip() for name in VARIABLES)
