@@ -21,8 +21,8 @@ in the ``docs/`` directory of the source distribution and the repository.
 from __future__ import annotations
 
 from . import _import_torch  # noqa: F401  (first: torch without its NumPy warning)
-from . import ops as _ops  # noqa: F401  (fills the op table)
 from . import blocks as _blocks  # noqa: F401  (BSR / BSC products: mm, matmul, @, addmm)
+from . import ops as _ops  # noqa: F401  (fills the op table)
 from . import pickling as _pickling  # noqa: F401  (SafeSparseTensor.__reduce_ex__)
 from . import transpose as _transpose  # noqa: F401  (zero-copy transposes)
 from .checked import Stats, clear_cache, reset_stats, stats

@@ -85,7 +85,7 @@ class _Side:
 
     def oriented(self, values: torch.Tensor) -> torch.Tensor:
         """The block values (nnzb, r, c) as this side reads them, in its order."""
-        v = values.mT if self.blocks_t else values
+        v = values.transpose(-2, -1) if self.blocks_t else values
         return v if self.order is None else v[self.order]
 
     def matrix(self, stacked_values: torch.Tensor) -> torch.Tensor:
@@ -105,11 +105,11 @@ class _Side:
         k = gy.shape[1]
         rows = gy.reshape(self.n_out, self.r, k).transpose(0, 1).reshape(self.r * self.n_out, k)
         pattern = self.matrix(gy.new_zeros(self.col.numel()))
-        s = torch.sparse.sampled_addmm(pattern, rows, x.mT, beta=0.0).values()
+        s: torch.Tensor = torch.sparse.sampled_addmm(pattern, rows, x.mT, beta=0.0).values()
         grad = s.view(self.r, -1, self.c).transpose(0, 1)  # (nnzb, r, c), this side's order
         if self.order is not None:
             grad = torch.empty_like(grad).index_copy_(0, self.order, grad)
-        return grad.mT if self.blocks_t else grad
+        return grad.transpose(-2, -1) if self.blocks_t else grad
 
 
 class _Structure:
@@ -166,12 +166,19 @@ class _Structure:
 class _BlockProduct(torch.autograd.Function):
     """``y = op(A) @ x`` for block values ``values`` (nnzb, r, c) of ``A`` (``op`` the identity
     or the transpose), ``x`` of shape (n_in * c, k). Backward: ``op(A)^T @ gy`` and the sampled
-    products, through the same structure."""
+    block products, through the same structure.
+
+    ``a`` is None when the gradient of ``A`` flows through ``values`` (``A.values()``, sparse
+    all the way); otherwise ``a`` is ``A`` itself and gets a strided gradient, as torch's own
+    BSR product gives it (torch 2.13 cannot accumulate a BSR / BSC gradient into a BSR / BSC
+    leaf, see :func:`_gradient_through_values`).
+    """
 
     @staticmethod
-    def forward(ctx: Any, values: torch.Tensor, x: torch.Tensor, structure: _Structure,
-                transpose: bool) -> torch.Tensor:
+    def forward(ctx: Any, values: torch.Tensor, x: torch.Tensor, a: torch.Tensor | None,
+                structure: _Structure, transpose: bool) -> torch.Tensor:
         ctx.structure, ctx.transpose = structure, transpose
+        ctx.a_meta = None if a is None else _Meta.of(a)
         ctx.save_for_backward(values, x)
         return structure.side(transpose).product(values, x)
 
@@ -181,12 +188,70 @@ class _BlockProduct(torch.autograd.Function):
         values, x = ctx.saved_tensors
         structure, transpose = ctx.structure, ctx.transpose
         gy = gy.contiguous()
-        g_values = g_x = None
-        if ctx.needs_input_grad[0]:
+        g_values = g_x = g_a = None
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[2]:
             g_values = structure.side(transpose).sampled(gy, x)
         if ctx.needs_input_grad[1]:
             g_x = structure.side(not transpose).product(values, gy)
-        return g_values, g_x, None, None
+        if ctx.needs_input_grad[2]:
+            g_a = ctx.a_meta.dense(g_values)
+        return (g_values if ctx.needs_input_grad[0] else None), g_x, g_a, None, None
+
+
+@dataclass(frozen=True)
+class _Meta:
+    """What a strided gradient of a block tensor needs: its index members, shape and layout."""
+
+    compressed: torch.Tensor
+    plain: torch.Tensor
+    values_shape: torch.Size
+    shape: torch.Size
+    layout: torch.layout
+
+    @staticmethod
+    def of(a: torch.Tensor) -> _Meta:
+        bsr = a.layout == torch.sparse_bsr
+        return _Meta(a.crow_indices() if bsr else a.ccol_indices(),
+                     a.col_indices() if bsr else a.row_indices(),
+                     a.values().shape, a.shape, a.layout)
+
+    def dense(self, g_values: torch.Tensor) -> torch.Tensor:
+        return _originals.sparse_compressed_tensor(
+            self.compressed, self.plain, g_values.reshape(self.values_shape), self.shape,
+            layout=self.layout, dtype=g_values.dtype, device=g_values.device,
+            check_invariants=False).to_dense()
+
+
+#: Autograd nodes below which a sparse tensor's gradient is a dense one (its values' or a
+#: dense tensor's): the walk of :func:`_gradient_through_values` stops there.
+_TO_DENSE_NODES = frozenset({"SparseCompressedTensorBackward0", "ToSparseBsrBackward0",
+                             "ToSparseBscBackward0", "ToSparseBackward0",
+                             "ToSparseCsrBackward0", "ToSparseCscBackward0"})
+_WALK_LIMIT = 64
+
+
+def _gradient_through_values(a: torch.Tensor) -> bool:
+    """Whether ``a``'s gradient can flow as ``a.values()``'s: no BSR / BSC leaf below ``a``
+    (torch 2.13 fails to accumulate the BSR / BSC gradient ``values()`` gives into one). A
+    bounded walk of ``a``'s graph; when in doubt, False (a strided gradient always works)."""
+    if not a.requires_grad or a.grad_fn is None:
+        return False
+    stack = [a.grad_fn]
+    seen = 0
+    while stack:
+        node = stack.pop()
+        name = type(node).__name__
+        if name in _TO_DENSE_NODES:
+            continue
+        if name == "AccumulateGrad":
+            if getattr(node, "variable").layout != torch.strided:  # noqa: B009
+                return False
+            continue
+        seen += 1
+        if seen > _WALK_LIMIT:
+            return False
+        stack += [n for n, _ in node.next_functions if n is not None]
+    return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,30 +345,30 @@ def _torch_is_faster(call: BlockCall) -> bool:
 def block_product(call: BlockCall) -> torch.Tensor:
     """The dense result of ``call`` (its product, plus ``addmm``'s terms)."""
     a, x = call.a, call.x
-    if _torch_is_faster(call):
-        y = torch.mm(a, x)
-    else:
-        y = _product(a, x, call.sparse_left)
+    y = torch.mm(a, x) if _torch_is_faster(call) else _product(a, x, call.sparse_left)
     if call.bias is None:
         return y
     if isinstance(call.beta, (int, float)) and call.beta == 0:
-        return y * call.alpha  # torch ignores input (its NaNs too) when beta is 0
+        return torch.mul(y, call.alpha)  # torch ignores input (its NaNs too) when beta is 0
     return torch.add(call.bias * call.beta, y, alpha=call.alpha)
 
 
 def _product(a: torch.Tensor, x: torch.Tensor, sparse_left: bool) -> torch.Tensor:
     """``a @ x`` or ``x @ a`` with matmul's shapes, through :class:`_BlockProduct`."""
-    values = a.values()
+    via_values = _gradient_through_values(a) and torch.is_grad_enabled()
+    values = a.values() if via_values else a.values().detach()
+    target = a if a.requires_grad and not via_values and torch.is_grad_enabled() else None
     batch = a.shape[:-2]
     m, n = a.shape[-2:]
     if not sparse_left:  # x @ a == (a^T @ x^T)^T
         if x.dim() == 1:
-            return _product_left(a, values, x, batch, m, transpose=True)
-        return _product_left(a, values, x.mT, batch, m, transpose=True).mT
-    return _product_left(a, values, x, batch, n, transpose=False)
+            return _product_left(a, target, values, x, batch, m, transpose=True)
+        return _product_left(a, target, values, x.mT, batch, m, transpose=True).mT
+    return _product_left(a, target, values, x, batch, n, transpose=False)
 
 
-def _product_left(a: torch.Tensor, values: torch.Tensor, x: torch.Tensor,
+def _product_left(a: torch.Tensor, target: torch.Tensor | None, values: torch.Tensor,
+                  x: torch.Tensor,
                   batch: torch.Size, inner: int, *, transpose: bool) -> torch.Tensor:
     """``op(a) @ x``, ``x`` of shape (inner,), (inner, k), or batched (*batch, inner, k)."""
     vector = x.dim() == 1
@@ -315,14 +380,21 @@ def _product_left(a: torch.Tensor, values: torch.Tensor, x: torch.Tensor,
         lead = x.shape[:-2]
         k = x.shape[-1]
         x2 = x.movedim(-2, 0).reshape(inner, -1)
-        y2 = _BlockProduct.apply(flat, x2, _Structure(a, False), transpose)
-        return y2.reshape(-1, *lead, k).movedim(0, -2)  # type: ignore[no-any-return]
+        y2 = _apply(flat, x2, target, _Structure(a, False), transpose)
+        return y2.reshape(-1, *lead, k).movedim(0, -2)
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
-    y = _BlockProduct.apply(flat, x2, _Structure(a, x_batched), transpose)
+    y = _apply(flat, x2, target, _Structure(a, x_batched), transpose)
     out_rows = a.shape[-1] if transpose else a.shape[-2]
     y = y.reshape(*batch, out_rows, k)
-    return y.squeeze(-1) if vector else y  # type: ignore[no-any-return]
+    return y.squeeze(-1) if vector else y
+
+
+def _apply(values: torch.Tensor, x: torch.Tensor, target: torch.Tensor | None,
+           structure: _Structure, transpose: bool) -> torch.Tensor:
+    y: torch.Tensor = _BlockProduct.apply(  # type: ignore[no-untyped-call]
+        values, x, target, structure, transpose)
+    return y
 
 
 def _block_mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
