@@ -147,6 +147,8 @@ class _Structure:
         self.n_cols = n_batch * n_cols if x_batched else n_cols
         self.r, self.c = int(r), int(c)
         self.bsr = a.layout == torch.sparse_bsr
+        # the input blocks of a BSC tensor come in order, unless batches share the operand
+        self.cols_sorted = not self.bsr and (x_batched or n_batch == 1)
         self._sides: dict[bool, _Side] = {}
 
     def side(self, transpose: bool) -> _Side:
@@ -155,7 +157,7 @@ class _Structure:
             if transpose:
                 self._sides[True] = _Side.build(
                     self.cols, self.rows, self.n_cols, self.n_rows, self.c, self.r,
-                    blocks_t=True, is_sorted=not self.bsr)
+                    blocks_t=True, is_sorted=self.cols_sorted)
             else:
                 self._sides[False] = _Side.build(
                     self.rows, self.cols, self.n_rows, self.n_cols, self.r, self.c,
@@ -376,16 +378,15 @@ def _product_left(a: torch.Tensor, target: torch.Tensor | None, values: torch.Te
         x = x.unsqueeze(1)
     flat = values.reshape(-1, *values.shape[-2:])
     x_batched = x.dim() > 2 and len(batch) > 0
+    out_rows = a.shape[-1] if transpose else a.shape[-2]
+    k = x.shape[-1]
     if x.dim() > 2 and not batch:  # one matrix, many operands: (inner, B * k)
         lead = x.shape[:-2]
-        k = x.shape[-1]
-        x2 = x.movedim(-2, 0).reshape(inner, -1)
+        x2 = x.movedim(-2, 0).reshape(inner, lead.numel() * k)
         y2 = _apply(flat, x2, target, _Structure(a, False), transpose)
-        return y2.reshape(-1, *lead, k).movedim(0, -2)
-    k = x.shape[-1]
-    x2 = x.reshape(-1, k)
+        return y2.reshape(out_rows, *lead, k).movedim(0, -2)
+    x2 = x.reshape(x.shape[:-1].numel(), k)
     y = _apply(flat, x2, target, _Structure(a, x_batched), transpose)
-    out_rows = a.shape[-1] if transpose else a.shape[-2]
     y = y.reshape(*batch, out_rows, k)
     return y.squeeze(-1) if vector else y
 
