@@ -28,7 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import group_debug  # noqa: F401  (registers the group)
+import group_blocks  # noqa: F401  (registers the group)
+import group_debug  # noqa: F401
 import group_transpose  # noqa: F401
 import group_validate  # noqa: F401
 import group_wrapper  # noqa: F401

@@ -355,11 +355,60 @@ def block_product(call: BlockCall) -> torch.Tensor:
     return torch.add(call.bias * call.beta, y, alpha=call.alpha)
 
 
+_IDENTITY_NODES = frozenset({"_ToSafeBackward", "_ToPlainBackward"})
+
+
+def _signed(dim: int) -> int:
+    return dim - 2**64 if dim >= 2**63 else dim  # autograd keeps saved dims as unsigned
+
+
+def _values_source(a: torch.Tensor) -> torch.Tensor | None:
+    """The tensor ``a``'s values were built from, as ``a.values()`` sees it, connected to its
+    own graph; None unless ``a`` is such a tensor after wrapping and transposes only.
+
+    torch's backward of the sparse factory densifies its gradient (``sparse_mask`` through
+    ``to_dense``: hundreds of ms for a 2048 x 2048 matrix); reading the values from the
+    factory's node lets the gradient reach them directly, sparse. The tensor found must have
+    exactly ``a.values()``'s shape, strides and memory, or it is not used.
+    """
+    node = a.grad_fn
+    flips = 0
+    for _ in range(_WALK_LIMIT):
+        name = type(node).__name__
+        if name == "SparseCompressedTensorBackward0":
+            values: torch.Tensor = getattr(node, "_saved_values")  # noqa: B009
+            if flips % 2:
+                values = values.transpose(-2, -1)
+            mine = a.values()
+            same = (values.shape == mine.shape and values.stride() == mine.stride()
+                    and values.data_ptr() == mine.data_ptr() and values.dtype == mine.dtype)
+            return values if same else None
+        if name == "TransposeBackward0":
+            ndim = a.dim()
+            dims = {_signed(getattr(node, "_saved_dim0")) % ndim,  # noqa: B009
+                    _signed(getattr(node, "_saved_dim1")) % ndim}  # noqa: B009
+            if dims != {ndim - 2, ndim - 1}:
+                return None
+            flips += 1
+        elif name == "TBackward0":
+            flips += 1
+        elif name not in _IDENTITY_NODES:
+            return None
+        if node is None or len(node.next_functions) != 1:
+            return None
+        node = node.next_functions[0][0]
+    return None
+
+
 def _product(a: torch.Tensor, x: torch.Tensor, sparse_left: bool) -> torch.Tensor:
     """``a @ x`` or ``x @ a`` with matmul's shapes, through :class:`_BlockProduct`."""
-    via_values = _gradient_through_values(a) and torch.is_grad_enabled()
-    values = a.values() if via_values else a.values().detach()
-    target = a if a.requires_grad and not via_values and torch.is_grad_enabled() else None
+    grad = torch.is_grad_enabled() and a.requires_grad
+    source = _values_source(a) if grad else None
+    via_values = source is not None or (grad and _gradient_through_values(a))
+    if source is None:
+        source = a.values() if via_values else a.values().detach()
+    values = source
+    target = a if grad and not via_values else None
     batch = a.shape[:-2]
     m, n = a.shape[-2:]
     if not sparse_left:  # x @ a == (a^T @ x^T)^T

@@ -371,3 +371,20 @@ def test_square_blocks_without_grad_use_torch_kernel(monkeypatch: pytest.MonkeyP
     assert not taken
     assert_dense_result(a @ x.requires_grad_(), dense @ x, torch.float64)
     assert taken
+
+
+def test_values_found_behind_the_factory() -> None:
+    """The values a factory built the tensor from are found through wrapping and transposes
+    (the gradient then reaches them without torch's densifying factory backward); any other
+    op in between, or no gradient, gives None."""
+    a, dense = make(BSR, (2, 3))
+    values = a.values().detach().clone().requires_grad_()
+    built = ss.sparse_bsr_tensor(*members(a), values, dense.shape)
+    found = blocks._values_source(built)
+    assert found is values
+    for view in (built.mT, built.t(), built.transpose(0, 1), built.mT.mT):
+        found = blocks._values_source(view)
+        assert found is not None and found.data_ptr() == values.data_ptr()
+        assert found.shape == view.values().shape and found.stride() == view.values().stride()
+    assert blocks._values_source(built * 2) is None
+    assert blocks._values_source(a) is None
