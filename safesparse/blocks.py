@@ -72,9 +72,10 @@ class _Side:
         if not is_sorted:
             order = torch.argsort(out_idx, stable=True)  # keeps in_idx ascending per output
             out_idx, in_idx = out_idx[order], in_idx[order]
-        counts = torch.bincount(out_idx, minlength=n_out)
-        starts = torch.zeros(n_out + 1, dtype=torch.long, device=dev)
-        torch.cumsum(counts, 0, out=starts[1:])
+        # where each output block's blocks start (searchsorted, unlike bincount, needs no
+        # device sync for its size)
+        starts = torch.searchsorted(out_idx, torch.arange(n_out + 1, device=dev,
+                                                          dtype=out_idx.dtype))
         # line i of every block row: rows i * n_out .. (i + 1) * n_out of the stacked matrix
         lines = torch.arange(r, dtype=torch.long, device=dev).unsqueeze(1) * n
         crow = torch.empty(r * n_out + 1, dtype=torch.long, device=dev)

@@ -388,3 +388,17 @@ def test_values_found_behind_the_factory() -> None:
         assert found.shape == view.values().shape and found.stride() == view.values().stride()
     assert blocks._values_source(built * 2) is None
     assert blocks._values_source(a) is None
+
+
+@PARAMS
+def test_int32_indices(layout: torch.layout) -> None:
+    a, dense = make(layout, (2, 3))
+    compressed, plain = members(a)
+    values = a.values().detach().clone().requires_grad_()
+    t = factory(layout)(compressed.int(), plain.int(), values, dense.shape)
+    assert t.crow_indices().dtype == torch.int32 if layout == BSR else True
+    x = rand(dense.shape[1], 2).requires_grad_()
+    assert_dense_result(t @ x, dense @ x, torch.float64)
+    assert torch.autograd.gradcheck(
+        lambda v, x: factory(layout)(compressed.int(), plain.int(), v, dense.shape) @ x,
+        (values, x), fast_mode=True)
