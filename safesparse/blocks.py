@@ -137,13 +137,15 @@ class _Structure:
         lines = torch.repeat_interleave(
             torch.arange(n_compressed, device=dev).repeat(n_batch),
             compressed.diff(dim=1).reshape(-1), output_size=n_batch * nnzb)
-        batch_of = torch.arange(n_batch, device=dev).repeat_interleave(nnzb)
         if a.layout == torch.sparse_bsr:
             rows, cols = lines, plain.reshape(-1)
         else:
             rows, cols = plain.reshape(-1), lines
-        self.rows = rows + batch_of * n_rows
-        self.cols = cols + batch_of * n_cols if x_batched else cols
+        if n_batch > 1:
+            batch_of = torch.arange(n_batch, device=dev).repeat_interleave(nnzb)
+            rows = rows + batch_of * n_rows
+            cols = cols + batch_of * n_cols if x_batched else cols
+        self.rows, self.cols = rows, cols
         self.n_rows = n_batch * n_rows
         self.n_cols = n_batch * n_cols if x_batched else n_cols
         self.r, self.c = int(r), int(c)
