@@ -78,10 +78,14 @@ class _Side:
                                                           dtype=out_idx.dtype))
         # line i of every block row: rows i * n_out .. (i + 1) * n_out of the stacked matrix
         lines = torch.arange(r, dtype=torch.long, device=dev).unsqueeze(1) * n
-        crow = torch.empty(r * n_out + 1, dtype=torch.long, device=dev)
-        torch.mul(starts[:-1].unsqueeze(0) + lines, c, out=crow[:-1].view(r, n_out))
+        # int32 where it fits: torch's MKL (and cuSPARSE) path would convert int64 per call
+        small = max(r * n * c, c * n_in, r * n_out) < 2**31
+        index = torch.int32 if small else torch.long
+        crow = torch.empty(r * n_out + 1, dtype=index, device=dev)
+        crow[:-1].view(r, n_out).copy_((starts[:-1].unsqueeze(0) + lines) * c)
         crow[-1] = r * n * c
-        col = (in_idx.unsqueeze(1) * c + torch.arange(c, device=dev)).reshape(-1).repeat(r)
+        col = (in_idx.to(index).unsqueeze(1) * c
+               + torch.arange(c, dtype=index, device=dev)).reshape(-1).repeat(r)
         return _Side(order, blocks_t, crow, col, n_out, n_in, r, c)
 
     def oriented(self, values: torch.Tensor) -> torch.Tensor:
