@@ -402,3 +402,14 @@ def test_int32_indices(layout: torch.layout) -> None:
     assert torch.autograd.gradcheck(
         lambda v, x: factory(layout)(compressed.int(), plain.int(), v, dense.shape) @ x,
         (values, x), fast_mode=True)
+
+
+def test_square_bsr_view_with_transposed_values() -> None:
+    """The BSR view of a BSC tensor has block-transposed (non-contiguous) values; torch's
+    kernel, taken for square blocks, must read them as such."""
+    a, dense = make(BSC, (2, 2))
+    view = a.mT
+    assert view.layout == BSR and not view.values().is_contiguous()
+    x = rand(dense.shape[0], 3)
+    assert_dense_result(view @ x, dense.mT @ x, torch.float64)
+    assert_dense_result(view @ x.requires_grad_(), dense.mT @ x, torch.float64)
