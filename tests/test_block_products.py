@@ -139,6 +139,10 @@ def test_matmul_shapes(layout: torch.layout, block: tuple[int, int]) -> None:
         assert_dense_result(ab @ x, denseb @ x, torch.float64)
     g = rand(2, dense.shape[0], 3)
     assert_dense_result(ab.mT @ g, denseb.mT @ g, torch.float64)
+    for x in (rand(2, 3, dense.shape[0]), rand(dense.shape[0])):
+        assert_dense_result(x @ a, x @ dense, torch.float64)
+    assert_dense_result(rand(2, 3, dense.shape[0]) @ ab, rand(2, 3, dense.shape[0]) @ denseb,
+                        torch.float64)
     ab2, denseb2 = make(layout, block, batch=(2, 3), seed=6)
     x = rand(2, 3, k, 4)
     assert_dense_result(ab2 @ x, denseb2 @ x, torch.float64)
