@@ -84,7 +84,6 @@ SafeSparseTensor.classify([
 ], scalar_else_new)
 SafeSparseTensor.classify([
     T.coalesce, T.add, torch.add, T.__add__, T.__radd__, T.sub, torch.sub, T.__sub__,
-    torch.mm, T.mm, torch.matmul, T.matmul, T.__matmul__,
     T.to_sparse, T.to_sparse_coo, T.to_sparse_csr, T.to_sparse_csc, T.to_sparse_bsr,
     T.to_sparse_bsc,
 ], NEW_INDICES)
