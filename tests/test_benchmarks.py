@@ -67,10 +67,13 @@ def test_every_group_file_is_a_group() -> None:
 
 
 def test_every_target_is_judged_by_a_group() -> None:
-    """A target nobody measures would never count; its key is passed to judge() somewhere."""
+    """A target nobody measures would never count; its key is passed to judge() somewhere
+    (literally, or through a helper of its group: then the key is named again past its
+    ``TARGETS`` entry)."""
     sources = "\n".join(p.read_text(encoding="utf-8") for p in BENCH.glob("group_*.py"))
     for key in targets.all_targets():
-        assert re.search(rf"judge\(\s*\"{re.escape(key)}\"", sources), key
+        assert (re.search(rf"judge\(\s*\"{re.escape(key)}\"", sources)
+                or sources.count(f'"{key}"') >= 2), key
 
 
 def test_benchmarks_readme_shows_the_table() -> None:
