@@ -30,7 +30,15 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 
 from . import _originals
-from .tensor import OpKind, SafeSparseTensor, _inputs_checked, _is_checked, wrap_results
+from .tensor import (
+    OpKind,
+    SafeSparseTensor,
+    ToSafeSparseTensor,
+    _inputs_checked,
+    _is_checked,
+    _ToPlain,
+    wrap_results,
+)
 
 T = torch.Tensor
 BLOCK_LAYOUTS = (torch.sparse_bsr, torch.sparse_bsc)
@@ -362,7 +370,8 @@ def block_product(call: BlockCall) -> torch.Tensor:
     return torch.add(call.bias * call.beta, y, alpha=call.alpha)
 
 
-_IDENTITY_NODES = frozenset({"_ToSafeBackward", "_ToPlainBackward"})
+#: The autograd nodes of wrapping and unwrapping (identity Functions in tensor.py).
+_IDENTITY_NODES = frozenset(f.__name__ + "Backward" for f in (ToSafeSparseTensor, _ToPlain))
 
 
 def _signed(dim: int) -> int:

@@ -37,6 +37,7 @@ def _resolve(current: str, is_package: bool, node: ast.ImportFrom) -> list[str]:
 
 def import_graph() -> dict[str, set[str]]:
     files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    packages = {_module_name(p) for p in PACKAGE.rglob("__init__.py")}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         deps: set[str] = set()
@@ -45,8 +46,8 @@ def import_graph() -> dict[str, set[str]]:
                 deps.update(_resolve(name, path.name == "__init__.py", node))
             elif isinstance(node, ast.Import):
                 deps.update(a.name for a in node.names if a.name.startswith("safesparse."))
-        # a package's __init__ re-exports everything; edges into it say nothing about layering
-        graph[name] = {d for d in deps if d in files and d != name and d != "safesparse"}
+        # a package's __init__ re-exports its modules; edges into it say nothing about layering
+        graph[name] = {d for d in deps if d in files and d != name and d not in packages}
     return graph
 
 
