@@ -175,8 +175,8 @@ def _same_index_data(t: Any, other: Any) -> bool:
     if t.layout != other.layout or t.shape != other.shape:
         return False
     a, b = checked.record(t), checked.record(other)
-    return (a is not None and b is not None and a.state is not None and a.state is b.state
-            and a.geometry == b.geometry and _is_checked(t) and _is_checked(other))
+    return (a is not None and b is not None and checked.same_index_data(a, b)
+            and _is_checked(t) and _is_checked(other))
 
 
 @SafeSparseTensor.implements([T.add_, T.__iadd__, T.sub_, T.__isub__], NEW_INDICES)
