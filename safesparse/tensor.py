@@ -94,13 +94,14 @@ _aten = torch.ops.aten
 #: ``aten`` overloads included (decompositions and compiled code call those).
 _INDEX_ACCESSORS: frozenset[Callable[..., Any]] = frozenset({
     _T.crow_indices, _T.col_indices, _T.ccol_indices, _T.row_indices, _T._indices, _T.indices,
-    _aten.crow_indices.default, _aten.col_indices.default, _aten.ccol_indices.default,
-    _aten.row_indices.default, _aten._indices.default, _aten.indices.default,
+    *(f for name in ("crow_indices", "col_indices", "ccol_indices", "row_indices", "_indices",
+                     "indices")
+      for f in (getattr(_aten, name), getattr(_aten, name).default)),  # packet and overload
 })
 _INSPECTION = _INSPECTION | _INDEX_ACCESSORS | {
-    _aten.values.default, _aten._values.default, _aten._nnz.default, _aten.sparse_dim.default,
-    _aten.dense_dim.default, _aten.is_coalesced.default, _aten._dimI.default,
-    _aten._dimV.default, _aten.dim.default, _aten.numel.default, _aten.size.default,
+    *(f for name in ("values", "_values", "_nnz", "sparse_dim", "dense_dim", "is_coalesced",
+                     "_dimI", "_dimV", "dim", "numel", "size")
+      for f in (getattr(_aten, name), getattr(_aten, name).default)),
     _aten.size.int, _T.is_sparse_csr.__get__, _T.itemsize.__get__, _T.is_meta.__get__,  # type: ignore[attr-defined]
     _T.is_quantized.__get__, _T.is_nested.__get__,  # type: ignore[attr-defined]
     _T.__len__,
