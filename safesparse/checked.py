@@ -398,10 +398,16 @@ def _find(keys: Iterable[StorageKey]) -> list[IndexState]:
     return found
 
 
+#: States of index data without storage (no element anywhere): by view key.
+_empty: weakref.WeakValueDictionary[IndexKey, IndexState] = weakref.WeakValueDictionary()
+
+
 def lookup(members: Sequence[torch.Tensor]) -> IndexState | None:
     """The live state holding every one of these index tensors' storages, if any (nothing is
     created or merged)."""
     keys = storage_keys(members)
+    if not keys:
+        return _empty.get(index_key(members))
     with _cache_lock:
         found = _find(keys)
         if len(found) != 1 or any(k not in found[0].storages for k in keys):
@@ -409,10 +415,16 @@ def lookup(members: Sequence[torch.Tensor]) -> IndexState | None:
         return found[0]
 
 
-def _state_for(storages: dict[StorageKey, torch.UntypedStorage]) -> IndexState:
+def _state_for(storages: dict[StorageKey, torch.UntypedStorage], key: IndexKey) -> IndexState:
     """The one state for these storages: found, created, or merged from the states that
-    held some of them (SPEC 4: one state per storage)."""
+    held some of them (SPEC 4: one state per storage). Index data without storage (no
+    element) has a state per view ``key``."""
     with _cache_lock:
+        if not storages:
+            state = _empty.get(key)
+            if state is None:
+                state = _empty[key] = IndexState()
+            return state
         found = _find(storages)
         if not found:
             state = IndexState()
@@ -420,19 +432,19 @@ def _state_for(storages: dict[StorageKey, torch.UntypedStorage]) -> IndexState:
             state = found[0]
             if len(found) > 1:
                 locks = sorted(found, key=id)
-                for st in locks:
-                    st.lock.acquire()
+                for held in locks:
+                    held.lock.acquire()
                 try:
                     for other in found[1:]:
                         state._absorb(other)
                 finally:
-                    for st in locks:
-                        st.lock.release()
+                    for held in locks:
+                        held.lock.release()
                 for k in state.storages:
                     _cache[k] = state
-        for k, st in storages.items():
+        for k, storage in storages.items():
             if k not in state.storages:
-                state.storages[k] = st
+                state.storages[k] = storage
                 _cache[k] = state
         return state
 
@@ -460,7 +472,7 @@ def join(t: torch.Tensor, members: Sequence[torch.Tensor] | None = None,
         else:
             if key is None or ptrs != tuple(k[0] for k in key):
                 key = index_key(members)
-            state = _state_for(storage_keys(members))
+            state = _state_for(storage_keys(members), key)
             state.witness(t, members[0] if members else t)
             rec = Record(state, members, ptrs, False, key)
     t._ss = rec  # type: ignore[attr-defined]

@@ -4,8 +4,9 @@ Random sequences of builds, rebuilds on handed-out members, builds on overlappin
 live index memory (a batch of one on the same storage, a COO on a prefix of an edge list),
 transposes, values-only ops, index-building ops, any tensor (valid or not) into a kernel (the
 guard refuses invalid data), in-place writes through every alias safesparse hands out (also
-through torch's aten accessors) or was given, ``del`` + ``gc.collect()`` and debug mode on/off. After every step, for every live tensor:
-``ss.is_checked(t)`` implies that torch's own checker accepts clones of its current members.
+through torch's aten accessors) or was given, ``del`` + ``gc.collect()`` and debug mode
+on/off. After every step, for every live tensor: ``ss.is_checked(t)`` implies that torch's own
+checker accepts clones of its current members.
 
 Steps run torch kernels only on tensors the oracle says are valid (a kernel on invalid index
 data may crash the process; that safesparse never lets such a tensor report checked is what

@@ -358,7 +358,7 @@ def test_unchecked_input_is_validated_before_the_transpose() -> None:
     bad_p[0] = 10**6
     bad = ss.sparse_csr_tensor(c.clone(), bad_p, t.values(), t.shape, check_invariants=False)
     with pytest.raises(ss.InvariantError, match="argument 0"):
-        bad.mT
+        _ = bad.mT
 
 
 # ---------------------------------------------------------------------------------------------
