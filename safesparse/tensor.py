@@ -613,7 +613,7 @@ def _wrap_one(
             return ret  # (e.g. ``t.to(t.dtype)``): nothing was written, its state stands
         if debug:
             validate_into(ret, True, op_name(func))
-        elif kind is OpKind.NEW_INDICES and trusted:
+        elif kind is OpKind.NEW_INDICES:  # (its inputs passed the guard)
             validate_into(ret, False, op_name(func))
         else:
             checked.after_inplace(ret, keeps_indices=trusted and kind is OpKind.PRESERVING)
@@ -625,7 +625,9 @@ def _wrap_one(
         checked.join(out, unshared=trusted)
     else:
         out = wrap(ret, unshared=trusted)
-    if debug or (trusted and kind is OpKind.NEW_INDICES):
+    if debug or kind is OpKind.NEW_INDICES:
+        # torch built the index data from inputs the guard passed (plain ones included):
+        # validated, repaired or refused here rather than at its first use
         return _validated_result(func, out, debug)
     if trusted and kind is OpKind.PRESERVING and _metadata_kept(args, out):
         checked.mark_derived(out, _geometry(args, out) if geometry is None else geometry,
