@@ -605,9 +605,15 @@ def _wrap_one(
     if ret.layout not in SPARSE_LAYOUTS:
         return ret
     debug = is_debug()
-    # Checked after the op too; an in-place op's own target moved its counter itself.
-    trusted = not debug and before and kind is not OpKind.UNKNOWN and bool(inputs) and all(
-        _is_checked(x) for x in inputs if x is not ret)
+    # A preserving result is trusted only if its inputs are checked after the op too (an
+    # in-place op's own target moved its counter itself); a NEW_INDICES result is validated
+    # anyway, so the guard's check before the op is all it needs (one lookup per input).
+    if debug or not before or kind is OpKind.UNKNOWN or not inputs:
+        trusted = False
+    elif kind is OpKind.PRESERVING:
+        trusted = all(_is_checked(x) for x in inputs if x is not ret)
+    else:
+        trusted = True
     if isinstance(ret, SafeSparseTensor):  # an in-place op, or one returning an input as is
         if not _mutates(func):
             return ret  # (e.g. ``t.to(t.dtype)``): nothing was written, its state stands
