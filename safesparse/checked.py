@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import torch
 from torch._C import DisableTorchFunctionSubclass
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .validation import compressed_members, members
 
@@ -145,10 +146,11 @@ class IndexState:
     whose index members live on any of them (any view, any shape: SPEC 4).
 
     ``proven`` holds ``(view key, geometry)`` pairs: the index tensors at that view (data
-    pointer, shape, strides, dtype) were validated for that geometry. ``storages`` keeps the
-    storages alive (no other storage can take their address while a proof names it) and
-    tells when one moved (``share_memory_()``). States that come to share a storage are merged
-    (``merged`` points to the survivor)."""
+    pointer, shape, strides, dtype) were validated for that geometry. ``storages`` holds a
+    weak reference and the size of each storage: a storage that died or moved
+    (``share_memory_()``) takes the proofs naming its addresses with it, before another
+    storage can be taken for it at that address. States that come to share a storage are
+    merged (``merged`` points to the survivor)."""
 
     __slots__ = ("__weakref__", "_limit", "lock", "merged", "proven", "retired", "storages",
                  "watches")
@@ -157,7 +159,7 @@ class IndexState:
         self.proven: set[Hashable] = set()
         self.watches: dict[int, Watch] = {}  # by id(owner), checked against the weak owner
         self.retired: list[Watch] = []  # watches whose owner died; dropped once gone
-        self.storages: dict[StorageKey, torch.UntypedStorage] = {}
+        self.storages: dict[StorageKey, tuple[StorageWeakRef, int]] = {}
         self.merged: IndexState | None = None
         self.lock = threading.Lock()
         self._limit = 8
@@ -295,9 +297,29 @@ class IndexState:
             w.hand_out(member)
         member._ss_state = self  # type: ignore[attr-defined]  # see knows()
 
-    def live(self) -> bool:
-        """Whether every storage is still at the address it was keyed by."""
-        return all(st.data_ptr() == k[1] for k, st in self.storages.items())
+    def _fresh(self, k: StorageKey) -> bool:
+        """Whether the storage keyed ``k`` is alive and still at that address."""
+        entry = self.storages.get(k)
+        if entry is None or entry[0].expired():  # type: ignore[no-untyped-call]
+            return False
+        storage = torch.UntypedStorage._new_with_weak_ptr(entry[0].cdata)
+        return storage is not None and storage.data_ptr() == k[1]
+
+    def _forget(self, k: StorageKey) -> None:
+        """The storage keyed ``k`` died or moved: drop it and every proof naming an address
+        inside it (another storage may be given that address)."""
+        entry = self.storages.pop(k, None)
+        start = k[1]
+        end = start + (entry[1] if entry is not None else 1)
+        self.proven = {p for p in self.proven
+                       if not any(start <= m[0] < end for m in p[0])}  # type: ignore[index]
+
+    def _prune_storages(self) -> list[StorageKey]:
+        """Forget the storages that died or moved; returns their keys."""
+        gone = [k for k in self.storages if not self._fresh(k)]
+        for k in gone:
+            self._forget(k)
+        return gone
 
     def knows(self, x: torch.Tensor) -> bool:
         """Whether writes through the plain tensor ``x`` are seen here: it is a watched owner,
@@ -383,15 +405,19 @@ def storage_keys(members: Iterable[torch.Tensor]) -> dict[StorageKey, torch.Unty
 
 def _find(keys: Iterable[StorageKey]) -> list[IndexState]:
     """The distinct live states on these storages (``_cache_lock`` held). A state whose
-    storage moved away (``share_memory_()``; the address may be reused) is dropped."""
+    storage at a key died or moved away (the address may now be another storage's) forgets
+    it, and the proofs naming it, and is not the state for that key any more."""
     found: list[IndexState] = []
     for k in keys:
         state = resolve(_cache.get(k))
         if state is None:
             continue
-        if not state.live():
-            for key in [key for key, st in _cache.items() if resolve(st) is state]:
-                del _cache[key]
+        with state.lock:
+            fresh = state._fresh(k)
+            if not fresh:
+                state._forget(k)
+        if not fresh:
+            del _cache[k]
             continue
         if all(state is not f for f in found):
             found.append(state)
@@ -442,9 +468,17 @@ def _state_for(storages: dict[StorageKey, torch.UntypedStorage], key: IndexKey) 
                         held.lock.release()
                 for k in state.storages:
                     _cache[k] = state
-        for k, storage in storages.items():
-            if k not in state.storages:
-                state.storages[k] = storage
+        new = [k for k in storages if k not in state.storages]
+        if new:
+            with state.lock:
+                for k in state._prune_storages():  # bounded by the storages alive
+                    if resolve(_cache.get(k)) is state:
+                        del _cache[k]
+                for k in new:
+                    storage = storages[k]
+                    state.storages[k] = (StorageWeakRef(storage),  # type: ignore[no-untyped-call]
+                                         storage.nbytes())
+            for k in new:
                 _cache[k] = state
         return state
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import safesparse as ss
+import safesparse.checked
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -246,3 +247,17 @@ def test_every_aten_index_accessor_hands_out_a_watched_member(accessor: str) -> 
     assert ss.is_checked(t)
     member.view(-1)[-1] = 10**9
     assert not ss.is_checked(t)
+
+
+def test_a_state_forgets_dead_storages_and_their_proofs() -> None:
+    # a persistent crow with a fresh col each step: the state does not keep the old cols
+    crow = torch.tensor([0, 1, 2])
+    keep = ss.sparse_csr_tensor(crow, torch.tensor([0, 1]), torch.ones(2), (2, 2))
+    for _ in range(30):
+        ss.sparse_csr_tensor(crow, torch.tensor([1, 0]), torch.ones(2), (2, 2))
+        gc.collect()
+    rec = safesparse.checked.record(keep)
+    assert rec is not None
+    state = safesparse.checked.state_of(rec)
+    assert state is not None and len(state.storages) <= 4
+    assert ss.is_checked(keep)
