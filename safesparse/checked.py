@@ -297,11 +297,15 @@ class IndexState:
             w.hand_out(member)
         member._ss_state = self  # type: ignore[attr-defined]  # see knows()
 
-    def _fresh(self, k: StorageKey) -> bool:
-        """Whether the storage keyed ``k`` is alive and still at that address."""
+    def _fresh(self, k: StorageKey, live: torch.UntypedStorage | None = None) -> bool:
+        """Whether the storage keyed ``k`` is alive and still at that address. ``live``: the
+        storage now at that address, if the caller has it (then: whether it is that one; our
+        weak reference keeps its control block, so its address is not another's)."""
         entry = self.storages.get(k)
         if entry is None or entry[0].expired():  # type: ignore[no-untyped-call]
             return False
+        if live is not None:
+            return bool(entry[0].cdata == live._cdata)
         storage = torch.UntypedStorage._new_with_weak_ptr(entry[0].cdata)
         return storage is not None and storage.data_ptr() == k[1]
 
@@ -403,17 +407,17 @@ def storage_keys(members: Iterable[torch.Tensor]) -> dict[StorageKey, torch.Unty
     return out
 
 
-def _find(keys: Iterable[StorageKey]) -> list[IndexState]:
+def _find(keys: dict[StorageKey, torch.UntypedStorage]) -> list[IndexState]:
     """The distinct live states on these storages (``_cache_lock`` held). A state whose
     storage at a key died or moved away (the address may now be another storage's) forgets
     it, and the proofs naming it, and is not the state for that key any more."""
     found: list[IndexState] = []
-    for k in keys:
+    for k, live in keys.items():
         state = resolve(_cache.get(k))
         if state is None:
             continue
         with state.lock:
-            fresh = state._fresh(k)
+            fresh = state._fresh(k, live)
             if not fresh:
                 state._forget(k)
         if not fresh:
