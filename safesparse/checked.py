@@ -12,19 +12,20 @@ is never remembered: it is validated again whenever its state is asked for.
 
 How it is remembered
 --------------------
-Each SafeSparseTensor carries one :class:`Record` (attribute ``_ss``). Records of tensors built
-on the same index *structure* (member tensors with the same data pointer, shape, strides, dtype
-and device) share one :class:`IndexState`, found through a weak cache keyed by the structure.
-The state holds
+Each SafeSparseTensor carries one :class:`Record` (attribute ``_ss``). Records of tensors whose
+index members live on the same *storage* (any view, shape or direction: a batch and one of its
+samples, an edge list and its prefix) share one :class:`IndexState`, found through a weak cache
+keyed by storage; states that come to share a storage are merged. The state holds
 
-* the *geometries* (compressed/plain extents, or COO sparse sizes and coalesced flag) that
-  validation has proven for the current data, and
+* the proofs: for a *view* of its index data (data pointer, shape, strides, dtype and device of
+  each member), the *geometries* (compressed/plain extents, or COO sparse sizes and coalesced
+  flag) that validation has proven for the current data, and
 * one :class:`Watch` per tensor object that can write the structure: an alias sharing that
   object's version counter, and the counter's value when the proofs were made. torch bumps the
   counter on every in-place write, through the object or anything sharing its counter (the
   members a sparse tensor hands out share its counter; so do views of them).
 
-A moved counter voids every proof of the state, for every tensor sharing it. A watch is only
+A moved counter voids every proof of the state, for every tensor on its storages. A watch is only
 dropped once its owner and every member it handed out are gone, and only after it was checked:
 a write through a tensor that has died since is still seen. Proofs are made from a snapshot of
 the counters taken *before* validation read the data, so a write landing during validation is
