@@ -30,6 +30,17 @@ from harness import (
     target_text,
 )
 
+#: Targets of this group's per-op rows (issue 17), read by the rows below; the lead moves them
+#: into benchmarks/targets.py when merging.
+TARGETS = [
+    ("wrapper.op_overhead", "overhead over torch of A * 2, A @ x, .mT, .to(float64), rebuild on "
+     "checked indices and the guard on a checked input (64x64 10% CSR and 1e4-nnz CSR)",
+     10e-6, "s"),
+    ("wrapper.values", "overhead of t.values() over the plain tensor's", 1e-6, "s"),
+    ("wrapper.validate_checked", "ss.validate(t) of a checked t", 2e-6, "s"),
+]
+_LIMITS = {key: limit for key, _, limit, _ in TARGETS}
+
 COLUMNS = [
     Column("measurement"), Column("nnz", fmt_n), Column("safesparse (µs)", fmt_us),
     Column("baseline"), Column("baseline (µs)", fmt_us), Column("overhead (µs)", fmt_signed_us),
@@ -172,6 +183,52 @@ def _spmm_values(table: Table, cfg: Config, ss: ModuleType, t: torch.Tensor, nnz
               ratio(tm["ss"], tm["plain"]), target_text("wrapper.values_overhead"),
               judge("wrapper.values_overhead", over), tm.max_spread())
     _scalar_mul(table, cfg, ss, gen)
+    _per_op(table, cfg, ss, gen)
+
+
+def _per_op(table: Table, cfg: Config, ss: ModuleType, gen: torch.Generator) -> None:
+    """Issue 17's per-op rows: the overhead over torch of common ops on a checked CSR tensor
+    (64x64 at 10% and about 1e4 nnz), and the guard alone on a checked input."""
+    for side, density in ((64, 0.1), (1000, 0.01)):
+        _per_op_size(table, cfg, ss, gen, side, density)
+
+
+def _per_op_size(table: Table, cfg: Config, ss: ModuleType, gen: torch.Generator, side: int,
+                 density: float) -> None:
+    from torch._C import DisableTorchFunctionSubclass
+
+    limit = _LIMITS["wrapper.op_overhead"]
+    target = f"overhead <= {limit * 1e6:.0f} µs (aim 5)"
+    dense = (torch.rand(side, side, generator=gen) < density).float()
+    a = ss.validate(dense.to_sparse_csr())
+    plain = ss.unwrap(a)
+    x = torch.rand(side, 8, generator=gen)
+    pc, pp = plain.crow_indices(), plain.col_indices()
+    nv = torch.rand(int(plain._nnz()), generator=gen)
+    size = tuple(plain.shape)
+    label = f"{side}x{side} CSR"
+    rows: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
+        "A @ x (8 cols)": (lambda: a @ x, lambda: plain @ x),
+        ".mT": (lambda: a.mT, lambda: plain.mT),
+        ".to(float64)": (lambda: a.to(torch.float64), lambda: plain.to(torch.float64)),
+        "rebuild on checked indices": (
+            lambda: ss.sparse_csr_tensor(a.crow_indices(), a.col_indices(), nv, a.shape),
+            lambda: torch.sparse_csr_tensor(pc, pp, nv, size, check_invariants=False)),
+    }
+    if side != 64:
+        rows["A * 2"] = (lambda: a * 2, lambda: plain * 2)
+    guard = getattr(ss.tensor, "guard", None)
+    if guard is not None:
+        def guarded() -> None:
+            with DisableTorchFunctionSubclass():
+                guard(torch.Tensor.mul, (a, 2), {})
+        rows["the guard on a checked input"] = (guarded, lambda: None)
+    for name, (f_ss, f_torch) in rows.items():
+        tm = measure({"ss": f_ss, "torch": f_torch}, cfg, f"wrapper {name} {label}")
+        over = diff(tm["ss"], tm["torch"])
+        table.add(f"{name}, {label}", int(plain._nnz()), tm["ss"], "torch", tm["torch"],
+                  over, ratio(tm["ss"], tm["torch"]), target, _met(_le(over, limit)),
+                  tm.max_spread())
 
 
 def _scalar_mul(table: Table, cfg: Config, ss: ModuleType, gen: torch.Generator) -> None:

@@ -478,7 +478,9 @@ def _block_mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 SafeSparseTensor.implements([*_MM, *_MATMUL], OpKind.NEW_INDICES)(_block_mm)
-SafeSparseTensor.implements([T.__rmatmul__, *_ADDMM], OpKind.UNKNOWN)(_block_mm)
+SafeSparseTensor.implements([T.__rmatmul__], OpKind.UNKNOWN)(_block_mm)
+# addmm's entry is ops._addmm_route: it takes this module's route first (block_call), then
+# repairs torch's crashing all-CSC addmm.
 
 
 __all__ = [

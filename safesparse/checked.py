@@ -12,19 +12,20 @@ is never remembered: it is validated again whenever its state is asked for.
 
 How it is remembered
 --------------------
-Each SafeSparseTensor carries one :class:`Record` (attribute ``_ss``). Records of tensors built
-on the same index *structure* (member tensors with the same data pointer, shape, strides, dtype
-and device) share one :class:`IndexState`, found through a weak cache keyed by the structure.
-The state holds
+Each SafeSparseTensor carries one :class:`Record` (attribute ``_ss``). Records of tensors whose
+index members live on the same *storage* (any view, shape or direction: a batch and one of its
+samples, an edge list and its prefix) share one :class:`IndexState`, found through a weak cache
+keyed by storage; states that come to share a storage are merged. The state holds
 
-* the *geometries* (compressed/plain extents, or COO sparse sizes and coalesced flag) that
-  validation has proven for the current data, and
+* the proofs: for a *view* of its index data (data pointer, shape, strides, dtype and device of
+  each member), the *geometries* (compressed/plain extents, or COO sparse sizes and coalesced
+  flag) that validation has proven for the current data, and
 * one :class:`Watch` per tensor object that can write the structure: an alias sharing that
   object's version counter, and the counter's value when the proofs were made. torch bumps the
   counter on every in-place write, through the object or anything sharing its counter (the
   members a sparse tensor hands out share its counter; so do views of them).
 
-A moved counter voids every proof of the state, for every tensor sharing it. A watch is only
+A moved counter voids every proof of the state, for every tensor on its storages. A watch is only
 dropped once its owner and every member it handed out are gone, and only after it was checked:
 a write through a tensor that has died since is still seen. Proofs are made from a snapshot of
 the counters taken *before* validation read the data, so a write landing during validation is
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 
 import torch
 from torch._C import DisableTorchFunctionSubclass
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .validation import compressed_members, members
 
@@ -141,15 +143,25 @@ Snapshot = dict[int, int]
 
 
 class IndexState:
-    """What is known about one index structure; shared by every tensor built on it."""
+    """What is known about the index data on one set of storages; shared by every tensor
+    whose index members live on any of them (any view, any shape: SPEC 4).
 
-    __slots__ = ("__weakref__", "_limit", "key", "lock", "proven", "retired", "watches")
+    ``proven`` holds ``(view key, geometry)`` pairs: the index tensors at that view (data
+    pointer, shape, strides, dtype) were validated for that geometry. ``storages`` holds a
+    weak reference and the size of each storage: a storage that died or moved
+    (``share_memory_()``) takes the proofs naming its addresses with it, before another
+    storage can be taken for it at that address. States that come to share a storage are
+    merged (``merged`` points to the survivor)."""
 
-    def __init__(self, key: IndexKey) -> None:
-        self.key = key
+    __slots__ = ("__weakref__", "_limit", "lock", "merged", "proven", "retired", "storages",
+                 "watches")
+
+    def __init__(self) -> None:
         self.proven: set[Hashable] = set()
         self.watches: dict[int, Watch] = {}  # by id(owner), checked against the weak owner
         self.retired: list[Watch] = []  # watches whose owner died; dropped once gone
+        self.storages: dict[StorageKey, tuple[StorageWeakRef, int]] = {}
+        self.merged: IndexState | None = None
         self.lock = threading.Lock()
         self._limit = 8
 
@@ -199,6 +211,22 @@ class IndexState:
         self.retired = keep
         self._limit = max(8, 2 * (len(self.watches) + len(self.retired)))
 
+    def _absorb(self, other: IndexState) -> None:
+        """Take over ``other``'s watches, storages and (if they still hold) proofs; both
+        locks are held."""
+        if other._holds():
+            self.proven |= other.proven
+        for i, w in other.watches.items():
+            if i in self.watches:
+                self.retired.append(w)
+            else:
+                self.watches[i] = w
+        self.retired += other.retired
+        self.storages.update(other.storages)
+        other.merged = self
+        other.proven = set()  # a late proof on the absorbed state proves nothing here
+        self._limit = max(8, 2 * (len(self.watches) + len(self.retired)))
+
     # -- public, locking ---------------------------------------------------------------------
 
     def witness(self, owner: torch.Tensor, alias: torch.Tensor) -> Watch:
@@ -213,18 +241,19 @@ class IndexState:
         with self.lock:
             return self._holds()
 
-    def is_proven(self, geometry: Hashable) -> bool:
+    def is_proven(self, proof: Hashable) -> bool:
         with self.lock:
-            return geometry in self.proven and self._holds()
+            return proof in self.proven and self._holds()
 
     def snapshot(self) -> Snapshot:
         """The counters now: pass to :meth:`prove` once validation has read the data."""
         with self.lock:
             return {id(w): w.alias._version for w in self._all()}
 
-    def prove(self, geometry: Hashable, snap: Snapshot) -> bool:
-        """Validation passed for ``geometry`` on the data as it was at ``snap``. Proven only if
-        no counter moved since (a write during validation); returns whether it was."""
+    def prove(self, proof: Hashable, snap: Snapshot) -> bool:
+        """Validation passed for ``proof`` (view key, geometry) on the data as it was at
+        ``snap``. Proven only if no counter moved since (a write during validation); returns
+        whether it was."""
         with self.lock:
             for w in self._all():
                 now = w.alias._version
@@ -233,24 +262,24 @@ class IndexState:
             if not self._holds():  # the proofs were void: re-arm at the validated versions
                 for w in self._all():
                     w.version = w.alias._version
-            self.proven.add(geometry)
+            self.proven.add(proof)
             return True
 
-    def derive(self, geometry: Hashable) -> bool:
-        """A tensor made by a known op from checked tensors has ``geometry``: record it while
+    def derive(self, proof: Hashable) -> bool:
+        """A tensor made by a known op from checked tensors has ``proof``: record it while
         the state holds (nothing is re-armed: no data was read). Returns whether it holds."""
         with self.lock:
             if not self._holds():
                 return False
-            self.proven.add(geometry)
+            self.proven.add(proof)
             return True
 
-    def rearm(self, owner: torch.Tensor, geometry: Hashable) -> bool:
-        """``owner`` ran an in-place op known to keep its index data valid for ``geometry``:
+    def rearm(self, owner: torch.Tensor, proof: Hashable) -> bool:
+        """``owner`` ran an in-place op known to keep its index data valid for ``proof``:
         take its counter as it is now, if every other watch still holds."""
         with self.lock:
             mine = self._watch_of(owner)
-            if mine is None or geometry not in self.proven:
+            if mine is None or proof not in self.proven:
                 return False
             for w in self._all():
                 if w is not mine and w.changed():
@@ -269,17 +298,38 @@ class IndexState:
             w.hand_out(member)
         member._ss_state = self  # type: ignore[attr-defined]  # see knows()
 
-    def at(self, key: IndexKey) -> bool:
-        """Whether the watched storage is still at ``key``'s addresses."""
-        ptrs = [k[0] for k in key]
-        for w in self.watches.values():
-            return w.alias.data_ptr() in ptrs
-        return True
+    def _fresh(self, k: StorageKey, live: torch.UntypedStorage | None = None) -> bool:
+        """Whether the storage keyed ``k`` is alive and still at that address. ``live``: the
+        storage now at that address, if the caller has it (then: whether it is that one; our
+        weak reference keeps its control block, so its address is not another's)."""
+        entry = self.storages.get(k)
+        if entry is None or entry[0].expired():  # type: ignore[no-untyped-call]
+            return False
+        if live is not None:
+            return bool(entry[0].cdata == live._cdata)
+        storage = torch.UntypedStorage._new_with_weak_ptr(entry[0].cdata)
+        return storage is not None and storage.data_ptr() == k[1]
+
+    def _forget(self, k: StorageKey) -> None:
+        """The storage keyed ``k`` died or moved: drop it and every proof naming an address
+        inside it (another storage may be given that address)."""
+        entry = self.storages.pop(k, None)
+        start = k[1]
+        end = start + (entry[1] if entry is not None else 1)
+        self.proven = {p for p in self.proven
+                       if not any(start <= m[0] < end for m in p[0])}  # type: ignore[index]
+
+    def _prune_storages(self) -> list[StorageKey]:
+        """Forget the storages that died or moved; returns their keys."""
+        gone = [k for k in self.storages if not self._fresh(k)]
+        for k in gone:
+            self._forget(k)
+        return gone
 
     def knows(self, x: torch.Tensor) -> bool:
         """Whether writes through the plain tensor ``x`` are seen here: it is a watched owner,
         or a member handed out by one (sharing that owner's counter)."""
-        if x.__dict__.get("_ss_state") is self:
+        if resolve(x.__dict__.get("_ss_state")) is self:
             return True
         with self.lock:
             return self._watch_of(x) is not None
@@ -290,6 +340,13 @@ class IndexState:
             return len(self.watches) + len(self.retired)
 
 
+def resolve(state: IndexState | None) -> IndexState | None:
+    """The live state a (possibly merged) state forwards to."""
+    while state is not None and state.merged is not None:
+        state = state.merged
+    return state
+
+
 # ---------------------------------------------------------------------------------------------
 # Records: the checked state of one tensor
 
@@ -297,20 +354,22 @@ class IndexState:
 class Record:
     """The checked state of one SafeSparseTensor.
 
-    ``state`` is the shared state of its index structure (None for volatile tensors);
-    ``members`` its index members when it joined and ``ptrs`` their data pointers then (storage
-    moved since, e.g. by ``share_memory_()``, makes it unchecked); ``geometry`` what it was
-    proven for when ``trusted`` (validated, or derived by a known op). ``volatile`` tensors
-    (inference tensors, shared memory) are validated whenever their state is asked for.
+    ``state`` is the shared state of its index storages (None for volatile tensors; read it
+    through :func:`state_of`, which follows merges); ``members`` its index members when it
+    joined, ``ptrs`` their data pointers then (storage moved since, e.g. by
+    ``share_memory_()``, makes it unchecked) and ``key`` their view key; ``geometry`` what it
+    was proven for when ``trusted`` (validated, or derived by a known op). ``volatile``
+    tensors (inference tensors, shared memory) are validated whenever their state is asked for.
     """
 
-    __slots__ = ("geometry", "members", "ptrs", "state", "trusted", "volatile")
+    __slots__ = ("geometry", "key", "members", "ptrs", "state", "trusted", "volatile")
 
     def __init__(self, state: IndexState | None, members: Sequence[torch.Tensor],
-                 ptrs: tuple[int, ...], volatile: bool) -> None:
+                 ptrs: tuple[int, ...], volatile: bool, key: IndexKey = ()) -> None:
         self.state = state
         self.members = tuple(members)
         self.ptrs = ptrs
+        self.key = key
         self.volatile = volatile
         self.trusted = False
         self.geometry: Hashable = None
@@ -319,29 +378,113 @@ class Record:
         """Whether the member storage is still where it was when this record joined."""
         return tuple(m.data_ptr() for m in self.members) == self.ptrs
 
+    def proof(self) -> Hashable:
+        return (self.key, self.geometry)
 
-_cache: weakref.WeakValueDictionary[IndexKey, IndexState] = weakref.WeakValueDictionary()
+
+def state_of(rec: Record) -> IndexState | None:
+    """``rec``'s state, following merges (and remembering the survivor)."""
+    state = rec.state
+    if state is not None and state.merged is not None:
+        state = rec.state = resolve(state)
+    return state
+
+
+#: Storage identity: device and the storage's data pointer.
+StorageKey = tuple[torch.device, int]
+
+_cache: weakref.WeakValueDictionary[StorageKey, IndexState] = weakref.WeakValueDictionary()
 _cache_lock = threading.Lock()
 
 
-def lookup(key: IndexKey) -> IndexState | None:
-    """The live state of this index structure, if any (not created).
+def storage_keys(members: Iterable[torch.Tensor]) -> dict[StorageKey, torch.UntypedStorage]:
+    """The storages of ``members`` by key (storages without data are left out)."""
+    out: dict[StorageKey, torch.UntypedStorage] = {}
+    for m in members:
+        st = m.untyped_storage()
+        ptr = st.data_ptr()
+        if ptr:
+            out[(m.device, ptr)] = st
+    return out
 
-    A state whose storage moved away from the key's pointers (``share_memory_()`` moves a
-    storage's data; the old address may then be reused) is stale: it is dropped here."""
+
+def _find(keys: dict[StorageKey, torch.UntypedStorage]) -> list[IndexState]:
+    """The distinct live states on these storages (``_cache_lock`` held). A state whose
+    storage at a key died or moved away (the address may now be another storage's) forgets
+    it, and the proofs naming it, and is not the state for that key any more."""
+    found: list[IndexState] = []
+    for k, live in keys.items():
+        state = resolve(_cache.get(k))
+        if state is None:
+            continue
+        with state.lock:
+            fresh = state._fresh(k, live)
+            if not fresh:
+                state._forget(k)
+        if not fresh:
+            del _cache[k]
+            continue
+        if all(state is not f for f in found):
+            found.append(state)
+    return found
+
+
+#: States of index data without storage (no element anywhere): by view key.
+_empty: weakref.WeakValueDictionary[IndexKey, IndexState] = weakref.WeakValueDictionary()
+
+
+def lookup(members: Sequence[torch.Tensor]) -> IndexState | None:
+    """The live state holding every one of these index tensors' storages, if any (nothing is
+    created or merged)."""
+    keys = storage_keys(members)
+    if not keys:
+        return _empty.get(index_key(members))
     with _cache_lock:
-        state = _cache.get(key)
-        if state is not None and not state.at(key):
-            del _cache[key]
-            state = None
-        return state
+        found = _find(keys)
+        if len(found) != 1 or any(k not in found[0].storages for k in keys):
+            return None
+        return found[0]
 
 
-def _create(key: IndexKey) -> IndexState:
+def _state_for(storages: dict[StorageKey, torch.UntypedStorage], key: IndexKey) -> IndexState:
+    """The one state for these storages: found, created, or merged from the states that
+    held some of them (SPEC 4: one state per storage). Index data without storage (no
+    element) has a state per view ``key``."""
     with _cache_lock:
-        state = _cache.get(key)
-        if state is None or not state.at(key):
-            state = _cache[key] = IndexState(key)
+        if not storages:
+            state = _empty.get(key)
+            if state is None:
+                state = _empty[key] = IndexState()
+            return state
+        found = _find(storages)
+        if not found:
+            state = IndexState()
+        else:
+            state = found[0]
+            if len(found) > 1:
+                locks = sorted(found, key=id)
+                for held in locks:
+                    held.lock.acquire()
+                try:
+                    for other in found[1:]:
+                        state._absorb(other)
+                finally:
+                    for held in locks:
+                        held.lock.release()
+                for k in state.storages:
+                    _cache[k] = state
+        new = [k for k in storages if k not in state.storages]
+        if new:
+            with state.lock:
+                for k in state._prune_storages():  # bounded by the storages alive
+                    if resolve(_cache.get(k)) is state:
+                        del _cache[k]
+                for k in new:
+                    storage = storages[k]
+                    state.storages[k] = (StorageWeakRef(storage),  # type: ignore[no-untyped-call]
+                                         storage.nbytes())
+            for k in new:
+                _cache[k] = state
         return state
 
 
@@ -352,30 +495,25 @@ def _shared(members: Sequence[torch.Tensor]) -> bool:
 
 def join(t: torch.Tensor, members: Sequence[torch.Tensor] | None = None,
          key: IndexKey | None = None, *, unshared: bool = False) -> Record:
-    """Give ``t`` (a fresh wrapper) a record, joined to its index structure's state and watched
-    there. ``key``: the structure's key, if the caller has it (reused while the pointers match).
+    """Give ``t`` (a fresh wrapper) a record, joined to the state of its index storages and
+    watched there. ``key``: the view key, if the caller has it (reused while the pointers
+    match).
 
     Storage shared with other processes, and inference tensors, get a volatile record (no
-    state). Only a structure new to the cache is asked whether it is shared: a live state's
-    storage was not, and sharing it since would have moved it (see :func:`lookup`).
-    ``unshared``: the caller knows (an op's result from inputs checked just now)."""
+    state). ``unshared``: the caller knows the storage is not shared (an op's result from
+    inputs checked just now)."""
     with DisableTorchFunctionSubclass():
         if members is None:
             members = index_members(t)
         ptrs = tuple(m.data_ptr() for m in members)
-        if t.is_inference():
+        if t.is_inference() or (not unshared and _shared(members)):
             rec = Record(None, members, ptrs, True)
         else:
             if key is None or ptrs != tuple(k[0] for k in key):
                 key = index_key(members)
-            state = lookup(key)
-            if state is None and not unshared and _shared(members):
-                rec = Record(None, members, ptrs, True)
-            else:
-                if state is None:
-                    state = _create(key)
-                state.witness(t, members[0] if members else t)
-                rec = Record(state, members, ptrs, False)
+            state = _state_for(storage_keys(members), key)
+            state.witness(t, members[0] if members else t)
+            rec = Record(state, members, ptrs, False, key)
     t._ss = rec  # type: ignore[attr-defined]
     return rec
 
@@ -407,22 +545,36 @@ def is_checked(t: torch.Tensor,
         return False
     if rec.volatile:
         return revalidate is not None and revalidate(t)
-    state = rec.state
+    state = state_of(rec)
     assert state is not None
-    return rec.unmoved() and state.is_proven(rec.geometry)
+    return rec.unmoved() and state.is_proven((rec.key, rec.geometry))
+
+
+def is_proven(rec: Record, geometry: Hashable) -> bool:
+    """Whether ``rec``'s index data (its view) is proven for ``geometry`` now."""
+    state = state_of(rec)
+    return state is not None and state.is_proven((rec.key, geometry))
+
+
+def same_index_data(a: Record, b: Record) -> bool:
+    """Both records are on one view of one state's storage, with the same geometry."""
+    sa = state_of(a)
+    return (sa is not None and sa is state_of(b) and a.key == b.key
+            and a.geometry == b.geometry)
 
 
 def snapshot(t: torch.Tensor) -> Snapshot:
     """Counters of ``t``'s state before validation reads its data (see :meth:`IndexState.prove`)."""
-    rec = current_record(t)
-    return rec.state.snapshot() if rec.state is not None else {}
+    state = state_of(current_record(t))
+    return state.snapshot() if state is not None else {}
 
 
 def mark_validated(t: torch.Tensor, geometry: Hashable, snap: Snapshot) -> bool:
     """Validation passed on ``t``'s data as it was at ``snap``: record ``t`` as checked.
     Returns False (``t`` stays unchecked) if a watched counter moved meanwhile."""
     rec = current_record(t)
-    ok = True if rec.state is None else rec.state.prove(geometry, snap)
+    state = state_of(rec)
+    ok = True if state is None else state.prove((rec.key, geometry), snap)
     rec.trusted = ok
     rec.geometry = geometry
     return ok
@@ -434,7 +586,8 @@ def mark_derived(t: torch.Tensor, geometry: Hashable, rec: Record | None = None)
     if it was just joined."""
     if rec is None:
         rec = current_record(t)
-    ok = True if rec.state is None else rec.state.derive(geometry)
+    state = state_of(rec)
+    ok = True if state is None else state.derive((rec.key, geometry))
     rec.trusted = ok
     rec.geometry = geometry
     return ok
@@ -444,14 +597,15 @@ def mark_copied(t: torch.Tensor, geometry: Hashable, snap: Snapshot) -> bool:
     """``t`` was just overwritten in place (``copy_``) with index data known valid for
     ``geometry``; ``snap`` was taken before the write. Proven if no *other* counter moved."""
     rec = current_record(t)
-    if rec.state is None:
+    state = state_of(rec)
+    if state is None:
         rec.trusted, rec.geometry = True, geometry
         return True
-    with rec.state.lock:
-        mine = rec.state._watch_of(t)
+    with state.lock:
+        mine = state._watch_of(t)
         if mine is not None:
             snap = {**snap, id(mine): mine.alias._version}
-    ok = rec.state.prove(geometry, snap)
+    ok = state.prove((rec.key, geometry), snap)
     rec.trusted = ok
     rec.geometry = geometry
     return ok
@@ -460,7 +614,7 @@ def mark_copied(t: torch.Tensor, geometry: Hashable, snap: Snapshot) -> bool:
 def mark_known(rec: Record, geometry: Hashable) -> bool:
     """The tensor of ``rec`` (just built and joined) is on index tensors whose state proved
     ``geometry`` (a cache hit). Returns False if the state stopped proving it meanwhile."""
-    ok = rec.state is not None and rec.state.is_proven(geometry)
+    ok = is_proven(rec, geometry)
     rec.trusted = ok
     rec.geometry = geometry
     return ok
@@ -485,34 +639,39 @@ def after_inplace(t: torch.Tensor, keeps_indices: bool) -> None:
     if rec.volatile:
         return
     fresh = current_record(t)
-    if fresh is not rec or fresh.state is None or not fresh.state.rearm(t, rec.geometry):
+    state = state_of(fresh)
+    if fresh is not rec or state is None or not state.rearm(t, rec.proof()):
         fresh.trusted = False
 
 
 def hand_out(t: torch.Tensor, member: torch.Tensor) -> None:
     """``t`` handed out ``member`` (an index member alias sharing its counter)."""
     rec = record(t)
-    if rec is not None and rec.state is not None:
-        rec.state.hand_out(t, member)
+    state = state_of(rec) if rec is not None else None
+    if state is not None:
+        state.hand_out(t, member)
 
 
 def watch(t: torch.Tensor, owner: torch.Tensor) -> None:
     """``owner`` (a plain tensor: an index tensor ``t`` was built from, or the plain sparse
     tensor ``t`` wraps) can write ``t``'s index data: watch it too."""
     rec = record(t)
-    if rec is None or rec.state is None or owner is t:
+    if rec is None or owner is t:
+        return
+    state = state_of(rec)
+    if state is None:
         return
     if owner.is_inference():  # no counter to watch: t can only be validated when asked
         rec.state, rec.volatile = None, True
         return
-    if owner.__dict__.get("_ss_state") is rec.state:
+    if resolve(owner.__dict__.get("_ss_state")) is state:
         return  # a member this state handed out: its owner's watch covers its counter
     if owner.layout == torch.strided:
         alias = owner.detach()
     else:
         members = index_members(owner)
         alias = members[0] if members else owner
-    rec.state.witness(owner, alias)
+    state.witness(owner, alias)
 
 
 def shares_index_data(rec: Record, x: torch.Tensor) -> bool:
@@ -521,9 +680,9 @@ def shares_index_data(rec: Record, x: torch.Tensor) -> bool:
 
 
 def cache_size() -> int:
-    """Number of live cached index structures (for tests and diagnostics)."""
+    """Number of live index states (for tests and diagnostics)."""
     with _cache_lock:
-        return len(_cache)
+        return len({id(resolve(st)) for st in _cache.values()})
 
 
 def clear_cache() -> None:
@@ -534,8 +693,8 @@ def clear_cache() -> None:
     in-place writes to index data already drop the checked state.
     """
     with _cache_lock:
-        states = list(_cache.values())
-    for state in states:
+        states = {id(s): s for s in (resolve(st) for st in _cache.values()) if s is not None}
+    for state in states.values():
         with state.lock:
             state.proven.clear()
 

@@ -64,9 +64,10 @@ def _proven(key: IndexKey, indices: tuple[torch.Tensor, ...], geometry: Hashable
     """
     if is_debug():
         return False
-    state = checked.lookup(key)
-    return (state is not None and not any(x.is_inference() for x in indices)
-            and state.is_proven(geometry)
+    if any(x.is_inference() for x in indices):
+        return False
+    state = checked.lookup(indices)
+    return (state is not None and state.is_proven((key, geometry))
             and all(x._version == 0 or state.knows(x) for x in indices))
 
 
@@ -77,7 +78,7 @@ class _Before:
     __slots__ = ("snap", "versions")
 
     def __init__(self, key: IndexKey, indices: tuple[torch.Tensor, ...]) -> None:
-        state = checked.lookup(key)
+        state = checked.lookup(indices)
         self.snap = state.snapshot() if state is not None else {}
         self.versions = _versions(indices)
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from . import checked
+from . import blocks, checked
 from .tensor import REPAIRS, OpKind, SafeSparseTensor, _inputs_checked, _is_checked, wrap_results
 from .validation import compressed_members, values_of
 
@@ -167,6 +167,47 @@ def _sparse_mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return wrap_results(func, NEW_INDICES, args, kwargs, ret, before=before)
 
 
+def _addmm_operands(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+                    ) -> tuple[Any, Any, Any, Any, Any] | None:
+    """``(input, mat1, mat2, beta, alpha)`` of an addmm call, or None for forms we leave to
+    torch (``out=``, extra positional arguments)."""
+    if len(args) != 3 or set(kwargs) - {"beta", "alpha"}:
+        return None
+    return (*args, kwargs.get("beta", 1), kwargs.get("alpha", 1))
+
+
+def _addmm_route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``torch.addmm`` / ``Tensor.addmm`` / ``torch.sparse.addmm`` with compressed sparse
+    operands. torch 2.13 crashes (segfault) or returns a wrong result when ``input``, ``mat1``
+    and ``mat2`` are all 2-D CSC tensors; here that case is computed as the transpose of
+    ``addmm(input.T, mat2.T, mat1.T)`` through the CSR kernel (the transposes are free) and
+    returned as CSC. Every other combination runs torch's kernel (CPU refuses the other CSC
+    mixes with a clear ``RuntimeError``); sparse results are validated (``NEW_INDICES``).
+    A BSR/BSC ``mat1`` or ``mat2`` with dense other operands takes the block route first
+    (:func:`safesparse.blocks.block_call`), where torch 2.13 has no CPU kernel."""
+    call = blocks.block_call(func, args, kwargs)
+    if call is not None:
+        return blocks.block_product(call)
+    before = _inputs_checked(args, kwargs)
+    ops = _addmm_operands(func, args, kwargs)
+    if ops is not None:
+        c, a, b, beta, alpha = ops
+        if all(isinstance(x, torch.Tensor) and x.layout == torch.sparse_csc and x.dim() == 2
+               for x in (c, a, b)):
+            r = torch.addmm(_as_csr_transpose(c), _as_csr_transpose(b), _as_csr_transpose(a),
+                            beta=beta, alpha=alpha)
+            ret = torch.sparse_csc_tensor(
+                r.crow_indices(), r.col_indices(), r.values(), (r.shape[1], r.shape[0]),
+                dtype=r.dtype, device=r.device, check_invariants=False)
+            return wrap_results(func, NEW_INDICES, args, kwargs, ret, before=before)
+    ret = func(*args, **kwargs)
+    return wrap_results(func, NEW_INDICES, args, kwargs, ret, before=before)
+
+
+SafeSparseTensor.implements([torch.addmm, T.addmm, torch.sparse.addmm], NEW_INDICES)(
+    _addmm_route)
+
+
 def _same_index_data(t: Any, other: Any) -> bool:
     """Both checked SafeSparseTensors on one index structure with the same geometry."""
     if not (isinstance(t, SafeSparseTensor) and isinstance(other, SafeSparseTensor)):
@@ -174,8 +215,8 @@ def _same_index_data(t: Any, other: Any) -> bool:
     if t.layout != other.layout or t.shape != other.shape:
         return False
     a, b = checked.record(t), checked.record(other)
-    return (a is not None and b is not None and a.state is not None and a.state is b.state
-            and a.geometry == b.geometry and _is_checked(t) and _is_checked(other))
+    return (a is not None and b is not None and checked.same_index_data(a, b)
+            and _is_checked(t) and _is_checked(other))
 
 
 @SafeSparseTensor.implements([T.add_, T.__iadd__, T.sub_, T.__isub__], NEW_INDICES)

@@ -89,9 +89,23 @@ _INSPECTION: frozenset[Callable[..., Any]] = frozenset({
     _T._values, _T._indices, _T.indices, _T.is_coalesced, _T.data_ptr, _T.element_size,
     _T.get_device, _T.is_floating_point, _T.is_complex, _T._is_view, _T.is_inference,
 })
-#: The accessors that hand out index members (sharing the tensor's version counter).
-_INDEX_ACCESSORS = frozenset({_T.crow_indices, _T.col_indices, _T.ccol_indices, _T.row_indices,
-                              _T._indices, _T.indices})
+_aten = torch.ops.aten
+#: The accessors that hand out index members (sharing the tensor's version counter), torch's
+#: ``aten`` overloads included (decompositions and compiled code call those).
+_INDEX_ACCESSORS: frozenset[Callable[..., Any]] = frozenset({
+    _T.crow_indices, _T.col_indices, _T.ccol_indices, _T.row_indices, _T._indices, _T.indices,
+    *(f for name in ("crow_indices", "col_indices", "ccol_indices", "row_indices", "_indices",
+                     "indices")
+      for f in (getattr(_aten, name), getattr(_aten, name).default)),  # packet and overload
+})
+_INSPECTION = _INSPECTION | _INDEX_ACCESSORS | {
+    *(f for name in ("values", "_values", "_nnz", "sparse_dim", "dense_dim", "is_coalesced",
+                     "_dimI", "_dimV", "dim", "numel", "size")
+      for f in (getattr(_aten, name), getattr(_aten, name).default)),
+    _aten.size.int, _T.is_sparse_csr.__get__, _T.itemsize.__get__, _T.is_meta.__get__,  # type: ignore[attr-defined]
+    _T.is_quantized.__get__, _T.is_nested.__get__,  # type: ignore[attr-defined]
+    _T.__len__,
+}
 
 
 class SafeSparseTensor(torch.Tensor):
@@ -167,14 +181,17 @@ class SafeSparseTensor(torch.Tensor):
             debug = is_debug()
             if debug:
                 _validate_inputs(func, args, kwargs)
+                before = False
+            else:
+                # The guard: every sparse input is checked (validated now if it was not)
+                # before any kernel reads it; True when all of them are SafeSparseTensors.
+                before = guard(func, args, kwargs)
             if entry is not None and entry.impl is not None:
                 return entry.impl(func, args, kwargs)
             kind = entry.kind_for(args, kwargs) if entry is not None else OpKind.UNKNOWN
-            # Checked before the op ran (and, in wrap_results, after it): a write landing
-            # while torch copies the index data never goes unnoticed.
+            # Checked before the op ran (the guard) and, in wrap_results, after it: a write
+            # landing while torch copies the index data never goes unnoticed.
             inputs = sparse_inputs(args, kwargs)
-            before = (kind is not OpKind.UNKNOWN and not debug and bool(inputs)
-                      and all(_is_checked(x) for x in inputs))
             ret = func(*args, **kwargs)
             return wrap_results(func, kind, args, kwargs, ret, before=before, inputs=inputs)
 
@@ -404,8 +421,7 @@ def validate_into(out: SafeSparseTensor, debug: bool = False, op: str | None = N
     rec = checked.current_record(out)
     watched = watched and rec is old  # a record made just now saw no earlier write
     geometry = geometry_of(out)
-    state = rec.state
-    if (not debug and state is not None and state.is_proven(geometry)
+    if (not debug and checked.is_proven(rec, geometry)
             and (watched or all(m._version == 0 for m in rec.members))):
         # Proven index data, and no write through out's own counter that the proof missed.
         validate_tensor(out, check_indices=False)  # metadata is O(1)
@@ -459,6 +475,72 @@ def sparse_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.T
             found += [x for x in a if _is_sparse(x)]
     found += [v for v in kwargs.values() if _is_sparse(v)]
     return found
+
+
+def _sparse_args(args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Iterable[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` for every sparse argument, one level deep (as :func:`sparse_inputs`);
+    the name is the position (``0``, ``1[2]``) or the keyword."""
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            if a.layout in SPARSE_LAYOUTS:
+                yield str(i), a
+        elif isinstance(a, (list, tuple)):
+            for j, x in enumerate(a):
+                if _is_sparse(x):
+                    yield f"{i}[{j}]", x
+    for k, v in kwargs.items():
+        if _is_sparse(v):
+            yield k, v
+
+
+def guard(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """The guard (SPEC 5): every sparse argument of ``func`` that is not checked is validated
+    now (remembered while its data is unchanged), before any torch kernel reads it.
+
+    Returns:
+        Whether every sparse argument is a SafeSparseTensor (all of them checked now); False
+        when there is none, or a plain one (a result is never more trusted than its inputs).
+
+    Raises:
+        InvariantError: an argument is invalid; the error names the operation and the
+            argument, and ``func`` has not run.
+    """
+    safe = plain = False
+    for name, x in _sparse_args(args, kwargs):
+        if isinstance(x, SafeSparseTensor):
+            safe = True
+            if _is_checked(x):
+                continue
+            where = f"{op_name(func)}, argument {name}"
+            try:
+                validate_into(x, False, where)
+            except InvariantError as err:
+                raise err.with_context(op=where) from None
+        else:
+            plain = True
+            _guard_plain(func, name, x)
+    return safe and not plain
+
+
+def _guard_plain(func: Callable[..., Any], name: str, x: torch.Tensor) -> None:
+    """A plain sparse argument: validated once, remembered through a SafeSparseTensor kept on
+    ``x`` (sharing its members and counter) while ``x``'s members are the ones validated."""
+    seen = x.__dict__.get("_ss_guard")
+    if seen is not None:
+        rec = checked.record(seen)
+        if (rec is not None and _is_checked(seen)
+                and rec.ptrs == tuple(m.data_ptr() for m in index_members(x))
+                and seen.shape == x.shape and seen.layout == x.layout):
+            checked.count("skipped")
+            return
+    out = wrap(x)
+    checked.hand_out(out, x)  # x shares out's counter, and may outlive it
+    try:
+        validate_into(out, False, watched=False)
+    except InvariantError as err:
+        raise err.with_context(op=f"{op_name(func)}, argument {name}") from None
+    x.__dict__["_ss_guard"] = out
 
 
 def _inputs_checked(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -525,15 +607,21 @@ def _wrap_one(
     if ret.layout not in SPARSE_LAYOUTS:
         return ret
     debug = is_debug()
-    # Checked after the op too; an in-place op's own target moved its counter itself.
-    trusted = not debug and before and kind is not OpKind.UNKNOWN and bool(inputs) and all(
-        _is_checked(x) for x in inputs if x is not ret)
+    # A preserving result is trusted only if its inputs are checked after the op too (an
+    # in-place op's own target moved its counter itself); a NEW_INDICES result is validated
+    # anyway, so the guard's check before the op is all it needs (one lookup per input).
+    if debug or not before or kind is OpKind.UNKNOWN or not inputs:
+        trusted = False
+    elif kind is OpKind.PRESERVING:
+        trusted = all(_is_checked(x) for x in inputs if x is not ret)
+    else:
+        trusted = True
     if isinstance(ret, SafeSparseTensor):  # an in-place op, or one returning an input as is
         if not _mutates(func):
             return ret  # (e.g. ``t.to(t.dtype)``): nothing was written, its state stands
         if debug:
             validate_into(ret, True, op_name(func))
-        elif kind is OpKind.NEW_INDICES and trusted:
+        elif kind is OpKind.NEW_INDICES:  # (its inputs passed the guard)
             validate_into(ret, False, op_name(func))
         else:
             checked.after_inplace(ret, keeps_indices=trusted and kind is OpKind.PRESERVING)
@@ -545,7 +633,9 @@ def _wrap_one(
         checked.join(out, unshared=trusted)
     else:
         out = wrap(ret, unshared=trusted)
-    if debug or (trusted and kind is OpKind.NEW_INDICES):
+    if debug or kind is OpKind.NEW_INDICES:
+        # torch built the index data from inputs the guard passed (plain ones included):
+        # validated, repaired or refused here rather than at its first use
         return _validated_result(func, out, debug)
     if trusted and kind is OpKind.PRESERVING and _metadata_kept(args, out):
         checked.mark_derived(out, _geometry(args, out) if geometry is None else geometry,

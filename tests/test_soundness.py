@@ -42,40 +42,40 @@ def run_isolated(code: str) -> subprocess.CompletedProcess[str]:
 # 1. A plain sparse operand is never ignored
 
 
-def test_plain_operand_makes_the_result_unchecked() -> None:
+def test_invalid_plain_operand_is_refused_by_the_guard() -> None:
     a = ss.sparse_coo_tensor([[0, 1], [1, 2]], [1.0, 2.0], SIZE)
     p = torch.sparse_coo_tensor(torch.tensor([[0, 2], [0, 10**9]]), torch.tensor([5.0, 6.0]),
                                 SIZE, check_invariants=False)
-    r = a + p  # torch's COO add only concatenates: no kernel reads the bad index
-    assert type(r) is ss.SafeSparseTensor
-    assert not ss.is_checked(r)
-    assert not really_valid(r)
+    with pytest.raises(ss.InvariantError, match=r"in op add, argument 1") as info:
+        a + p
+    assert info.value.invariant == "5.2"
+    with pytest.raises(ss.InvariantError, match=r"argument 0"):
+        p.add(a)
 
 
-def test_valid_plain_operand_still_gives_an_unchecked_result() -> None:
+def test_valid_plain_operand_gives_a_validated_or_unchecked_result() -> None:
     a = ss.sparse_coo_tensor([[0, 1], [1, 2]], [1.0, 2.0], SIZE)
     p = torch.sparse_coo_tensor(torch.tensor([[0], [0]]), torch.tensor([5.0]), SIZE,
                                 check_invariants=True)
-    assert not ss.is_checked(a + p)
-    assert not ss.is_checked(p + a)
-    assert ss.is_checked(ss.validate(a + p))
+    ss.reset_stats()
+    # torch built new indices: the result is validated (not trusted from the plain input)
+    assert ss.is_checked(a + p) and ss.is_checked(p + a)
+    assert ss.stats().validations == 3  # p once (the guard), then each sum
 
 
 def test_plain_operand_crash_is_impossible_in_a_subprocess() -> None:
     done = run_isolated("""
         import torch, safesparse as ss
-        a = ss.sparse_coo_tensor([[0, 1], [1, 2]], [1., 2.], (3, 3))
-        p = torch.sparse_coo_tensor(torch.tensor([[0, 2], [0, 10**9]]),
+        a = ss.sparse_csr_tensor([0, 1, 2, 2], [1, 2], [1., 2.], (3, 3))
+        p = torch.sparse_csr_tensor(torch.tensor([0, 1, 2, 2]), torch.tensor([0, 10**9]),
                                     torch.tensor([5., 6.]), (3, 3), check_invariants=False)
-        r = a + p
-        assert not ss.is_checked(r)
         try:
-            ss.validate(r)
+            a + p
         except ss.InvariantError as err:
             print("refused", err.invariant)
-    """)
+""")
     assert done.returncode == 0, done.stderr
-    assert "refused 5.2" in done.stdout
+    assert "refused 5.5" in done.stdout
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,12 +372,13 @@ def test_marking_uncoalesced_indices_coalesced_is_not_checked() -> None:
     assert info.value.invariant == "5.3"
 
 
-def test_data_assignment_from_a_plain_tensor_is_not_checked() -> None:
+def test_data_assignment_from_an_invalid_plain_tensor_is_refused() -> None:
     t = ss.sparse_coo_tensor([[0, 1], [1, 2]], [1.0, 2.0], SIZE)
     bad = torch.sparse_coo_tensor(torch.tensor([[0, 2], [0, 10**9]]), torch.tensor([5.0, 6.0]),
                                   SIZE, check_invariants=False)
-    t.data = bad
-    assert not ss.is_checked(t)
+    with pytest.raises(ss.InvariantError):
+        t.data = bad
+    assert ss.is_checked(t) and t._nnz() == 2  # nothing was written
     good = ss.sparse_coo_tensor([[0], [0]], [3.0], SIZE)
     t.data = good
     assert ss.is_checked(t)

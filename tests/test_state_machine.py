@@ -1,9 +1,12 @@
 """A stateful property test of the checked state: checked means valid, after any sequence.
 
-Random sequences of builds, rebuilds on handed-out members, transposes, values-only ops,
-index-building ops, in-place writes through every alias safesparse hands out or was given,
-``del`` + ``gc.collect()`` and debug mode on/off. After every step, for every live tensor:
-``ss.is_checked(t)`` implies that torch's own checker accepts clones of its current members.
+Random sequences of builds, rebuilds on handed-out members, builds on overlapping views of
+live index memory (a batch of one on the same storage, a COO on a prefix of an edge list),
+transposes, values-only ops, index-building ops, any tensor (valid or not) into a kernel (the
+guard refuses invalid data), in-place writes through every alias safesparse hands out (also
+through torch's aten accessors) or was given, ``del`` + ``gc.collect()`` and debug mode
+on/off. After every step, for every live tensor: ``ss.is_checked(t)`` implies that torch's own
+checker accepts clones of its current members.
 
 Steps run torch kernels only on tensors the oracle says are valid (a kernel on invalid index
 data may crash the process; that safesparse never lets such a tensor report checked is what
@@ -131,13 +134,13 @@ class CheckedMeansValid(RuleBasedStateMachine):
         t = self._pick(data)
         if t is None:
             return
-        if ss.is_debug() and not really_valid(t):
-            try:  # debug mode validates every input
+        if not really_valid(t):
+            try:  # the guard (debug mode too) validates every input first
                 t.mT  # noqa: B018
             except ss.InvariantError:
                 return
-            raise AssertionError("debug mode let an invalid input through")
-        self._keep(t.t() if t.layout == torch.sparse_coo else t.mT)
+            raise AssertionError("the guard let an invalid input through")
+        self._keep(t.transpose(-2, -1) if t.layout == torch.sparse_coo else t.mT)
 
     @rule(data=st.data(), op=st.sampled_from(["mul", "sin", "clone", "double", "neg",
                                                "detach"]))
@@ -161,20 +164,19 @@ class CheckedMeansValid(RuleBasedStateMachine):
             return
         if op == "to_csr" and t.layout in (torch.sparse_bsr, torch.sparse_bsc):
             return
-        if op == "add_plain":  # a plain operand, valid or not: the result is never checked
+        if op in ("matmul", "to_csr") and t.dim() != 2:  # (a batch from overlapping_build)
+            return
+        if op == "add_plain":  # a plain operand, valid or not: validated first (the guard)
             bad = data.draw(st.booleans())
             idx = torch.tensor([[0], [10**9 if bad else 0]])
             plain = torch.sparse_coo_tensor(idx, torch.ones(1), SIZE, check_invariants=False)
-            if ss.is_debug():  # every input validated, every result too
-                try:
-                    out = t + plain
-                except ss.InvariantError:
-                    assert bad
-                    return
-                assert not bad and ss.is_checked(out)
-            else:
+            try:
                 out = t + plain
-                assert not ss.is_checked(out)
+            except ss.InvariantError:
+                assert bad
+                return
+            assert not bad
+            assert ss.is_checked(out)  # torch built its indices: validated
             self._keep(out)
             return
         fn = {"coalesce": lambda x: x.coalesce(), "to_coo": lambda x: x.to_sparse_coo(),
@@ -217,6 +219,65 @@ class CheckedMeansValid(RuleBasedStateMachine):
         else:
             a = t.ccol_indices() if which else t.row_indices()
         self.handles.append(a)
+
+    @rule(data=st.data(), which=st.integers(0, 1))
+    def aten_hand_out(self, data: st.DataObject, which: int) -> None:
+        """A member taken through torch's aten overloads (what decompositions call)."""
+        t = self._pick(data)
+        if t is None:
+            return
+        aten = torch.ops.aten
+        if t.layout == torch.sparse_coo:
+            a = aten.indices(t) if which and t.is_coalesced() else aten._indices(t)
+        elif t.layout in (torch.sparse_csr, torch.sparse_bsr):
+            a = aten.crow_indices(t) if which else aten.col_indices(t)
+        else:
+            a = aten.ccol_indices(t) if which else aten.row_indices(t)
+        self.handles.append(a)
+
+    @rule(data=st.data(), check=st.booleans(), k=st.integers(0, 6))
+    def overlapping_build(self, data: st.DataObject, check: bool, k: int) -> None:
+        """A tensor on another view of a live tensor's index memory: a batch of one on the
+        same storage (two shapes), or a COO on a prefix of its indices (an edge list)."""
+        t = self._pick(data)
+        if t is None:
+            return
+        check = check or ss.is_debug()
+        with torch._C.DisableTorchFunctionSubclass():
+            members = checked.index_members(t)
+            values = t.values() if t.layout != torch.sparse_coo else t._values()
+        if t.layout == torch.sparse_coo:
+            idx = members[0][:, :k]
+            self.handles.append(idx)
+            build = lambda: ss.sparse_coo_tensor(  # noqa: E731
+                idx, values.detach()[:idx.shape[1]].clone(), t.shape, check_invariants=check)
+        else:
+            c, p = (m.unsqueeze(0) for m in members)
+            self.handles += [c, p]
+            build = lambda: ss.sparse_compressed_tensor(  # noqa: E731
+                c, p, values.detach().unsqueeze(0).clone(), (1, *t.shape), layout=t.layout,
+                check_invariants=check)
+        try:
+            out = build()
+        except ss.InvariantError:
+            assert check and not really_valid(t)
+            return
+        self._keep(out)
+
+    @rule(data=st.data())
+    def guarded_op(self, data: st.DataObject) -> None:
+        """Any live tensor, valid or not, into a kernel: the guard refuses invalid data
+        (a kernel reading it could crash the process)."""
+        t = self._pick(data)
+        if t is None:
+            return
+        valid = really_valid(t)
+        try:
+            t.to_dense()  # (any layout, batched too)
+        except ss.InvariantError:
+            assert not valid
+            return
+        assert valid and ss.is_checked(t)
 
     @rule(data=st.data())
     def view_of_alias(self, data: st.DataObject) -> None:

@@ -344,16 +344,21 @@ def test_coo_hybrid_transpose_of_sparse_dims() -> None:
     assert torch.equal(r.to_dense(), dense.transpose(0, 1))
 
 
-def test_unchecked_input_gives_unchecked_transpose() -> None:
+def test_unchecked_input_is_validated_before_the_transpose() -> None:
     dense, t = build(CSR, (), 0)
     c, p = members(t)
     u = ss.sparse_csr_tensor(c.clone(), p.clone(), t.values(), t.shape, check_invariants=False)
     assert not ss.is_checked(u)
-    r = u.mT
+    r = u.mT  # the guard validated u first
     assert type(r) is ss.SafeSparseTensor
     assert r.layout == CSC
-    assert not ss.is_checked(r)
+    assert ss.is_checked(u) and ss.is_checked(r)
     assert torch.equal(r.to_dense(), dense.mT)
+    bad_p = p.clone()
+    bad_p[0] = 10**6
+    bad = ss.sparse_csr_tensor(c.clone(), bad_p, t.values(), t.shape, check_invariants=False)
+    with pytest.raises(ss.InvariantError, match="argument 0"):
+        _ = bad.mT
 
 
 # ---------------------------------------------------------------------------------------------
