@@ -129,6 +129,18 @@ def test_an_unvalidated_result_is_validated_on_first_use() -> None:
     assert ss.stats().validations == 1  # remembered
 
 
+def test_invalid_data_torch_leaves_after_resize_is_refused_by_the_next_op() -> None:
+    """torch's ``resize_`` to fewer rows keeps nnz and merges rows: a row with duplicate
+    columns (5.6). The result is not trusted, and the next op refuses it (PyTorch's own
+    TestSparseCSR.test_resize resizes that data again: a difference the guard makes)."""
+    a = ss.validate(torch.ones(2, 3).to_sparse_csr())
+    a.resize_(4, 5)
+    a.resize_(1, 5)
+    assert not ss.is_checked(a)
+    with pytest.raises(ss.InvariantError, match=r"\[CSR 5\.6\].*in op resize_"):
+        a.resize_(1, 5)
+
+
 def test_a_valid_plain_operand_is_validated_once() -> None:
     t = _csr()
     plain = ss.unwrap(_csr(seed=1)).clone()
