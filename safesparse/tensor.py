@@ -182,16 +182,17 @@ class SafeSparseTensor(torch.Tensor):
             if debug:
                 _validate_inputs(func, args, kwargs)
                 before = False
+                inputs = sparse_inputs(args, kwargs)
             else:
                 # The guard: every sparse input is checked (validated now if it was not)
                 # before any kernel reads it; True when all of them are SafeSparseTensors.
-                before = guard(func, args, kwargs)
+                inputs = []
+                before = guard(func, args, kwargs, inputs)
             if entry is not None and entry.impl is not None:
                 return entry.impl(func, args, kwargs)
             kind = entry.kind_for(args, kwargs) if entry is not None else OpKind.UNKNOWN
             # Checked before the op ran (the guard) and, in wrap_results, after it: a write
             # landing while torch copies the index data never goes unnoticed.
-            inputs = sparse_inputs(args, kwargs)
             ret = func(*args, **kwargs)
             return wrap_results(func, kind, args, kwargs, ret, before=before, inputs=inputs)
 
@@ -468,13 +469,9 @@ def _is_sparse(x: Any) -> bool:
 
 
 def sparse_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
-    """Every sparse tensor among the arguments (plain or SafeSparseTensor), one level deep."""
-    found = [a for a in args if _is_sparse(a)]
-    for a in args:
-        if isinstance(a, (list, tuple)):
-            found += [x for x in a if _is_sparse(x)]
-    found += [v for v in kwargs.values() if _is_sparse(v)]
-    return found
+    """Every sparse tensor among the arguments (plain or SafeSparseTensor), one level deep,
+    in the order of :func:`_sparse_args`."""
+    return [x for _, x in _sparse_args(args, kwargs)]
 
 
 def _sparse_args(args: tuple[Any, ...],
@@ -494,9 +491,12 @@ def _sparse_args(args: tuple[Any, ...],
             yield k, v
 
 
-def guard(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+def guard(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+          found: list[torch.Tensor] | None = None) -> bool:
     """The guard (SPEC 5): every sparse argument of ``func`` that is not checked is validated
     now (remembered while its data is unchanged), before any torch kernel reads it.
+    ``found``, if given, receives every sparse argument (as :func:`sparse_inputs` lists them),
+    so the caller does not walk the arguments a second time.
 
     Returns:
         Whether every sparse argument is a SafeSparseTensor (all of them checked now); False
@@ -508,6 +508,8 @@ def guard(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
     """
     safe = plain = False
     for name, x in _sparse_args(args, kwargs):
+        if found is not None:
+            found.append(x)
         if isinstance(x, SafeSparseTensor):
             safe = True
             if _is_checked(x):
