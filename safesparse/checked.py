@@ -43,12 +43,13 @@ import threading
 import weakref
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch._C import DisableTorchFunctionSubclass
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .validation import compressed_members, members
+from .metadata import compressed_members, members
 
 __all__ = [
     "IndexKey",
@@ -62,6 +63,7 @@ __all__ = [
     "geometry_of",
     "index_key",
     "index_members",
+    "proof_cache",
     "reset_stats",
     "stats",
 ]
@@ -153,11 +155,14 @@ class IndexState:
     storage can be taken for it at that address. States that come to share a storage are
     merged (``merged`` points to the survivor)."""
 
-    __slots__ = ("__weakref__", "_limit", "lock", "merged", "proven", "retired", "storages",
-                 "watches")
+    __slots__ = ("__weakref__", "_limit", "caches", "lock", "merged", "proven", "retired",
+                 "storages", "watches")
 
     def __init__(self) -> None:
         self.proven: set[Hashable] = set()
+        #: per proof, what was derived from the index data it proves (see proof_cache);
+        #: dropped with the proof
+        self.caches: dict[Hashable, dict[Hashable, Any]] = {}
         self.watches: dict[int, Watch] = {}  # by id(owner), checked against the weak owner
         self.retired: list[Watch] = []  # watches whose owner died; dropped once gone
         self.storages: dict[StorageKey, tuple[StorageWeakRef, int]] = {}
@@ -171,14 +176,19 @@ class IndexState:
         yield from self.watches.values()
         yield from self.retired
 
+    def _void(self) -> None:
+        """Every proof (and what was derived from it) is gone."""
+        self.proven.clear()
+        self.caches.clear()
+
     def _holds(self) -> bool:
         for w in self.watches.values():
             if w.alias._version != w.version:
-                self.proven.clear()
+                self._void()
                 return False
         for w in self.retired:
             if w.alias._version != w.version:
-                self.proven.clear()
+                self._void()
                 return False
         return True
 
@@ -205,7 +215,7 @@ class IndexState:
         keep = []
         for w in self.retired:
             if w.changed():
-                self.proven.clear()  # written before it died: no proof survives it
+                self._void()  # written before it died: no proof survives it
             if not w.gone():
                 keep.append(w)  # a member it handed out can still write through its counter
         self.retired = keep
@@ -225,6 +235,7 @@ class IndexState:
         self.storages.update(other.storages)
         other.merged = self
         other.proven = set()  # a late proof on the absorbed state proves nothing here
+        other.caches = {}
         self._limit = max(8, 2 * (len(self.watches) + len(self.retired)))
 
     # -- public, locking ---------------------------------------------------------------------
@@ -283,7 +294,7 @@ class IndexState:
                 return False
             for w in self._all():
                 if w is not mine and w.changed():
-                    self.proven.clear()
+                    self._void()
                     return False
             mine.version = mine.alias._version
             return True
@@ -318,6 +329,7 @@ class IndexState:
         end = start + (entry[1] if entry is not None else 1)
         self.proven = {p for p in self.proven
                        if not any(start <= m[0] < end for m in p[0])}  # type: ignore[index]
+        self.caches = {p: c for p, c in self.caches.items() if p in self.proven}
 
     def _prune_storages(self) -> list[StorageKey]:
         """Forget the storages that died or moved; returns their keys."""
@@ -550,6 +562,31 @@ def is_checked(t: torch.Tensor,
     return rec.unmoved() and state.is_proven((rec.key, rec.geometry))
 
 
+def proof_cache(t: torch.Tensor) -> dict[Hashable, Any] | None:
+    """A dict for what is derived from ``t``'s index data alone (e.g. a regrouped block
+    structure), tied to the proof that makes ``t`` checked: every tensor on the same proven
+    index data (same view, same geometry) gets the same dict, and it is dropped with the
+    proof (any write through anything that can write that data, a storage that died or
+    moved, :func:`clear_cache`), so a later call gets a new, empty one. None when ``t`` is
+    not checked now, or its index data cannot be watched (volatile): compute afresh then.
+
+    Only what depends on the index data and the geometry may be cached (never values)."""
+    rec = record(t)
+    if rec is None or not rec.trusted or rec.volatile or not rec.unmoved():
+        return None
+    state = state_of(rec)
+    if state is None:
+        return None
+    proof = (rec.key, rec.geometry)
+    with state.lock:
+        if proof not in state.proven or not state._holds():
+            return None
+        cache = state.caches.get(proof)
+        if cache is None:
+            cache = state.caches[proof] = {}
+        return cache
+
+
 def is_proven(rec: Record, geometry: Hashable) -> bool:
     """Whether ``rec``'s index data (its view) is proven for ``geometry`` now."""
     state = state_of(rec)
@@ -696,7 +733,7 @@ def clear_cache() -> None:
         states = {id(s): s for s in (resolve(st) for st in _cache.values()) if s is not None}
     for state in states.values():
         with state.lock:
-            state.proven.clear()
+            state._void()
 
 
 # ---------------------------------------------------------------------------------------------

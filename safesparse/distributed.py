@@ -43,8 +43,8 @@ from torch._C import DisableTorchFunctionSubclass
 
 from .errors import InvariantError
 from .factories import sparse_compressed_tensor, sparse_coo_tensor
+from .metadata import compressed_members, members
 from .tensor import SafeSparseTensor, validate
-from .validation import compressed_members, members
 
 __all__ = [
     "HEADER_LEN",

@@ -26,15 +26,9 @@ from .checked import IndexKey
 from .debug import is_debug
 from .indices import per_batch_contiguous
 from .invariants import COMPRESSED_LAYOUTS
+from .metadata import LAYOUTS, check_compressed_metadata, check_coo_metadata, values_layout_ok
 from .tensor import SafeSparseTensor, compressed_geometry, validate_into, wrap
-from .validation import (
-    LAYOUTS,
-    check_compressed_indices,
-    check_compressed_metadata,
-    check_coo_indices,
-    check_coo_metadata,
-    values_layout_ok,
-)
+from .validation import check_compressed_indices, check_coo_indices
 
 DeviceLike = torch.device | str | int | None
 SizeLike = Sequence[int] | torch.Size | None

@@ -23,12 +23,7 @@ import torch
 from . import checked
 from ._convert import _as_size, _coo_index
 from .errors import InvariantError
-from .validation import (
-    LAYOUTS,
-    check_compressed_metadata,
-    check_coo_metadata,
-    index_contiguous,
-)
+from .metadata import LAYOUTS, check_compressed_metadata, check_coo_metadata, index_contiguous
 from .validation import check_compressed_indices as _compressed_index_stage
 from .validation import check_coo_indices as _coo_engine_stage
 

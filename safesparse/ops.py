@@ -24,8 +24,8 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 
 from . import blocks, checked
+from .metadata import compressed_members, values_of
 from .tensor import REPAIRS, OpKind, SafeSparseTensor, _inputs_checked, _is_checked, wrap_results
-from .validation import compressed_members, values_of
 
 T = torch.Tensor
 PRESERVING, NEW_INDICES = OpKind.PRESERVING, OpKind.NEW_INDICES

@@ -23,8 +23,8 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 
 from . import _originals, checked
+from .metadata import LAYOUTS, compressed_members
 from .tensor import OpKind, SafeSparseTensor, geometry_of, wrap_results
-from .validation import LAYOUTS, compressed_members
 
 T = torch.Tensor
 

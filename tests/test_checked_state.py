@@ -446,3 +446,21 @@ def test_repeated_unchecked_rebuilds_keep_the_witnesses_bounded() -> None:
     gc.collect()
     assert state.watch_count() <= 8
     assert ss.is_checked(t)
+
+
+def test_proof_cache_is_shared_on_proven_data_and_dropped_with_the_proof() -> None:
+    from safesparse import checked
+
+    a = ss.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([0, 1]), torch.ones(2), (2, 2))
+    cache = checked.proof_cache(a)
+    assert cache == {}
+    cache["structure"] = 1
+    b = ss.sparse_csr_tensor(a.crow_indices(), a.col_indices(), torch.ones(2) * 3, (2, 2))
+    assert checked.proof_cache(b) is cache  # same proven index data
+    a.col_indices()[0] = 0  # a write through an alias: the proof and its cache go
+    assert checked.proof_cache(b) is None
+    ss.validate(b)
+    assert checked.proof_cache(b) == {}  # a new proof starts empty
+    unchecked = ss.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([0, 1]),
+                                     torch.ones(2), (2, 2), check_invariants=False)
+    assert checked.proof_cache(unchecked) is None

@@ -36,6 +36,7 @@ from strategies import (
 )
 
 import safesparse as ss
+from safesparse import metadata as M
 from safesparse import validation as V
 
 CHILD = os.environ.get("SAFESPARSE_FUZZ_CHILD") == "1"
@@ -84,10 +85,10 @@ def _csr(crow: list[int], col: list[int], size: tuple[int, ...],
 
 def test_native_path_is_taken_for_small_cpu_inputs() -> None:
     c, p, v = _csr([0, 1, 2], [0, 1], (2, 2))
-    meta = V.check_compressed_metadata(c, p, v, (2, 2), torch.sparse_csr)
+    meta = M.check_compressed_metadata(c, p, v, (2, 2), torch.sparse_csr)
     assert V.native_compressed_ok(meta, c, p, v)
     idx = torch.tensor([[0, 1], [0, 1]])
-    cmeta = V.check_coo_metadata(idx, v, (2, 2))
+    cmeta = M.check_coo_metadata(idx, v, (2, 2))
     assert V.native_coo_ok(cmeta, idx, v, is_coalesced=True)
 
 
@@ -97,7 +98,7 @@ def test_zero_size_blocks_never_reach_the_native_checker(blocks: tuple[int, int]
     p = torch.tensor([0])
     v = torch.ones(1, *blocks)
     size = (blocks[0], 2 * blocks[1] if blocks[1] else 0)
-    meta = V.check_compressed_metadata(c, p, v, size, torch.sparse_bsr)
+    meta = M.check_compressed_metadata(c, p, v, size, torch.sparse_bsr)
     assert not V.native_compressed_ok(meta, c, p, v)
     fast, reference = _both_paths(lambda: V.validate_compressed(c, p, v, size, torch.sparse_bsr))
     assert fast == reference
@@ -109,7 +110,7 @@ def test_int32_offsets_that_could_wrap_stay_on_the_vectorised_path() -> None:
     p = torch.zeros(0, dtype=torch.int32)
     v = torch.ones(0)
     size = (3, n_plain)
-    meta = V.check_compressed_metadata(c, p, v, size, torch.sparse_csr)
+    meta = M.check_compressed_metadata(c, p, v, size, torch.sparse_csr)
     assert not V.native_compressed_ok(meta, c, p, v)
     fast, reference = _both_paths(lambda: V.validate_compressed(c, p, v, size, torch.sparse_csr))
     assert fast == reference and fast[0] == "err"
@@ -120,13 +121,13 @@ def test_coo_with_sparse_dim_zero(native_off: None) -> None:
     checker says otherwise, so the native path is not used for S = 0)."""
     indices = torch.zeros(0, 3, dtype=torch.int64)
     values = torch.ones(3, 2)
-    meta = V.CooMeta((2,), 0, 3)
+    meta = M.CooMeta((2,), 0, 3)
     assert not V.native_coo_ok(meta, indices, values, is_coalesced=True)
     assert V.check_coo_indices(meta, indices, is_coalesced=False, values=values) == meta
     with pytest.raises(ss.InvariantError) as info:
         V.check_coo_indices(meta, indices, is_coalesced=True, values=values)
     assert info.value.invariant == "5.3"
-    one = V.CooMeta((2,), 0, 1)
+    one = M.CooMeta((2,), 0, 1)
     assert V.check_coo_indices(one, indices[:, :1], is_coalesced=True, values=values[:1]) == one
 
 
@@ -156,7 +157,7 @@ def test_batch_strided_members_match_contiguous_ones(corrupt: str | None) -> Non
         col[1, 1] = 7
     values = torch.ones(2, 3)
     size = (2, 2, 3)
-    meta = V.check_compressed_metadata(crow, col, values, size, torch.sparse_csr)
+    meta = M.check_compressed_metadata(crow, col, values, size, torch.sparse_csr)
     sc, sp = _strided_batch(crow), _strided_batch(col)
     assert sc.stride(-1) == 1 and not sc.is_contiguous()
     assert not V.native_compressed_ok(meta, sc, sp, values)
@@ -252,11 +253,11 @@ def test_fuzz_metadata_accept_matches_ordered_stages(
     inp: tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, ...], torch.layout, str],
 ) -> None:
     c, p, v, size, layout, _ = inp
-    accepted = V._accept_compressed_metadata(c, p, v, size, layout, None, None)
-    ordered = _outcome(lambda: V._ordered_compressed_metadata(c, p, v, size, layout))
+    accepted = M._accept_compressed_metadata(c, p, v, size, layout, None, None)
+    ordered = _outcome(lambda: M._ordered_compressed_metadata(c, p, v, size, layout))
     if accepted is not None:
         assert ordered == ("ok", accepted)
-    assert _outcome(lambda: V.check_compressed_metadata(c, p, v, size, layout)) == ordered
+    assert _outcome(lambda: M.check_compressed_metadata(c, p, v, size, layout)) == ordered
 
 
 @st.composite
@@ -302,7 +303,7 @@ def test_fuzz_coo_native_matches_vectorised(
 def test_fuzz_coo_sparse_dim_zero(nnz: int, coalesced: bool, dense: int) -> None:
     indices = torch.zeros(0, nnz, dtype=torch.int64)
     values = torch.ones(nnz, dense)
-    meta = V.CooMeta((dense,), 0, nnz)
+    meta = M.CooMeta((dense,), 0, nnz)
     fast, reference = _both_paths(lambda: V.check_coo_indices(
         meta, indices, is_coalesced=coalesced, values=values))
     assert fast == reference

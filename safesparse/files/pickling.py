@@ -29,8 +29,8 @@ from ..factories import (
     sparse_coo_tensor,
 )
 from ..invariants import COMPRESSED_LAYOUTS
+from ..metadata import compressed_members
 from ..tensor import SafeSparseTensor
-from ..validation import compressed_members
 from .session import (
     LEGACY_SAFE_MESSAGE,
     SparseRecord,

@@ -47,8 +47,8 @@ from torch._C import DisableTorchFunctionSubclass
 from ..errors import InvariantError
 from ..factories import sparse_compressed_tensor, sparse_coo_tensor
 from ..invariants import SPARSE_LAYOUTS
+from ..metadata import members
 from ..tensor import SafeSparseTensor, is_checked, unwrap, validate
-from ..validation import members
 from .atomic import replacing
 from .results import Found, LoadResult, PathKey
 from .session import SparseRecord

@@ -31,8 +31,8 @@ from ..factories import (
     sparse_csr_tensor,
 )
 from ..invariants import SPARSE_LAYOUTS
+from ..metadata import members
 from ..tensor import SafeSparseTensor, is_checked, validate
-from ..validation import members
 
 # Members of tensors that were not built
 

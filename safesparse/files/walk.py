@@ -18,8 +18,8 @@ from ..factories import (
     sparse_coo_tensor,
 )
 from ..invariants import SPARSE_LAYOUTS
+from ..metadata import compressed_members
 from ..tensor import SafeSparseTensor, is_checked, unwrap
-from ..validation import compressed_members
 from .results import Found, LoadResult, Path, PathKey, path_str
 from .session import (
     SparseRecord,
