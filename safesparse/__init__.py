@@ -44,6 +44,8 @@ from .interop import from_scipy, to_scipy
 from .invariants import CATALOG, Invariant
 from .tensor import OpKind, SafeSparseTensor, is_checked, unwrap, validate
 
+SafeSparseTensor._freeze_fast_path()  # the op table is complete: the fast path may apply
+
 __version__ = "0.1.0"
 
 __all__ = [

@@ -4,86 +4,162 @@ When is a tensor checked
 ------------------------
 A SafeSparseTensor is checked when validation has passed on its current index data, or when an
 operation known to keep index data (a view or a copy of it) made it from tensors that were
-checked before and after the operation ran. It stops being checked as soon as any tensor that
-can write that index data (every tensor built on it, the index tensors it was built from, the
-members it handed out) writes it in place, unless the write is one known to keep it valid.
-Index data this process cannot watch (inference tensors, storage shared with other processes)
-is never remembered: it is validated again whenever its state is asked for.
+checked before and after the operation ran. It stops being checked as soon as anything that can
+write that index memory writes it in place (every tensor built or adopted on overlapping memory,
+the index tensors it was built from, the members it handed out), unless the write is one known
+to keep it valid. Index memory this process cannot watch (inference tensors, storage shared
+with other processes, file mappings) is never remembered: it is validated whenever asked.
 
 How it is remembered
 --------------------
-Each SafeSparseTensor carries one :class:`Record` (attribute ``_ss``). Records of tensors whose
-index members live on the same *storage* (any view, shape or direction: a batch and one of its
-samples, an edge list and its prefix) share one :class:`IndexState`, found through a weak cache
-keyed by storage; states that come to share a storage are merged. The state holds
+torch bumps a tensor's *version counter* on every in-place write through it or anything sharing
+that counter (its views, ``detach()``, and, for a sparse tensor, the members its accessors hand
+out). Each SafeSparseTensor carries a :class:`Record` (``t._ss``): aliases of its index members
+(``m0``, ``m1``, sharing its counter), their data pointers, the counter value its proof holds for
+(``ver``), and the proven geometry. There are two kinds:
 
-* the proofs: for a *view* of its index data (data pointer, shape, strides, dtype and device of
-  each member), the *geometries* (compressed/plain extents, or COO sparse sizes and coalesced
-  flag) that validation has proven for the current data, and
-* one :class:`Watch` per tensor object that can write the structure: an alias sharing that
-  object's version counter, and the counter's value when the proofs were made. torch bumps the
-  counter on every in-place write, through the object or anything sharing its counter (the
-  members a sparse tensor hands out share its counter; so do views of them).
+* **sole** (``state is None``): only this record's counter can write the index memory. Checked
+  means ``m0._version == ver`` and the member pointers unmoved: two attribute reads, no lock,
+  nothing registered.
+* **shared** (``state`` an :class:`IndexState`): other counters can write the memory too.
+  Checked additionally means the state still holds the proof ``(view key, geometry)`` and no
+  counter it watches moved.
 
-A moved counter voids every proof of the state, for every tensor on its storages. A watch is only
-dropped once its owner and every member it handed out are gone, and only after it was checked:
-a write through a tensor that has died since is still seen. Proofs are made from a snapshot of
-the counters taken *before* validation read the data, so a write landing during validation is
-never blessed.
+An :class:`IndexState` belongs to index *memory*: it is found by the memory range of the
+storages of the index members (device, start, end), so every storage over overlapping memory
+shares one state, whatever object it is (a batch and one sample, an edge list and its prefix,
+two ``torch.from_numpy`` views of one array, ``frombuffer``, ``from_dlpack``, ``set_`` on a
+storage). States that come to overlap are merged. A state watches one counter per
+:class:`Watch`: an alias sharing the counter, and its value when the proofs were made. A moved
+counter voids every proof of the state. The range lookup happens when a state is created or
+joined (a factory call, an adoption, the first hand-out of a member), never per operation.
 
-Limits: writes through objects safesparse never saw or handed out bypass the counters (``.data``
-of a member, NumPy views, ``detach()`` of a handed-out member once the member itself is gone,
-a plain tensor built elsewhere on the same storage). Debug mode ignores all of this and
-validates every input and result.
+The shortcuts, and why each is sound
+------------------------------------
+1. *Fresh results are born sole* (``A * 2``, ``.to(dtype)``, ``clone``, values-only ops: see
+   :mod:`safesparse.fastpath`). These ops either reuse the input's index tensors whole or copy
+   them; the result's member pointers are compared with the input's, and only a result whose
+   index memory torch allocated inside the op gets a sole record. Nothing else can reach that
+   memory: the only routes to it are the result's accessors, which share its counter. The
+   result counts as checked only if the input was checked before the op (the guard) and after
+   it (a write landing while torch copied the data is never blessed).
+2. *A sole record becomes shared (:func:`share`) before anything that could give its memory a
+   second counter leaves safesparse*: a member handed out (``crow_indices()``, ``_indices()``,
+   their ``torch.ops.aten`` overloads), :func:`safesparse.unwrap`, any operation of the general
+   path (whose implementation may build a tensor with its own counter on the input's memory),
+   a factory call on its members. The watch on a record's counter is owned by the record, which
+   every tensor carrying it and every member it handed out keeps alive, so the counter is
+   watched while anything can write through it.
+3. *Views share their input's record object* (``.mT``, ``.t()``, sparse-dim ``transpose`` of a
+   non-hybrid compressed tensor, ``detach()``): torch gives them the input's counter and index
+   memory, and a transpose of the sparse dims keeps ``(n_compressed, n_plain)``, so the proof
+   is literally the same statement. A tensor whose members are replaced in place (``set_``,
+   ``t.data = ...``, in-place ops torch implements by swapping members) gets a *new* record
+   (:func:`renew`); a record object is never repointed at other memory.
+4. *Rebuilds on handed-out members* (``ss.sparse_csr_tensor(t.crow_indices(), t.col_indices(),
+   v, t.shape)``): a member carries ``(record, id(member))``; a factory call whose two members
+   carry the same record, at that record's data pointers, shapes and strides, with the same
+   geometry, while the record is checked, is proven through it (no storage lookup, no O(nnz)
+   check). A copy of a member (``copy.copy``: its own counter) carries the dict but not the id:
+   its claim is refused.
+5. *Lock-free reads of a shared state.* Each read is atomic under the GIL, and a proof is only
+   added under the lock with every watch at its recorded version, so seeing the proof with
+   every version unmoved means it holds. A state whose watch dicts change during the read is
+   read again under the lock.
+
+When in doubt the sound path runs: anything the fast path does not recognise goes through the
+general path (the guard over every sparse argument, results joined by memory range).
+
+Limits: writes that bypass version counters are not seen (NumPy views of the memory, raw
+pointers, ``.data`` of a member, a ``detach()`` of a handed-out member once that member and its
+tensor are gone, private APIs that skip ``__torch_function__`` such as
+``torch._C.DisableTorchFunctionSubclass``). Debug mode ignores all of this and validates every
+input and result.
 """
 
 from __future__ import annotations
 
 import threading
-import weakref
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import torch
 from torch._C import DisableTorchFunctionSubclass
-from torch.multiprocessing.reductions import StorageWeakRef
 
-from .metadata import compressed_members, members
+from .memory import (
+    IndexKey,
+    IndexState,
+    Snapshot,
+    Tags,
+    all_states,
+    claims,
+    foreign,
+    index_key,
+    memory_state_count,
+    register,
+    resolve,
+)
 
 __all__ = [
+    "UNCHECKED",
+    "VOLATILE",
     "IndexKey",
     "IndexState",
     "Record",
     "Snapshot",
     "Stats",
+    "Tags",
     "cache_size",
+    "claims",
     "clear_cache",
     "count",
+    "foreign",
     "geometry_of",
+    "holds",
     "index_key",
     "index_members",
     "proof_cache",
+    "record",
+    "register",
     "reset_stats",
+    "share",
     "stats",
 ]
 
-IndexKey = tuple[tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype, torch.device], ...]
+#: ``Record.ver`` of a tensor that is not checked; of one whose memory cannot be watched.
+UNCHECKED: Final = -1
+VOLATILE: Final = -2
+
+#: Bumped by :func:`clear_cache`: records proven before it are not trusted after it.
+_generation = 0
+_share_lock = threading.Lock()
+
+_COO = torch.sparse_coo
+_ROW_COMPRESSED = (torch.sparse_csr, torch.sparse_bsr)
+_BLOCKED = (torch.sparse_bsr, torch.sparse_bsc)
 
 
 # ---------------------------------------------------------------------------------------------
 # Members, keys and geometries of sparse tensors
 
 
+def plain_members(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(m0, m1)``: the index members of a *plain* sparse tensor (COO: ``(indices, None)``),
+    as aliases sharing its version counter."""
+    lay = t.layout
+    if lay is _COO:
+        return t._indices(), None
+    if lay in _ROW_COMPRESSED:
+        return t.crow_indices(), t.col_indices()
+    return t.ccol_indices(), t.row_indices()
+
+
 def index_members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The index tensors of a sparse tensor (compressed + plain, or the COO indices)."""
     with DisableTorchFunctionSubclass():
-        return members(t)[:-1]
-
-
-def index_key(indices: Iterable[torch.Tensor]) -> IndexKey:
-    """Identity of an index structure: per member, data pointer, shape, strides, dtype, device."""
-    return tuple((m.data_ptr(), tuple(m.shape), m.stride(), m.dtype, m.device) for m in indices)
+        m0, m1 = plain_members(t)
+    return (m0,) if m1 is None else (m0, m1)
 
 
 def compressed_geometry(n_compressed: int, n_plain: int) -> Hashable:
@@ -97,437 +173,97 @@ def coo_geometry(sparse_size: Sequence[int], coalesced: bool) -> Hashable:
 def geometry_of(t: torch.Tensor) -> Hashable:
     """What, beyond the index tensors themselves, their validity depends on."""
     with DisableTorchFunctionSubclass():
-        if t.layout == torch.sparse_coo:
+        if t.layout is _COO:
             return coo_geometry(t.shape[: t.sparse_dim()], t.is_coalesced())
-        compressed, _ = compressed_members(t)
+        compressed = t.crow_indices() if t.layout in _ROW_COMPRESSED else t.ccol_indices()
         m = compressed.dim() - 1
-        blocked = t.layout in (torch.sparse_bsr, torch.sparse_bsc)
         vshape = t.values().shape
-        b0, b1 = (vshape[m + 1], vshape[m + 2]) if blocked else (1, 1)
+        b0, b1 = (vshape[m + 1], vshape[m + 2]) if t.layout in _BLOCKED else (1, 1)
         rows, cols = t.shape[m], t.shape[m + 1]
-        row_compressed = t.layout in (torch.sparse_csr, torch.sparse_bsr)
-        extent, block = (cols, b1) if row_compressed else (rows, b0)
+        extent, block = (cols, b1) if t.layout in _ROW_COMPRESSED else (rows, b0)
         return compressed_geometry(compressed.shape[-1] - 1, extent // block if block else 0)
 
 
 # ---------------------------------------------------------------------------------------------
-# Watches and index states
-
-
-class Watch:
-    """One tensor object that can write an index structure: an alias sharing its version
-    counter, the counter's value when the state's proofs were made, and weak references to
-    the members it handed out (which share its counter and may outlive it)."""
-
-    __slots__ = ("alias", "handed", "owner", "version")
-
-    def __init__(self, owner: torch.Tensor, alias: torch.Tensor) -> None:
-        self.owner = weakref.ref(owner)
-        self.alias = alias
-        self.version = alias._version
-        self.handed: list[weakref.ref[torch.Tensor]] = []
-
-    def changed(self) -> bool:
-        return self.alias._version != self.version
-
-    def gone(self) -> bool:
-        """Nothing but our own alias can write through this counter any more."""
-        return self.owner() is None and all(h() is None for h in self.handed)
-
-    def hand_out(self, member: torch.Tensor) -> None:
-        if len(self.handed) >= 16:
-            self.handed = [h for h in self.handed if h() is not None]
-        self.handed.append(weakref.ref(member))
-
-
-#: A snapshot of an index state's counters, taken before validation reads the data.
-Snapshot = dict[int, int]
-
-
-class IndexState:
-    """What is known about the index data on one set of storages; shared by every tensor
-    whose index members live on any of them (any view, any shape: SPEC 4).
-
-    ``proven`` holds ``(view key, geometry)`` pairs: the index tensors at that view (data
-    pointer, shape, strides, dtype) were validated for that geometry. ``storages`` holds a
-    weak reference and the size of each storage: a storage that died or moved
-    (``share_memory_()``) takes the proofs naming its addresses with it, before another
-    storage can be taken for it at that address. States that come to share a storage are
-    merged (``merged`` points to the survivor)."""
-
-    __slots__ = ("__weakref__", "_limit", "caches", "lock", "merged", "proven", "retired",
-                 "storages", "watches")
-
-    def __init__(self) -> None:
-        self.proven: set[Hashable] = set()
-        #: per proof, what was derived from the index data it proves (see proof_cache);
-        #: dropped with the proof
-        self.caches: dict[Hashable, dict[Hashable, Any]] = {}
-        self.watches: dict[int, Watch] = {}  # by id(owner), checked against the weak owner
-        self.retired: list[Watch] = []  # watches whose owner died; dropped once gone
-        self.storages: dict[StorageKey, tuple[StorageWeakRef, int]] = {}
-        self.merged: IndexState | None = None
-        self.lock = threading.Lock()
-        self._limit = 8
-
-    # -- all methods below with a leading underscore expect ``self.lock`` to be held --------
-
-    def _all(self) -> Iterable[Watch]:
-        yield from self.watches.values()
-        yield from self.retired
-
-    def _void(self) -> None:
-        """Every proof (and what was derived from it) is gone."""
-        self.proven.clear()
-        self.caches.clear()
-
-    def _holds(self) -> bool:
-        for w in self.watches.values():
-            if w.alias._version != w.version:
-                self._void()
-                return False
-        for w in self.retired:
-            if w.alias._version != w.version:
-                self._void()
-                return False
-        return True
-
-    def _watch_of(self, owner: torch.Tensor) -> Watch | None:
-        w = self.watches.get(id(owner))
-        return w if w is not None and w.owner() is owner else None
-
-    def _witness(self, owner: torch.Tensor, alias: torch.Tensor) -> Watch:
-        i = id(owner)
-        old = self.watches.get(i)
-        if old is not None:
-            if old.owner() is owner:
-                return old
-            self.retired.append(old)  # the id was reused: its owner died; keep checking it
-        if len(self.watches) + len(self.retired) >= self._limit:
-            self._prune()
-        w = self.watches[i] = Watch(owner, alias)
-        return w
-
-    def _prune(self) -> None:
-        """Retire the watches of dead owners and drop the gone ones, after checking them."""
-        for i in [i for i, w in self.watches.items() if w.owner() is None]:
-            self.retired.append(self.watches.pop(i))
-        keep = []
-        for w in self.retired:
-            if w.changed():
-                self._void()  # written before it died: no proof survives it
-            if not w.gone():
-                keep.append(w)  # a member it handed out can still write through its counter
-        self.retired = keep
-        self._limit = max(8, 2 * (len(self.watches) + len(self.retired)))
-
-    def _absorb(self, other: IndexState) -> None:
-        """Take over ``other``'s watches, storages and (if they still hold) proofs; both
-        locks are held."""
-        if other._holds():
-            self.proven |= other.proven
-        for i, w in other.watches.items():
-            if i in self.watches:
-                self.retired.append(w)
-            else:
-                self.watches[i] = w
-        self.retired += other.retired
-        self.storages.update(other.storages)
-        other.merged = self
-        other.proven = set()  # a late proof on the absorbed state proves nothing here
-        other.caches = {}
-        self._limit = max(8, 2 * (len(self.watches) + len(self.retired)))
-
-    # -- public, locking ---------------------------------------------------------------------
-
-    def witness(self, owner: torch.Tensor, alias: torch.Tensor) -> Watch:
-        """Watch ``owner`` (through ``alias``, which shares its version counter). A tensor
-        joining is taken at its current version: it cannot revive a state that stopped
-        holding, since that state has no proofs left."""
-        with self.lock:
-            return self._witness(owner, alias)
-
-    def holds(self) -> bool:
-        """True while no watched tensor was written in place since the proofs were made."""
-        with self.lock:
-            return self._holds()
-
-    def is_proven(self, proof: Hashable) -> bool:
-        with self.lock:
-            return proof in self.proven and self._holds()
-
-    def snapshot(self) -> Snapshot:
-        """The counters now: pass to :meth:`prove` once validation has read the data."""
-        with self.lock:
-            return {id(w): w.alias._version for w in self._all()}
-
-    def prove(self, proof: Hashable, snap: Snapshot) -> bool:
-        """Validation passed for ``proof`` (view key, geometry) on the data as it was at
-        ``snap``. Proven only if no counter moved since (a write during validation); returns
-        whether it was."""
-        with self.lock:
-            for w in self._all():
-                now = w.alias._version
-                if snap.get(id(w), w.version) != now:
-                    return False
-            if not self._holds():  # the proofs were void: re-arm at the validated versions
-                for w in self._all():
-                    w.version = w.alias._version
-            self.proven.add(proof)
-            return True
-
-    def derive(self, proof: Hashable) -> bool:
-        """A tensor made by a known op from checked tensors has ``proof``: record it while
-        the state holds (nothing is re-armed: no data was read). Returns whether it holds."""
-        with self.lock:
-            if not self._holds():
-                return False
-            self.proven.add(proof)
-            return True
-
-    def rearm(self, owner: torch.Tensor, proof: Hashable) -> bool:
-        """``owner`` ran an in-place op known to keep its index data valid for ``proof``:
-        take its counter as it is now, if every other watch still holds."""
-        with self.lock:
-            mine = self._watch_of(owner)
-            if mine is None or proof not in self.proven:
-                return False
-            for w in self._all():
-                if w is not mine and w.changed():
-                    self._void()
-                    return False
-            mine.version = mine.alias._version
-            return True
-
-    def hand_out(self, owner: torch.Tensor, member: torch.Tensor) -> None:
-        """``owner`` handed ``member`` (sharing its counter) to the user: keep watching
-        ``owner``'s counter while ``member`` lives, even after ``owner`` dies."""
-        with self.lock:
-            w = self._watch_of(owner)
-            if w is None:
-                return
-            w.hand_out(member)
-        member._ss_state = self  # type: ignore[attr-defined]  # see knows()
-
-    def _fresh(self, k: StorageKey, live: torch.UntypedStorage | None = None) -> bool:
-        """Whether the storage keyed ``k`` is alive and still at that address. ``live``: the
-        storage now at that address, if the caller has it (then: whether it is that one; our
-        weak reference keeps its control block, so its address is not another's)."""
-        entry = self.storages.get(k)
-        if entry is None or entry[0].expired():  # type: ignore[no-untyped-call]
-            return False
-        if live is not None:
-            return bool(entry[0].cdata == live._cdata)
-        storage = torch.UntypedStorage._new_with_weak_ptr(entry[0].cdata)
-        return storage is not None and storage.data_ptr() == k[1]
-
-    def _forget(self, k: StorageKey) -> None:
-        """The storage keyed ``k`` died or moved: drop it and every proof naming an address
-        inside it (another storage may be given that address)."""
-        entry = self.storages.pop(k, None)
-        start = k[1]
-        end = start + (entry[1] if entry is not None else 1)
-        self.proven = {p for p in self.proven
-                       if not any(start <= m[0] < end for m in p[0])}  # type: ignore[index]
-        self.caches = {p: c for p, c in self.caches.items() if p in self.proven}
-
-    def _prune_storages(self) -> list[StorageKey]:
-        """Forget the storages that died or moved; returns their keys."""
-        gone = [k for k in self.storages if not self._fresh(k)]
-        for k in gone:
-            self._forget(k)
-        return gone
-
-    def knows(self, x: torch.Tensor) -> bool:
-        """Whether writes through the plain tensor ``x`` are seen here: it is a watched owner,
-        or a member handed out by one (sharing that owner's counter)."""
-        if resolve(x.__dict__.get("_ss_state")) is self:
-            return True
-        with self.lock:
-            return self._watch_of(x) is not None
-
-    def watch_count(self) -> int:
-        with self.lock:
-            self._prune()
-            return len(self.watches) + len(self.retired)
-
-
-def resolve(state: IndexState | None) -> IndexState | None:
-    """The live state a (possibly merged) state forwards to."""
-    while state is not None and state.merged is not None:
-        state = state.merged
-    return state
-
-
-# ---------------------------------------------------------------------------------------------
-# Records: the checked state of one tensor
+# Records
 
 
 class Record:
-    """The checked state of one SafeSparseTensor.
+    """The checked state of the tensors that carry it (one tensor, its views, ``detach()``).
 
-    ``state`` is the shared state of its index storages (None for volatile tensors; read it
-    through :func:`state_of`, which follows merges); ``members`` its index members when it
-    joined, ``ptrs`` their data pointers then (storage moved since, e.g. by
-    ``share_memory_()``, makes it unchecked) and ``key`` their view key; ``geometry`` what it
-    was proven for when ``trusted`` (validated, or derived by a known op). ``volatile``
-    tensors (inference tensors, shared memory) are validated whenever their state is asked for.
+    ``m0``, ``m1``: aliases of the index members sharing the owner's version counter (COO:
+    ``m1`` None); ``p0``, ``p1``: their data pointers when the record was made (storage moved
+    since, e.g. by ``share_memory_()``, makes it unchecked); ``ver``: the counter value its
+    proof holds for (:data:`UNCHECKED`, :data:`VOLATILE`: validated whenever asked); ``geom``:
+    the proven geometry; ``state``: None (sole) or the shared :class:`IndexState`, with ``key``
+    the view key and ``seen`` the state's epoch when the proof was last seen there.
     """
 
-    __slots__ = ("geometry", "key", "members", "ptrs", "state", "trusted", "volatile")
+    __slots__ = ("__weakref__", "gen", "geom", "key", "m0", "m1", "p0", "p1", "seen", "state",
+                 "ver")
 
-    def __init__(self, state: IndexState | None, members: Sequence[torch.Tensor],
-                 ptrs: tuple[int, ...], volatile: bool, key: IndexKey = ()) -> None:
-        self.state = state
-        self.members = tuple(members)
-        self.ptrs = ptrs
-        self.key = key
-        self.volatile = volatile
-        self.trusted = False
-        self.geometry: Hashable = None
+    def __init__(self, m0: torch.Tensor, m1: torch.Tensor | None, ver: int,
+                 geom: Hashable) -> None:
+        self.m0 = m0
+        self.m1 = m1
+        self.p0 = m0.data_ptr()
+        self.p1 = 0 if m1 is None else m1.data_ptr()
+        self.ver = ver
+        self.gen = _generation
+        self.geom = geom
+        self.state: IndexState | None = None
+        self.key: IndexKey = ()
+        self.seen = -1
 
-    def unmoved(self) -> bool:
-        """Whether the member storage is still where it was when this record joined."""
-        return tuple(m.data_ptr() for m in self.members) == self.ptrs
+    def set_checked(self, ver: int, geom: Hashable) -> None:
+        """The proof holds at counter value ``ver`` for ``geom`` (callers made sure)."""
+        self.geom = geom
+        self.gen = _generation
+        self.ver = ver
+
+    def members(self) -> tuple[torch.Tensor, ...]:
+        return (self.m0,) if self.m1 is None else (self.m0, self.m1)
 
     def proof(self) -> Hashable:
-        return (self.key, self.geometry)
+        return (self.key, self.geom)
 
 
-def state_of(rec: Record) -> IndexState | None:
-    """``rec``'s state, following merges (and remembering the survivor)."""
-    state = rec.state
-    if state is not None and state.merged is not None:
-        state = rec.state = resolve(state)
-    return state
+def holds(r: Record) -> bool:
+    """The rule: ``r``'s proof holds now (see the module docstring). Never for volatile
+    records (those are validated by the caller)."""
+    ver = r.ver
+    if ver < 0:  # (inference tensors, which volatile records hold, have no counter to read)
+        return False
+    m0 = r.m0
+    if m0._version != ver or m0.data_ptr() != r.p0:
+        return False
+    m1 = r.m1
+    if m1 is not None and m1.data_ptr() != r.p1:
+        return False
+    st = r.state
+    if st is None:
+        return r.gen == _generation  # (clear_cache voids states; sole records by generation)
+    return _shared_holds(r, st)
 
 
-#: Storage identity: device and the storage's data pointer.
-StorageKey = tuple[torch.device, int]
-
-_cache: weakref.WeakValueDictionary[StorageKey, IndexState] = weakref.WeakValueDictionary()
-_cache_lock = threading.Lock()
-
-
-def storage_keys(members: Iterable[torch.Tensor]) -> dict[StorageKey, torch.UntypedStorage]:
-    """The storages of ``members`` by key (storages without data are left out)."""
-    out: dict[StorageKey, torch.UntypedStorage] = {}
-    for m in members:
-        st = m.untyped_storage()
-        ptr = st.data_ptr()
-        if ptr:
-            out[(m.device, ptr)] = st
-    return out
-
-
-def _find(keys: dict[StorageKey, torch.UntypedStorage]) -> list[IndexState]:
-    """The distinct live states on these storages (``_cache_lock`` held). A state whose
-    storage at a key died or moved away (the address may now be another storage's) forgets
-    it, and the proofs naming it, and is not the state for that key any more."""
-    found: list[IndexState] = []
-    for k, live in keys.items():
-        state = resolve(_cache.get(k))
-        if state is None:
-            continue
-        with state.lock:
-            fresh = state._fresh(k, live)
-            if not fresh:
-                state._forget(k)
-        if not fresh:
-            del _cache[k]
-            continue
-        if all(state is not f for f in found):
-            found.append(state)
-    return found
-
-
-#: States of index data without storage (no element anywhere): by view key.
-_empty: weakref.WeakValueDictionary[IndexKey, IndexState] = weakref.WeakValueDictionary()
-
-
-def lookup(members: Sequence[torch.Tensor]) -> IndexState | None:
-    """The live state holding every one of these index tensors' storages, if any (nothing is
-    created or merged)."""
-    keys = storage_keys(members)
-    if not keys:
-        return _empty.get(index_key(members))
-    with _cache_lock:
-        found = _find(keys)
-        if len(found) != 1 or any(k not in found[0].storages for k in keys):
-            return None
-        return found[0]
-
-
-def _state_for(storages: dict[StorageKey, torch.UntypedStorage], key: IndexKey) -> IndexState:
-    """The one state for these storages: found, created, or merged from the states that
-    held some of them (SPEC 4: one state per storage). Index data without storage (no
-    element) has a state per view ``key``."""
-    with _cache_lock:
-        if not storages:
-            state = _empty.get(key)
-            if state is None:
-                state = _empty[key] = IndexState()
-            return state
-        found = _find(storages)
-        if not found:
-            state = IndexState()
-        else:
-            state = found[0]
-            if len(found) > 1:
-                locks = sorted(found, key=id)
-                for held in locks:
-                    held.lock.acquire()
-                try:
-                    for other in found[1:]:
-                        state._absorb(other)
-                finally:
-                    for held in locks:
-                        held.lock.release()
-                for k in state.storages:
-                    _cache[k] = state
-        new = [k for k in storages if k not in state.storages]
-        if new:
-            with state.lock:
-                for k in state._prune_storages():  # bounded by the storages alive
-                    if resolve(_cache.get(k)) is state:
-                        del _cache[k]
-                for k in new:
-                    storage = storages[k]
-                    state.storages[k] = (StorageWeakRef(storage),  # type: ignore[no-untyped-call]
-                                         storage.nbytes())
-            for k in new:
-                _cache[k] = state
-        return state
-
-
-def _shared(members: Sequence[torch.Tensor]) -> bool:
-    """Whether any member's storage is shared with other processes."""
-    return any(m.untyped_storage().is_shared() for m in members)
-
-
-def join(t: torch.Tensor, members: Sequence[torch.Tensor] | None = None,
-         key: IndexKey | None = None, *, unshared: bool = False) -> Record:
-    """Give ``t`` (a fresh wrapper) a record, joined to the state of its index storages and
-    watched there. ``key``: the view key, if the caller has it (reused while the pointers
-    match).
-
-    Storage shared with other processes, and inference tensors, get a volatile record (no
-    state). ``unshared``: the caller knows the storage is not shared (an op's result from
-    inputs checked just now)."""
-    with DisableTorchFunctionSubclass():
-        if members is None:
-            members = index_members(t)
-        ptrs = tuple(m.data_ptr() for m in members)
-        if t.is_inference() or (not unshared and _shared(members)):
-            rec = Record(None, members, ptrs, True)
-        else:
-            if key is None or ptrs != tuple(k[0] for k in key):
-                key = index_key(members)
-            state = _state_for(storage_keys(members), key)
-            state.witness(t, members[0] if members else t)
-            rec = Record(state, members, ptrs, False, key)
-    t._ss = rec  # type: ignore[attr-defined]
-    return rec
+def _shared_holds(r: Record, st: IndexState) -> bool:
+    """Lock-free read of a shared record's state (shortcut 5 of the module docstring)."""
+    if st.merged is not None:
+        st = r.state = resolve(st)  # type: ignore[assignment]
+        r.seen = -1
+    try:
+        epoch = st.epoch  # read first: a removal after this read changes it
+        if r.seen != epoch:
+            if (r.key, r.geom) not in st.proven:
+                return False
+            r.seen = epoch
+        for w in st.watches.values():
+            if w.alias._version != w.version:
+                return False
+        return all(w.alias._version == w.version for w in st.retired)
+    except RuntimeError:  # a watch dict changed size while we read it
+        with st.lock:
+            return (r.key, r.geom) in st.proven and st._holds()
 
 
 def record(t: torch.Tensor) -> Record | None:
@@ -535,49 +271,239 @@ def record(t: torch.Tensor) -> Record | None:
     return rec
 
 
-def current_record(t: torch.Tensor) -> Record:
-    """``t``'s record, re-joined if its members were replaced or moved since it joined."""
-    rec = record(t)
-    with DisableTorchFunctionSubclass():
-        members = index_members(t)
-        if rec is None or rec.ptrs != tuple(m.data_ptr() for m in members):
-            rec = join(t, members)
+def sole_record(plain: torch.Tensor, ver: int, geom: Hashable) -> Record:
+    """A sole record for a tensor whose index memory only its own counter can write (shortcut
+    1); ``ver``: its counter now if checked, else :data:`UNCHECKED`."""
+    m0, m1 = plain_members(plain)
+    return Record(m0, m1, ver, geom)
+
+
+def attach(t: torch.Tensor, rec: Record) -> Record:
+    t.__dict__["_ss"] = rec
     return rec
 
 
-# -- the rule -----------------------------------------------------------------------------
+def state_of(rec: Record) -> IndexState | None:
+    """``rec``'s state, following merges (and remembering the survivor)."""
+    state = rec.state
+    if state is not None and state.merged is not None:
+        state = rec.state = resolve(state)
+        rec.seen = -1
+    return state
 
 
-def is_checked(t: torch.Tensor,
-               revalidate: Callable[[torch.Tensor], bool] | None = None) -> bool:
-    """The rule of the module docstring. ``revalidate(t)`` answers for volatile tensors (a
-    full validation); without it they count as unchecked."""
-    rec = record(t)
-    if rec is None or not rec.trusted:
-        return False
-    if rec.volatile:
-        return revalidate is not None and revalidate(t)
+def share(rec: Record) -> IndexState | None:
+    """Make ``rec`` shared (shortcut 2): join the state of its index memory, watched there by
+    its own counter; a sole record that held keeps its proof. Returns the state (None for a
+    volatile record)."""
     state = state_of(rec)
-    assert state is not None
-    return rec.unmoved() and state.is_proven((rec.key, rec.geometry))
+    if state is not None or rec.ver == VOLATILE:
+        return state
+    with _share_lock:
+        if rec.state is not None:  # another thread shared it meanwhile
+            return state_of(rec)
+        ok = holds(rec)
+        members = rec.members()
+        key = index_key(members)
+        state = register(members, key)
+        with state.lock:
+            w = state._witness(rec, rec.m0)
+            if ok and w.version == rec.ver and state._holds():
+                state.proven.add((key, rec.geom))
+        rec.key = key
+        rec.state = state
+    return state
+
+
+def shared_record(members: tuple[torch.Tensor, torch.Tensor | None], state: IndexState,
+                  key: IndexKey, ver: int, geom: Hashable) -> Record:
+    """A record on ``state`` for a tensor whose members (aliases sharing its counter) are
+    ``members``, watched there by its own counter."""
+    rec = Record(members[0], members[1], ver, geom)
+    rec.key = key
+    rec.state = state
+    state.witness(rec, rec.m0)
+    return rec
+
+
+def volatile(plain: torch.Tensor) -> bool:
+    """Whether the index memory of ``plain`` can be written where no counter of this process
+    sees it: inference tensors (no counter), storage shared with other processes, file
+    mappings (SPEC 4)."""
+    with DisableTorchFunctionSubclass():
+        m0, m1 = plain_members(plain)
+    return foreign((m0,) if m1 is None else (m0, m1))
+
+
+def join(t: torch.Tensor, ver: int = UNCHECKED, geom: Hashable = None) -> Record:
+    """Give ``t`` a record on the state of its index memory (found by range), watched there by
+    its own counter; volatile if that memory cannot be watched."""
+    with DisableTorchFunctionSubclass():
+        members = plain_members(t)
+        if volatile(t):
+            rec = Record(members[0], members[1], VOLATILE, geom)
+        else:
+            ms = (members[0],) if members[1] is None else (members[0], members[1])
+            key = index_key(ms)
+            rec = shared_record(members, register(ms, key), key, ver, geom)
+    return attach(t, rec)
+
+
+def current(t: torch.Tensor) -> Record:
+    """``t``'s record, renewed (unchecked, joined by range) if ``t``'s members are not the
+    record's any more (replaced in place) or it has none."""
+    rec = record(t)
+    if rec is not None:
+        with DisableTorchFunctionSubclass():
+            m0, m1 = plain_members(t)
+        r1 = rec.m1
+        if (m0.data_ptr() == rec.p0 and m0.shape == rec.m0.shape
+                and m0.stride() == rec.m0.stride()
+                and (m1 is None) == (r1 is None)
+                and (m1 is None or r1 is None or (m1.data_ptr() == rec.p1
+                                                  and m1.shape == r1.shape
+                                                  and m1.stride() == r1.stride()))):
+            return rec
+    return join(t)
+
+
+def renew(t: torch.Tensor) -> Record:
+    """``t`` ran an in-place op that may have replaced or rewritten its members: a new,
+    unchecked record on its current members (the old record object, which views may share,
+    is left to its counters)."""
+    return join(t)
+
+
+# -- marking -----------------------------------------------------------------------------------
+
+
+def mark_validated(rec: Record, geometry: Hashable, snap: Snapshot, ver: int) -> bool:
+    """Validation passed on ``rec``'s data as it was at ``snap`` (``ver``: its own counter
+    then). Returns False (it stays unchecked) if a counter moved meanwhile."""
+    if rec.ver == VOLATILE:
+        rec.geom = geometry
+        return True
+    state = state_of(rec)
+    ok = rec.m0._version == ver if state is None else state.prove((rec.key, geometry), snap)
+    if ok:
+        rec.set_checked(ver, geometry)
+    return ok
+
+
+def snapshot(rec: Record) -> tuple[Snapshot, int]:
+    """Counters before validation reads the data: the state's, and the record's own."""
+    if rec.ver == VOLATILE:
+        return {}, VOLATILE
+    state = state_of(rec)
+    ver = rec.m0._version
+    return (state.snapshot() if state is not None else {}), ver
+
+
+def mark_derived(rec: Record, geometry: Hashable) -> bool:
+    """``rec``'s tensor was made by a known op from tensors checked before and after it ran,
+    and has ``geometry``: checked without validation, while its state holds."""
+    if rec.ver == VOLATILE:
+        return False
+    state = state_of(rec)
+    ver = rec.m0._version
+    ok = state is None or state.derive((rec.key, geometry))
+    if ok:
+        rec.set_checked(ver, geometry)
+    return ok
+
+
+def mark_known(rec: Record, geometry: Hashable) -> bool:
+    """``rec`` (just made, shared) is on index data whose state proves ``geometry`` (a cache
+    hit). Returns False if the state stopped proving it meanwhile."""
+    state = state_of(rec)
+    if state is None or not state.is_proven((rec.key, geometry)):
+        return False
+    rec.set_checked(rec.m0._version, geometry)
+    return True
+
+
+def mark_copied(rec: Record, geometry: Hashable, snap: Snapshot) -> bool:
+    """``rec``'s tensor was just overwritten in place (``copy_``) with index data known valid for
+    ``geometry``; ``snap`` was taken before the write. Proven if no *other* counter moved (the
+    copy moved the tensor's own); every other proof on that memory is void (the copy wrote it)."""
+    state = state_of(rec)
+    if state is None:
+        return False  # (volatile) validated when asked
+    with state.lock:
+        mine = state._watch_of(rec)
+        if mine is not None:
+            snap = {**snap, id(mine): mine.alias._version}
+    ok = state.prove((rec.key, geometry), snap)
+    if ok:
+        rec.set_checked(rec.m0._version, geometry)
+    return ok
+
+
+def same_index_data(a: Record, b: Record) -> bool:
+    """Both records are on one view of one piece of index memory, with the same geometry."""
+    if a is b:
+        return True
+    sa = state_of(a)
+    return (sa is not None and sa is state_of(b) and a.key == b.key and a.geom == b.geom)
+
+
+def rearm(rec: Record) -> bool:
+    """A known values-only in-place op ran on ``rec``'s checked tensor: take its counter as it
+    is now (shared: if every other watch still holds)."""
+    if rec.ver < 0:
+        return False
+    state = state_of(rec)
+    if state is not None and not state.rearm(rec, rec.proof()):
+        return False
+    rec.set_checked(rec.m0._version, rec.geom)
+    return True
+
+
+def hand_out(t: torch.Tensor, member: torch.Tensor) -> None:
+    """``t`` handed out ``member`` (an index member alias sharing its counter): its record is
+    shared from now on, and the member carries it (keeping its watch alive, and claiming it for
+    a rebuild)."""
+    rec = record(t)
+    if rec is None or rec.ver == VOLATILE:
+        return
+    share(rec)
+    claims.set(member, rec)
+
+
+def claim(x: torch.Tensor) -> Record | None:
+    """The record whose counter ``x`` shares (a member it handed out), if any."""
+    rec: Record | None = claims.get(x)
+    return rec
+
+
+def watch(rec: Record, owner: torch.Tensor) -> None:
+    """``owner`` (a plain tensor: an index tensor ``rec``'s tensor was built from) can write its
+    index memory: watch its counter too."""
+    state = state_of(rec)
+    if state is None:
+        return
+    c = claim(owner)
+    if c is not None and state_of(c) is state:
+        return  # a member handed out on this state: its record's watch covers its counter
+    state.witness(owner, owner.detach())
 
 
 def proof_cache(t: torch.Tensor) -> dict[Hashable, Any] | None:
     """A dict for what is derived from ``t``'s index data alone (e.g. a regrouped block
     structure), tied to the proof that makes ``t`` checked: every tensor on the same proven
-    index data (same view, same geometry) gets the same dict, and it is dropped with the
-    proof (any write through anything that can write that data, a storage that died or
-    moved, :func:`clear_cache`), so a later call gets a new, empty one. None when ``t`` is
-    not checked now, or its index data cannot be watched (volatile): compute afresh then.
+    index data (same view, same geometry) gets the same dict, and it is dropped with the proof
+    (any write through anything that can write that data, a storage that died or moved,
+    :func:`clear_cache`), so a later call gets a new, empty one. None when ``t`` is not checked
+    now, or its index data cannot be watched (volatile): compute afresh then.
 
     Only what depends on the index data and the geometry may be cached (never values)."""
     rec = record(t)
-    if rec is None or not rec.trusted or rec.volatile or not rec.unmoved():
+    if rec is None or rec.ver < 0 or not holds(rec):
         return None
-    state = state_of(rec)
+    state = share(rec)
     if state is None:
         return None
-    proof = (rec.key, rec.geometry)
+    proof = (rec.key, rec.geom)
     with state.lock:
         if proof not in state.proven or not state._holds():
             return None
@@ -587,139 +513,9 @@ def proof_cache(t: torch.Tensor) -> dict[Hashable, Any] | None:
         return cache
 
 
-def is_proven(rec: Record, geometry: Hashable) -> bool:
-    """Whether ``rec``'s index data (its view) is proven for ``geometry`` now."""
-    state = state_of(rec)
-    return state is not None and state.is_proven((rec.key, geometry))
-
-
-def same_index_data(a: Record, b: Record) -> bool:
-    """Both records are on one view of one state's storage, with the same geometry."""
-    sa = state_of(a)
-    return (sa is not None and sa is state_of(b) and a.key == b.key
-            and a.geometry == b.geometry)
-
-
-def snapshot(t: torch.Tensor) -> Snapshot:
-    """Counters of ``t``'s state before validation reads its data (see :meth:`IndexState.prove`)."""
-    state = state_of(current_record(t))
-    return state.snapshot() if state is not None else {}
-
-
-def mark_validated(t: torch.Tensor, geometry: Hashable, snap: Snapshot) -> bool:
-    """Validation passed on ``t``'s data as it was at ``snap``: record ``t`` as checked.
-    Returns False (``t`` stays unchecked) if a watched counter moved meanwhile."""
-    rec = current_record(t)
-    state = state_of(rec)
-    ok = True if state is None else state.prove((rec.key, geometry), snap)
-    rec.trusted = ok
-    rec.geometry = geometry
-    return ok
-
-
-def mark_derived(t: torch.Tensor, geometry: Hashable, rec: Record | None = None) -> bool:
-    """``t`` was made by a known op from tensors checked before and after it ran, and has
-    ``geometry``: checked without validation, while its state holds. ``rec``: ``t``'s record,
-    if it was just joined."""
-    if rec is None:
-        rec = current_record(t)
-    state = state_of(rec)
-    ok = True if state is None else state.derive((rec.key, geometry))
-    rec.trusted = ok
-    rec.geometry = geometry
-    return ok
-
-
-def mark_copied(t: torch.Tensor, geometry: Hashable, snap: Snapshot) -> bool:
-    """``t`` was just overwritten in place (``copy_``) with index data known valid for
-    ``geometry``; ``snap`` was taken before the write. Proven if no *other* counter moved."""
-    rec = current_record(t)
-    state = state_of(rec)
-    if state is None:
-        rec.trusted, rec.geometry = True, geometry
-        return True
-    with state.lock:
-        mine = state._watch_of(t)
-        if mine is not None:
-            snap = {**snap, id(mine): mine.alias._version}
-    ok = state.prove((rec.key, geometry), snap)
-    rec.trusted = ok
-    rec.geometry = geometry
-    return ok
-
-
-def mark_known(rec: Record, geometry: Hashable) -> bool:
-    """The tensor of ``rec`` (just built and joined) is on index tensors whose state proved
-    ``geometry`` (a cache hit). Returns False if the state stopped proving it meanwhile."""
-    ok = is_proven(rec, geometry)
-    rec.trusted = ok
-    rec.geometry = geometry
-    return ok
-
-
-def mark_unchecked(t: torch.Tensor) -> None:
-    rec = record(t)
-    if rec is not None:
-        rec.trusted = False
-
-
-def after_inplace(t: torch.Tensor, keeps_indices: bool) -> None:
-    """``t`` ran an in-place op. One known to keep index data valid re-arms ``t``'s own watch
-    (if everything else still holds); any other makes ``t`` unchecked (its shared state stops
-    holding by itself if the op wrote index data)."""
-    rec = record(t)
-    if rec is None:
-        return
-    if not keeps_indices or not rec.trusted:
-        rec.trusted = False
-        return
-    if rec.volatile:
-        return
-    fresh = current_record(t)
-    state = state_of(fresh)
-    if fresh is not rec or state is None or not state.rearm(t, rec.proof()):
-        fresh.trusted = False
-
-
-def hand_out(t: torch.Tensor, member: torch.Tensor) -> None:
-    """``t`` handed out ``member`` (an index member alias sharing its counter)."""
-    rec = record(t)
-    state = state_of(rec) if rec is not None else None
-    if state is not None:
-        state.hand_out(t, member)
-
-
-def watch(t: torch.Tensor, owner: torch.Tensor) -> None:
-    """``owner`` (a plain tensor: an index tensor ``t`` was built from, or the plain sparse
-    tensor ``t`` wraps) can write ``t``'s index data: watch it too."""
-    rec = record(t)
-    if rec is None or owner is t:
-        return
-    state = state_of(rec)
-    if state is None:
-        return
-    if owner.is_inference():  # no counter to watch: t can only be validated when asked
-        rec.state, rec.volatile = None, True
-        return
-    if resolve(owner.__dict__.get("_ss_state")) is state:
-        return  # a member this state handed out: its owner's watch covers its counter
-    if owner.layout == torch.strided:
-        alias = owner.detach()
-    else:
-        members = index_members(owner)
-        alias = members[0] if members else owner
-    state.witness(owner, alias)
-
-
-def shares_index_data(rec: Record, x: torch.Tensor) -> bool:
-    """Whether the plain tensor ``x`` is one of the index members' storage of ``rec``."""
-    return x.numel() > 0 and x.data_ptr() in rec.ptrs
-
-
 def cache_size() -> int:
-    """Number of live index states (for tests and diagnostics)."""
-    with _cache_lock:
-        return len({id(resolve(st)) for st in _cache.values()})
+    """Number of live index states with memory (for tests and diagnostics)."""
+    return memory_state_count()
 
 
 def clear_cache() -> None:
@@ -729,9 +525,9 @@ def clear_cache() -> None:
     ``False`` for them). Useful in tests and benchmarks; normal code never needs it, since
     in-place writes to index data already drop the checked state.
     """
-    with _cache_lock:
-        states = {id(s): s for s in (resolve(st) for st in _cache.values()) if s is not None}
-    for state in states.values():
+    global _generation
+    _generation += 1  # sole records (in no state) proven before now are not trusted
+    for state in all_states():
         with state.lock:
             state._void()
 

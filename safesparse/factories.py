@@ -14,21 +14,25 @@ again: only the O(1) metadata checks run (see :mod:`safesparse.checked`).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from . import _originals, checked
+from . import _originals, build
 from ._compile import not_traced
 from ._convert import _as_index, _as_size, _coo_index
-from .checked import IndexKey
 from .debug import is_debug
 from .indices import per_batch_contiguous
 from .invariants import COMPRESSED_LAYOUTS
-from .metadata import LAYOUTS, check_compressed_metadata, check_coo_metadata, values_layout_ok
-from .tensor import SafeSparseTensor, compressed_geometry, validate_into, wrap
-from .validation import check_compressed_indices, check_coo_indices
+from .metadata import (
+    LAYOUTS,
+    _accept_compressed_metadata,
+    check_compressed_metadata,
+    check_coo_metadata,
+    values_layout_ok,
+)
+from .tensor import SafeSparseTensor
 
 DeviceLike = torch.device | str | int | None
 SizeLike = Sequence[int] | torch.Size | None
@@ -50,45 +54,25 @@ def _pin(pin_memory: bool) -> dict[str, Any]:
     return {"pin_memory": pin_memory}
 
 
-def _proven(key: IndexKey, indices: tuple[torch.Tensor, ...], geometry: Hashable) -> bool:
-    """Whether these index tensors are proven valid for ``geometry`` (outside debug mode).
-
-    Index tensors whose version counter has moved are only trusted through a state that
-    sees writes through them; ``_version == 0`` means no write ever went through them.
-    """
-    if is_debug():
-        return False
-    if any(x.is_inference() for x in indices):
-        return False
-    state = checked.lookup(indices)
-    return (state is not None and state.is_proven((key, geometry))
-            and all(x._version == 0 or state.knows(x) for x in indices))
-
-
-class _Before:
-    """What validation must be compared against: the counters of the index tensors (and of
-    their state, if one is alive) taken before the O(nnz) checks read them."""
-
-    __slots__ = ("snap", "versions")
-
-    def __init__(self, key: IndexKey, indices: tuple[torch.Tensor, ...]) -> None:
-        state = checked.lookup(indices)
-        self.snap = state.snapshot() if state is not None else {}
-        self.versions = _versions(indices)
-
-    def unchanged(self, indices: tuple[torch.Tensor, ...]) -> bool:
-        return self.versions is not None and _versions(indices) == self.versions
-
-
-def _versions(indices: tuple[torch.Tensor, ...]) -> list[int] | None:
-    """The version counters of ``indices``; None if one has none (an inference tensor)."""
-    if any(x.is_inference() for x in indices):
-        return None
-    return [x._version for x in indices]
-
-
 def _wants_check(check_invariants: bool | None) -> bool:
     return check_invariants is None or bool(check_invariants) or is_debug()
+
+
+#: Values a factory takes as they are on its fast path (a Parameter: a layer's weights).
+_VALUE_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _final_size(size: Any) -> tuple[int, ...] | None:
+    """``size`` when it is already a tuple of Python ints or a ``torch.Size`` (the fast path's
+    form), else None (``_as_size`` converts or refuses it)."""
+    if type(size) is torch.Size:
+        return tuple(size)
+    if type(size) is tuple:
+        for x in size:
+            if type(x) is not int:
+                return None
+        return size
+    return None
 
 
 @not_traced
@@ -149,6 +133,17 @@ def sparse_compressed_tensor(
         TypeError: an argument is not sparse data at all, with the exception type torch
             raises for it (e.g. a non-integral ``size``).
     """
+    if (dtype is None and device is None and not pin_memory and check_invariants is not False
+            and type(compressed_indices) is torch.Tensor and type(plain_indices) is torch.Tensor
+            and type(values) in _VALUE_TYPES):
+        # the common case: members in their final form (no conversion), a size, checks on
+        shape = _final_size(size)
+        if shape is not None and layout in LAYOUTS:
+            meta = _accept_compressed_metadata(compressed_indices, plain_indices, values, shape,
+                                               layout, None, None)
+            if meta is not None:
+                return build.compressed(compressed_indices, plain_indices, values, meta,
+                                        requires_grad=requires_grad)
     shape = _as_size(size)
     dev = _device(device)
     compressed, plain, vals, lay = _compressed_args(
@@ -157,33 +152,14 @@ def sparse_compressed_tensor(
         sized = () if shape is None else (shape,)  # torch takes no explicit size=None
         plain_t = _originals.sparse_compressed_tensor(
             compressed, plain, vals, *sized, dtype=vals.dtype, layout=lay, device=dev,
-            check_invariants=False, **_pin(pin_memory),
+            check_invariants=False, requires_grad=requires_grad, **_pin(pin_memory),
         )
-        out = wrap(plain_t, leaf_requires_grad=requires_grad)
-        _watch_inputs(out, out._ss, (compressed, plain))
-        return out
+        return build.unchecked(plain_t, (compressed, plain))
     meta = check_compressed_metadata(
         compressed, plain, vals, shape, lay, dtype=dtype, device=dev, requested_layout=lay,
     )
-    key = checked.index_key((compressed, plain))
-    geometry = compressed_geometry(meta.n_compressed, meta.n_plain)
-    known = shape is not None and _proven(key, (compressed, plain), geometry)
-    before = None
-    if known:
-        checked.count("skipped")
-    else:
-        before = _Before(key, (compressed, plain))
-        meta = check_compressed_indices(meta, compressed, plain, estimate=shape is None,
-                                        values=vals)
-        checked.count("validations")
-    plain_t = _originals.sparse_compressed_tensor(
-        compressed, plain, vals, meta.size, dtype=vals.dtype, layout=meta.info.layout,
-        device=vals.device, check_invariants=False, **_pin(pin_memory),
-    )
-    if not known:  # estimation may have resolved the plain extent
-        geometry = compressed_geometry(meta.n_compressed, meta.n_plain)
-    return _finish(wrap(plain_t, leaf_requires_grad=requires_grad, key=key),
-                   (compressed, plain), before, geometry)
+    return build.compressed(compressed, plain, vals, meta, requires_grad=requires_grad,
+                            pin_memory=pin_memory, estimate=shape is None)
 
 
 def sparse_csr_tensor(
@@ -583,6 +559,13 @@ def sparse_coo_tensor(
         TypeError: an argument is not sparse data at all, with the exception type torch
             raises for it (e.g. a non-integral ``size``).
     """
+    if (dtype is None and device is None and not pin_memory and check_invariants is not False
+            and type(indices) is torch.Tensor and type(values) in _VALUE_TYPES
+            and indices.dtype is torch.int64 and values.dim() > 0):
+        shape = _final_size(size)
+        if shape is not None:
+            meta = check_coo_metadata(indices, values, shape)
+            return build.coo(indices, values, meta, is_coalesced, requires_grad=requires_grad)
     dev = _device(device)
     idx, vals, shape = _coo_args(indices, values, size, dtype, dev, is_coalesced,
                                  _wants_check(check_invariants))
@@ -593,61 +576,12 @@ def sparse_coo_tensor(
         args = (idx, vals) if shape is None else (idx, vals, shape)
         plain_t = _originals.sparse_coo_tensor(
             *args, dtype=vals.dtype, device=dev, **_pin(pin_memory),
-            check_invariants=False, is_coalesced=is_coalesced,
+            check_invariants=False, is_coalesced=is_coalesced, requires_grad=requires_grad,
         )
-        out = wrap(plain_t, leaf_requires_grad=requires_grad)
-        _watch_inputs(out, out._ss, (idx,))
-        return out
+        return build.unchecked(plain_t, (idx,))
     meta = check_coo_metadata(idx, vals, shape, dtype=dtype, device=dev)
-    coalesced = bool(is_coalesced)
-    sparse_size = tuple(meta.size[: meta.sparse_dim])
-    # an index set proven coalesced is also valid for an uncoalesced tensor
-    key = checked.index_key((idx,))
-    known = shape is not None and any(
-        _proven(key, (idx,), ("coo", sparse_size, flag)) for flag in {coalesced, True})
-    before = None
-    if known:
-        checked.count("skipped")
-    else:
-        before = _Before(key, (idx,))
-        meta = check_coo_indices(meta, idx, is_coalesced=coalesced, estimate=shape is None,
-                                 values=vals)
-        checked.count("validations")
-    plain_t = _originals.sparse_coo_tensor(
-        idx, vals, meta.size, dtype=vals.dtype, device=vals.device, **_pin(pin_memory),
-        check_invariants=False, is_coalesced=is_coalesced,
-    )
-    # the built tensor's coalesced flag is torch's, so ask the tensor
-    out = wrap(plain_t, leaf_requires_grad=requires_grad, key=key)
-    return _finish(out, (idx,), before, checked.geometry_of(out))
-
-
-def _finish(out: SafeSparseTensor, inputs: tuple[torch.Tensor, ...], before: _Before | None,
-            geometry: Hashable) -> SafeSparseTensor:
-    """Watch the caller's index tensors that ``out`` shares, and record ``out`` as checked: on a
-    cache hit (``before`` None) through the proven state; after a validation only if no watched
-    counter moved while it read the data (else the tensor is refused: another thread is
-    writing the index data)."""
-    rec = checked.record(out)
-    assert rec is not None  # wrap() joined it
-    _watch_inputs(out, rec, inputs)
-    if before is None:
-        if checked.mark_known(rec, geometry):
-            return out
-    elif before.unchanged(inputs) and checked.mark_validated(out, geometry, before.snap):
-        return out
-    # A counter moved while the checks read the data (another thread writes it), or the
-    # index tensors cannot be watched: validate the built tensor itself (torch read nothing).
-    validate_into(out)
-    return out
-
-
-def _watch_inputs(out: SafeSparseTensor, rec: checked.Record,
-                  inputs: tuple[torch.Tensor, ...]) -> None:
-    """The caller's index tensors that ``out`` shares storage with can write it: watch them."""
-    for x in inputs:
-        if checked.shares_index_data(rec, x) and not isinstance(x, SafeSparseTensor):
-            checked.watch(out, x)  # (not again for a member handed out on this structure)
+    return build.coo(idx, vals, meta, is_coalesced, requires_grad=requires_grad,
+                     pin_memory=pin_memory, estimate=shape is None)
 
 
 __all__ = [

@@ -25,7 +25,15 @@ from torch._C import DisableTorchFunctionSubclass
 
 from . import blocks, checked
 from .metadata import compressed_members, values_of
-from .tensor import REPAIRS, OpKind, SafeSparseTensor, _inputs_checked, _is_checked, wrap_results
+from .tensor import (
+    REPAIRS,
+    OpKind,
+    SafeSparseTensor,
+    _inputs_checked,
+    _is_checked,
+    after_inplace,
+    wrap_results,
+)
 
 T = torch.Tensor
 PRESERVING, NEW_INDICES = OpKind.PRESERVING, OpKind.NEW_INDICES
@@ -232,7 +240,7 @@ def _add_inplace(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
             and not (torch.is_grad_enabled() and (t.requires_grad or other.requires_grad))):
         sign = -1 if func in (T.sub_, T.__isub__) else 1
         values_of(t).add_(values_of(other), alpha=sign * alpha)
-        checked.after_inplace(t, keeps_indices=True)
+        after_inplace(t, keeps_indices=True)
         return t
     ret = func(*args, **kwargs)
     return wrap_results(func, NEW_INDICES, args, kwargs, ret, before=before)
@@ -247,10 +255,10 @@ def _copy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     before = _inputs_checked(args, kwargs)
     same = (before and isinstance(src, SafeSparseTensor) and src.layout == dst.layout
             and src.shape == dst.shape)
-    snap = checked.snapshot(dst) if same else {}
+    snap = checked.snapshot(checked.current(dst))[0] if same else {}
     ret = func(*args, **kwargs)
     if same and ret is dst and _is_checked(src) and checked.mark_copied(
-            dst, checked.geometry_of(dst), snap):
+            checked.current(dst), checked.geometry_of(dst), snap):
         return dst
     return wrap_results(func, NEW_INDICES, args, kwargs, ret, before=before)
 
@@ -262,11 +270,9 @@ def _set_data(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     t, new = args[0], args[1]
     was_checked = _is_checked(new)
     func(*args, **kwargs)
-    checked.current_record(t)  # its members were replaced: join their state
+    rec = checked.renew(t)  # its members were replaced: a record on the new ones
     if was_checked and _is_checked(new):
-        checked.mark_derived(t, checked.geometry_of(t))
-    else:
-        checked.mark_unchecked(t)
+        checked.mark_derived(rec, checked.geometry_of(t))
 
 
 __all__ = [

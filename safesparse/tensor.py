@@ -1,13 +1,21 @@
 """``SafeSparseTensor``: a torch sparse tensor that remembers it was checked.
 
-The class is a real ``torch.Tensor`` (built with ``Tensor._make_subclass``, the one subclassing
-route torch 2.13 allows for sparse layouts) whose ``__torch_function__`` runs every torch
-function on the underlying tensor and re-wraps sparse results, deciding their checked state
-from the per-class op table (:mod:`safesparse.ops`).
+The class is a real ``torch.Tensor`` whose ``__torch_function__`` runs every torch function on
+the underlying tensor and re-wraps sparse results, deciding their checked state from the
+per-class op table (:mod:`safesparse.ops`). Two paths:
 
-Autograd: ``_make_subclass`` detaches, so wrapping and unwrapping a tensor that takes part in
-autograd go through identity :class:`torch.autograd.Function` s (:class:`ToSafeSparseTensor`,
-:class:`_ToPlain`), which keep the graph connected.
+* the **fast path** (:mod:`safesparse.fastpath`): the common operations on one checked tensor
+  with scalar or dense arguments, in a straight line (one record check, no search);
+* the **general path** (:func:`general`): everything else. The guard validates every sparse
+  argument that is not checked, every SafeSparseTensor argument's record is shared (its memory
+  may get a second counter inside the op), the op runs (or its implementation from the table),
+  and sparse results are joined to the state of their index memory.
+
+Results torch hands us as new objects are *retyped* (``ret.__class__ = SafeSparseTensor``: the
+same object, autograd graph kept). A tensor the caller owns (``ss.validate(plain)``) is wrapped
+with ``Tensor._make_subclass``, which detaches, so wrapping and unwrapping a tensor that takes
+part in autograd go through identity :class:`torch.autograd.Function` s
+(:class:`ToSafeSparseTensor`, :class:`_ToPlain`), which keep the graph connected.
 """
 
 from __future__ import annotations
@@ -22,9 +30,10 @@ from torch._C import DisableTorchFunctionSubclass
 
 from . import checked
 from ._compile import not_traced
-from .checked import IndexKey
+from .checked import VOLATILE, Record, holds
 from .debug import is_debug
 from .errors import InvariantError
+from .fastpath import FAST, MISS
 from .invariants import SPARSE_LAYOUTS
 from .validation import validate_tensor
 
@@ -81,9 +90,12 @@ _run_plain: Callable[..., Any] = torch._C._disabled_torch_function_impl
 #: Ops that only read metadata or return member tensors: passed straight to torch (also in
 #: debug mode: they run no kernel over the index data and return nothing sparse).
 _GETTERS = ("shape", "layout", "dtype", "device", "requires_grad", "is_sparse", "grad_fn",
-            "is_leaf", "ndim", "is_cuda", "_base")
+            "is_leaf", "ndim", "is_cuda", "_base", "grad", "nbytes", "itemsize", "names",
+            "_version", "is_sparse_csr", "is_meta", "is_quantized", "is_nested", "is_cpu",
+            "output_nr", "_cdata")
 _INSPECTION: frozenset[Callable[..., Any]] = frozenset({
-    *(getattr(_T, name).__get__ for name in _GETTERS),
+    *(getattr(_T, name).__get__ for name in _GETTERS
+      if hasattr(getattr(_T, name, None), "__get__")),
     _T.dim, _T.size, _T.numel, _T.nelement, _T.sparse_dim, _T.dense_dim, _T._nnz,
     _T.crow_indices, _T.col_indices, _T.ccol_indices, _T.row_indices, _T.values,
     _T._values, _T._indices, _T.indices, _T.is_coalesced, _T.data_ptr, _T.element_size,
@@ -102,9 +114,7 @@ _INSPECTION = _INSPECTION | _INDEX_ACCESSORS | {
     *(f for name in ("values", "_values", "_nnz", "sparse_dim", "dense_dim", "is_coalesced",
                      "_dimI", "_dimV", "dim", "numel", "size")
       for f in (getattr(_aten, name), getattr(_aten, name).default)),
-    _aten.size.int, _T.is_sparse_csr.__get__, _T.itemsize.__get__, _T.is_meta.__get__,  # type: ignore[attr-defined]
-    _T.is_quantized.__get__, _T.is_nested.__get__,  # type: ignore[attr-defined]
-    _T.__len__,
+    _aten.size.int, _T.__len__, _T.is_contiguous, _T.storage_offset, _T.stride,
 }
 
 
@@ -126,6 +136,11 @@ class SafeSparseTensor(torch.Tensor):
 
     _ss: checked.Record  # its checked state (see safesparse.checked)
     _OPS: ClassVar[dict[Callable[..., Any], OpEntry]] = {}
+    #: The fast path's handlers that apply now: those whose op still has the entry it had
+    #: when safesparse finished registering its own (:func:`_freeze_fast_path`); an op a user
+    #: re-registers runs through the general path and its new entry.
+    _FAST: ClassVar[dict[Callable[..., Any], Any]] = {}
+    _FAST_EXPECTED: ClassVar[dict[Callable[..., Any], OpEntry | None] | None] = None
 
     @classmethod
     def implements(
@@ -136,6 +151,7 @@ class SafeSparseTensor(torch.Tensor):
         def register(impl: F) -> F:
             for func in funcs:
                 cls._OPS[func] = OpEntry(kind, impl)
+            cls._refresh_fast()
             return impl
 
         return register
@@ -145,6 +161,7 @@ class SafeSparseTensor(torch.Tensor):
         """Record the kind of each of ``funcs`` (torch's own implementation runs)."""
         for func in funcs:
             cls._OPS[func] = OpEntry(kind)
+        cls._refresh_fast()
 
     @classmethod
     def op_table(cls) -> dict[Callable[..., Any], OpEntry]:
@@ -156,6 +173,22 @@ class SafeSparseTensor(torch.Tensor):
         """Replace the whole table, e.g. with a copy taken by :meth:`op_table` earlier."""
         cls._OPS.clear()
         cls._OPS.update(table)
+        cls._refresh_fast()
+
+    @classmethod
+    def _freeze_fast_path(cls) -> None:
+        """safesparse's own op table is complete (called once, at import): the fast path
+        applies to each op of :data:`safesparse.fastpath.FAST` while it keeps this entry."""
+        cls._FAST_EXPECTED = {f: cls._OPS.get(f) for f in FAST}
+        cls._refresh_fast()
+
+    @classmethod
+    def _refresh_fast(cls) -> None:
+        expected = cls._FAST_EXPECTED
+        active = {} if expected is None else {
+            f: h for f, h in FAST.items() if cls._OPS.get(f) is expected[f]}
+        cls._FAST.clear()
+        cls._FAST.update(active)
 
     @classmethod
     @not_traced
@@ -166,35 +199,24 @@ class SafeSparseTensor(torch.Tensor):
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        fast = cls._FAST.get(func)
+        if fast is not None and not kwargs:
+            ret = fast(cls, func, types, args, _fast_fallback)
+            if ret is not MISS:
+                return ret
         if func in _INSPECTION:
             # Metadata and member accessors: no sparse result, no kernel over the index data.
             ret = _run_plain(func, types, args, kwargs or {})
             if func in _INDEX_ACCESSORS and isinstance(args[0], SafeSparseTensor):
                 checked.hand_out(args[0], ret)  # it shares args[0]'s counter and may outlive it
             return ret
-        kwargs = kwargs or {}
-        args = tuple(args)
-        entry = cls._OPS.get(func)
-        # Everything below sees SafeSparseTensors as plain tensors: no re-entry from our own
-        # attribute accesses, and torch's results come back unwrapped for us to wrap.
-        with DisableTorchFunctionSubclass():
-            debug = is_debug()
-            if debug:
-                _validate_inputs(func, args, kwargs)
-                before = False
-                inputs = sparse_inputs(args, kwargs)
-            else:
-                # The guard: every sparse input is checked (validated now if it was not)
-                # before any kernel reads it; True when all of them are SafeSparseTensors.
-                inputs = []
-                before = guard(func, args, kwargs, inputs)
-            if entry is not None and entry.impl is not None:
-                return entry.impl(func, args, kwargs)
-            kind = entry.kind_for(args, kwargs) if entry is not None else OpKind.UNKNOWN
-            # Checked before the op ran (the guard) and, in wrap_results, after it: a write
-            # landing while torch copies the index data never goes unnoticed.
-            ret = func(*args, **kwargs)
-            return wrap_results(func, kind, args, kwargs, ret, before=before, inputs=inputs)
+        return general(cls._OPS.get(func), func, tuple(args), kwargs or {})
+
+    def values(self) -> torch.Tensor:
+        """The values member (a plain tensor sharing this tensor's memory and counter), as
+        ``torch.Tensor.values``; read without the ``__torch_function__`` round trip."""
+        out: torch.Tensor = _run_plain(_T.values, (), (self,), {})
+        return out
 
     if TYPE_CHECKING:  # what users chain on a SafeSparseTensor stays one, for type checkers
         def transpose(self, *args: Any, **kwargs: Any) -> SafeSparseTensor: ...
@@ -255,6 +277,49 @@ class SafeSparseTensor(torch.Tensor):
         return f"{prefix}checked={_is_checked(self)}, {body}"
 
 
+def general(entry: OpEntry | None, func: Callable[..., Any], args: tuple[Any, ...],
+            kwargs: dict[str, Any]) -> Any:
+    """The general path of ``__torch_function__`` (see the module docstring)."""
+    # Everything below sees SafeSparseTensors as plain tensors: no re-entry from our own
+    # attribute accesses, and torch's results come back unwrapped for us to wrap.
+    with DisableTorchFunctionSubclass():
+        debug = is_debug()
+        if debug:
+            _validate_inputs(func, args, kwargs)
+            before = False
+            inputs = sparse_inputs(args, kwargs)
+        else:
+            # The guard: every sparse input is checked (validated now if it was not)
+            # before any kernel reads it; True when all of them are SafeSparseTensors.
+            inputs = []
+            before = guard(func, args, kwargs, inputs)
+        for x in inputs:
+            # the op (or its implementation) may build a tensor with a counter of its own on
+            # x's index memory: x's record must be found by memory range from now on
+            rec = checked.record(x)
+            if rec is not None and rec.state is None:
+                checked.share(rec)
+        if entry is not None and entry.impl is not None:
+            return entry.impl(func, args, kwargs)
+        kind = entry.kind_for(args, kwargs) if entry is not None else OpKind.UNKNOWN
+        # Checked before the op ran (the guard) and, in wrap_results, after it: a write
+        # landing while torch copies the index data never goes unnoticed.
+        ret = func(*args, **kwargs)
+        return wrap_results(func, kind, args, kwargs, ret, before=before, inputs=inputs)
+
+
+def _fast_fallback(func: Callable[..., Any], args: tuple[Any, ...], ret: Any) -> Any:
+    """A fast-path result that needs the general wrapping: its kind is the table's, and the
+    input (the only sparse argument) was checked before the op ran."""
+    with DisableTorchFunctionSubclass():
+        rec = checked.record(args[0])
+        if rec is not None:
+            checked.share(rec)  # the result may share its memory
+        entry = SafeSparseTensor._OPS.get(func)
+        kind = entry.kind_for(args, {}) if entry is not None else OpKind.UNKNOWN
+        return wrap_results(func, kind, args, {}, ret, before=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # Wrapping, unwrapping and checked state
 
@@ -285,19 +350,34 @@ class _ToPlain(torch.autograd.Function):
         return grad
 
 
+def retype(plain: torch.Tensor, inputs: Sequence[torch.Tensor] = ()) -> SafeSparseTensor:
+    """``plain`` itself, typed SafeSparseTensor: a result torch just made (no record yet).
+    Same object, so its autograd graph and view relations stay torch's. A result that is one
+    of the op's sparse ``inputs`` (a plain tensor the caller holds) is not retyped but wrapped
+    (see :func:`wrap`): torch returns a pre-existing object only when it returns an input."""
+    if type(plain) is torch.Tensor and all(plain is not x for x in inputs):
+        plain.__class__ = SafeSparseTensor
+        return cast(SafeSparseTensor, plain)
+    if plain.requires_grad:
+        out = ToSafeSparseTensor.apply(plain)  # type: ignore[no-untyped-call]
+    else:
+        out = torch.Tensor._make_subclass(SafeSparseTensor, plain, False)
+    return cast(SafeSparseTensor, out)
+
+
 def wrap(plain: torch.Tensor, *, leaf_requires_grad: bool = False,
-         key: IndexKey | None = None, unshared: bool = False) -> SafeSparseTensor:
-    """A SafeSparseTensor sharing ``plain``'s data, joined to its index structure's state and
+         **_legacy: Any) -> SafeSparseTensor:
+    """A SafeSparseTensor sharing ``plain``'s data, joined to the state of its index memory and
     watched there, not yet checked (see :mod:`safesparse.checked`). ``leaf_requires_grad``
     makes a new autograd leaf; a ``plain`` that requires grad stays connected to its graph.
-    ``key`` is the index key of the tensors ``plain`` was built from, if the caller has it.
+    ``plain`` itself is never retyped (the caller may hold it): use :func:`retype` for that.
     """
     if plain.requires_grad:
         out = ToSafeSparseTensor.apply(plain)  # type: ignore[no-untyped-call]
     else:
         out = torch.Tensor._make_subclass(SafeSparseTensor, plain, leaf_requires_grad)
     assert isinstance(out, SafeSparseTensor)
-    checked.join(out, key=key, unshared=unshared)
+    checked.join(out)
     return out
 
 
@@ -319,11 +399,17 @@ def unwrap(t: torch.Tensor) -> torch.Tensor:
     """
     if not isinstance(t, SafeSparseTensor):
         return t
+    rec = checked.record(t)
+    if rec is not None:
+        checked.share(rec)  # the plain tensor can build tensors with counters of their own
     if t.requires_grad:
         with DisableTorchFunctionSubclass():
             out: torch.Tensor = _ToPlain.apply(t)  # type: ignore[no-untyped-call]
-        return out
-    return torch.Tensor._make_subclass(torch.Tensor, t, False)
+    else:
+        out = torch.Tensor._make_subclass(torch.Tensor, t, False)
+    if rec is not None and rec.ver != VOLATILE:
+        checked.claims.set(out, rec)  # it shares t's counter: keeps the watch alive
+    return out
 
 
 def _revalidates(t: torch.Tensor) -> bool:
@@ -337,7 +423,15 @@ def _revalidates(t: torch.Tensor) -> bool:
 
 
 def _is_checked(t: torch.Tensor) -> bool:
-    return isinstance(t, SafeSparseTensor) and checked.is_checked(t, _revalidates)
+    """The rule (checked.py), volatile records validated now."""
+    if not isinstance(t, SafeSparseTensor):
+        return False
+    rec: Record | None = t.__dict__.get("_ss")
+    if rec is None:
+        return False
+    if holds(rec):
+        return True
+    return rec.ver == VOLATILE and _revalidates(t)
 
 
 @not_traced
@@ -419,25 +513,24 @@ def validate_into(out: SafeSparseTensor, debug: bool = False, op: str | None = N
     ``watched=False``: ``out`` was only just wrapped, so writes through its counter before
     that went unseen."""
     old = checked.record(out)
-    rec = checked.current_record(out)
+    rec = checked.current(out)
     watched = watched and rec is old  # a record made just now saw no earlier write
     geometry = geometry_of(out)
-    if (not debug and checked.is_proven(rec, geometry)
-            and (watched or all(m._version == 0 for m in rec.members))):
+    if (not debug and rec.state is not None and rec.state.is_proven((rec.key, geometry))
+            and (watched or all(m._version == 0 for m in rec.members()))):
         # Proven index data, and no write through out's own counter that the proof missed.
         validate_tensor(out, check_indices=False)  # metadata is O(1)
         checked.count("skipped")
         if checked.mark_known(rec, geometry):
             return
     for _ in range(_ATTEMPTS):
-        snap = checked.snapshot(out)
+        snap, ver = checked.snapshot(rec)
         try:
             validate_tensor(out)
         except InvariantError as err:
-            checked.mark_unchecked(out)
             raise (err if op is None else err.with_context(op=op)) from None
         checked.count("validations")
-        if checked.mark_validated(out, geometry, snap):
+        if checked.mark_validated(rec, geometry, snap, ver):
             return
     raise RuntimeError("safesparse: the index data kept changing while it was validated "
                        "(another thread writes it); the tensor is left unchecked")
@@ -487,8 +580,13 @@ def _sparse_args(args: tuple[Any, ...],
                 if _is_sparse(x):
                     yield f"{i}[{j}]", x
     for k, v in kwargs.items():
-        if _is_sparse(v):
-            yield k, v
+        if isinstance(v, torch.Tensor):
+            if v.layout in SPARSE_LAYOUTS:
+                yield k, v
+        elif isinstance(v, (list, tuple)):  # torch.cat(tensors=[...])
+            for j, x in enumerate(v):
+                if _is_sparse(x):
+                    yield f"{k}[{j}]", x
 
 
 def guard(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -525,14 +623,20 @@ def guard(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
     return safe and not plain
 
 
+#: Plain sparse tensors the guard validated -> the SafeSparseTensor kept for each (sharing its
+#: members and counter; not in the tensor's ``__dict__``, which torch would pickle).
+_guarded = checked.Tags()
+
+
 def _guard_plain(func: Callable[..., Any], name: str, x: torch.Tensor) -> None:
     """A plain sparse argument: validated once, remembered through a SafeSparseTensor kept on
     ``x`` (sharing its members and counter) while ``x``'s members are the ones validated."""
-    seen = x.__dict__.get("_ss_guard")
+    seen = _guarded.get(x)
     if seen is not None:
         rec = checked.record(seen)
         if (rec is not None and _is_checked(seen)
-                and rec.ptrs == tuple(m.data_ptr() for m in index_members(x))
+                and tuple(m.data_ptr() for m in rec.members())
+                == tuple(m.data_ptr() for m in index_members(x))
                 and seen.shape == x.shape and seen.layout == x.layout):
             checked.count("skipped")
             return
@@ -542,7 +646,7 @@ def _guard_plain(func: Callable[..., Any], name: str, x: torch.Tensor) -> None:
         validate_into(out, False, watched=False)
     except InvariantError as err:
         raise err.with_context(op=f"{op_name(func)}, argument {name}") from None
-    x.__dict__["_ss_guard"] = out
+    _guarded.set(x, out)
 
 
 def _inputs_checked(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -626,23 +730,33 @@ def _wrap_one(
         elif kind is OpKind.NEW_INDICES:  # (its inputs passed the guard)
             validate_into(ret, False, op_name(func))
         else:
-            checked.after_inplace(ret, keeps_indices=trusted and kind is OpKind.PRESERVING)
+            after_inplace(ret, keeps_indices=trusted and kind is OpKind.PRESERVING)
         return ret
     if views and type(ret) is torch.Tensor and ret._is_view():
         # torch's own view object, retyped (_make_subclass would detach it from its base)
         ret.__class__ = SafeSparseTensor
         out = cast(SafeSparseTensor, ret)
-        checked.join(out, unshared=trusted)
     else:
-        out = wrap(ret, unshared=trusted)
+        out = retype(ret, inputs)
+    rec = checked.join(out)
     if debug or kind is OpKind.NEW_INDICES:
         # torch built the index data from inputs the guard passed (plain ones included):
         # validated, repaired or refused here rather than at its first use
         return _validated_result(func, out, debug)
     if trusted and kind is OpKind.PRESERVING and _metadata_kept(args, out):
-        checked.mark_derived(out, _geometry(args, out) if geometry is None else geometry,
-                             out._ss)
+        checked.mark_derived(rec, _geometry(args, out) if geometry is None else geometry)
     return out
+
+
+def after_inplace(t: torch.Tensor, keeps_indices: bool) -> None:
+    """``t`` ran an in-place op. One known to keep index data valid (a values-only op from the
+    table, on a checked ``t``) re-arms ``t``'s own counter if everything else still holds; any
+    other gives ``t`` a new, unchecked record on its current members (the op may have replaced
+    them; views sharing the old record are left to its counter)."""
+    rec = checked.record(t)
+    if keeps_indices and rec is not None and rec is checked.current(t) and checked.rearm(rec):
+        return
+    checked.renew(t)
 
 
 def _geometry(args: tuple[Any, ...], out: torch.Tensor) -> Hashable:
@@ -652,8 +766,8 @@ def _geometry(args: tuple[Any, ...], out: torch.Tensor) -> Hashable:
     if (isinstance(first, SafeSparseTensor) and first.layout == out.layout != torch.sparse_coo
             and first.shape == out.shape):
         rec = checked.record(first)
-        if rec is not None and rec.trusted:
-            return rec.geometry
+        if rec is not None and rec.ver >= 0:
+            return rec.geom
     return geometry_of(out)
 
 
@@ -688,7 +802,8 @@ def _validated_result(func: Callable[..., Any], out: SafeSparseTensor,
         if fixed is None:
             raise err.with_context(
                 op=f"{op_name(func)}: torch built this result; it is not returned") from None
-        out = wrap(fixed)
+        out = retype(fixed)
+        checked.join(out)
         validate_into(out, debug, op_name(func))
     return out
 
@@ -699,11 +814,14 @@ __all__ = [
     "OpEntry",
     "OpKind",
     "SafeSparseTensor",
+    "after_inplace",
     "compressed_geometry",
+    "general",
     "geometry_of",
     "index_members",
     "is_checked",
     "op_name",
+    "retype",
     "sparse_inputs",
     "unwrap",
     "validate",

@@ -72,7 +72,7 @@ def _finish(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     # The swapped tensor has the input's index structure and extents: the same geometry (the
     # one its checked input was proven for, or computed).
     rec = checked.record(args[0])
-    geometry = rec.geometry if rec is not None and rec.trusted else geometry_of(args[0])
+    geometry = rec.geom if rec is not None and rec.ver >= 0 else geometry_of(args[0])
     return wrap_results(func, OpKind.PRESERVING, args, kwargs, out, geometry, views=True)
 
 

@@ -271,5 +271,5 @@ def test_a_state_forgets_dead_storages_and_their_proofs() -> None:
     rec = safesparse.checked.record(keep)
     assert rec is not None
     state = safesparse.checked.state_of(rec)
-    assert state is not None and len(state.storages) <= 4
+    assert state is not None and len(state.ranges) <= 4
     assert ss.is_checked(keep)

@@ -234,10 +234,10 @@ def test_write_during_validate_is_not_proven(monkeypatch: pytest.MonkeyPatch) ->
 def test_write_during_factory_validation_is_not_proven(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from safesparse import factories
+    from safesparse import build
 
     crow, col, values = members()
-    _write_during(monkeypatch, factories, "check_compressed_indices",
+    _write_during(monkeypatch, build, "check_compressed_indices",
                   lambda: col.__setitem__(1, 7))
     with pytest.raises(ss.InvariantError) as info:
         ss.sparse_csr_tensor(crow, col, values, SIZE)
@@ -394,7 +394,7 @@ def test_shared_memory_is_never_cached() -> None:
     ss.reset_stats()
     assert ss.is_checked(s)
     assert ss.stats().validations == 1  # validated when asked, not remembered
-    assert checked.record(s) is not None and checked.record(s).volatile  # type: ignore[union-attr]
+    assert checked.record(s) is not None and checked.record(s).ver == checked.VOLATILE  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("layout", sorted(SPARSE_LAYOUTS, key=str))
