@@ -25,13 +25,18 @@ from typing import Any, Final
 import torch
 
 from . import _originals, checked
+from ._compile import not_traced
 from .checked import UNCHECKED, VOLATILE, Record, attach, claim, holds, plain_members
 from .debug import is_debug
-from .metadata import CompressedMeta, CooMeta
+from .memory import watchable_spans
+from .metadata import INT32_MAX, INT64_MAX, CompressedMeta, CooMeta, _accept_compressed_metadata
 from .tensor import SafeSparseTensor, retype
-from .validation import check_compressed_indices, check_coo_indices
+from .validation import check_compressed_indices, check_coo_indices, native_enabled
 
-__all__ = ["compressed", "coo", "unchecked"]
+_native_enabled = native_enabled
+_VALIDATE = torch._validate_sparse_compressed_tensor_args
+
+__all__ = ["compressed", "coo", "fast_compressed", "final_size", "unchecked"]
 
 _BUILD: Final[dict[torch.layout, Callable[..., torch.Tensor]]] = {
     torch.sparse_csr: _originals.sparse_csr_tensor,
@@ -95,6 +100,24 @@ def _watch_callers(state: checked.IndexState, xs: Sequence[torch.Tensor]) -> boo
     return known
 
 
+_CHANGING = ("safesparse: the index data kept changing while it was validated (another thread "
+             "writes it); nothing was built")
+
+
+def _private(plain: torch.Tensor, geom: Hashable, extra: tuple[tuple[torch.Tensor, int], ...],
+             spans: tuple[tuple[torch.device, int, int], ...]) -> SafeSparseTensor:
+    """``plain``, built on index memory no state covers and just validated, retyped with a
+    private record: its own counter and the caller's tensors' (``extra``, at the versions
+    validation read)."""
+    if plain.is_inference():
+        return _volatile(plain, geom)
+    m0, m1 = plain_members(plain)
+    rec = checked.private_record(m0, m1, m0._version, geom, extra, spans)
+    plain.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
+    plain.__dict__["_ss"] = rec
+    return plain  # type: ignore[return-value]
+
+
 def _volatile(plain: torch.Tensor, geom: Hashable) -> SafeSparseTensor:
     m0, m1 = plain_members(plain)
     out = retype(plain)
@@ -104,6 +127,97 @@ def _volatile(plain: torch.Tensor, geom: Hashable) -> SafeSparseTensor:
 
 # ---------------------------------------------------------------------------------------------
 # Compressed layouts
+
+
+#: Values the fast path takes as they are (a Parameter: a layer's weights).
+_VALUE_TYPES = (torch.Tensor, torch.nn.Parameter)
+_T = torch.Tensor
+
+
+def final_size(size: Any) -> tuple[int, ...] | None:
+    """``size`` when it is already a tuple of Python ints or a ``torch.Size`` (the fast path's
+    form), else None (the factories convert or refuse it)."""
+    if type(size) is torch.Size:
+        return tuple(size)
+    if type(size) is tuple:
+        for x in size:
+            if type(x) is not int:
+                return None
+        return size
+    return None
+
+
+@not_traced
+def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | None,
+                    dtype: torch.dtype | None, device: Any, pin_memory: bool,
+                    requires_grad: bool, check_invariants: bool | None
+                    ) -> SafeSparseTensor | None:
+    """The factories' common case, in a straight line: members already in their final form
+    (tensors of an index dtype, contiguous, on the values' device), an explicit size, nothing
+    to convert, checks on. None (nothing done) for anything else: the caller converts the
+    arguments and takes :func:`compressed`.
+
+    A rebuild on a checked record's members is proven through it; index memory no state covers
+    is validated (torch's native checker on the CPU, behind the engine's metadata stage and
+    offsets pre-check) and gets a private record; anything else goes to :func:`compressed`."""
+    if (dtype is not None or device is not None or pin_memory or requires_grad
+            or check_invariants is False or type(c) is not _T or type(p) is not _T
+            or type(v) not in _VALUE_TYPES or layout not in _BUILD):
+        return None
+    shape = final_size(size)
+    if shape is None:
+        return None
+    meta = _accept_compressed_metadata(c, p, v, shape, layout, None, None)
+    if meta is None or is_debug():
+        return None
+    geom = ("compressed", meta.n_compressed, meta.n_plain)
+    build = _BUILD[layout]
+    r = claim(c)
+    if r is not None:
+        if (claim(p) is r and r.geom == geom and _at(r.m0, c) and _at(r.m1, p)
+                and holds(r)):
+            state = checked.share(r)
+            assert state is not None  # (a record that handed out members is shared)
+            checked.count("skipped")
+            return _finish(build(c, p, v, shape, check_invariants=False), state, r.key, geom)
+        return compressed(c, p, v, meta)
+    spans = watchable_spans((c, p))
+    if spans is None or checked.memory_seen(spans):
+        return compressed(c, p, v, meta)
+    vc = c._version
+    vp = p._version
+    # torch's native checker (validation.py, native section), its preconditions inlined: the
+    # metadata stage made the members contiguous and on one device
+    nnz = meta.nnz
+    if (v.is_cpu and _native_enabled() and min(shape) > 0
+            and meta.n_plain + nnz < (INT32_MAX if c.dtype is torch.int32 else INT64_MAX)):
+        if c.dim() == 1 and len(c) <= 32:
+            offsets = c.tolist()
+            inside = min(offsets) >= 0 and max(offsets) <= nnz
+        else:
+            lo, hi = torch.aminmax(c)
+            inside = lo.item() >= 0 and hi.item() <= nnz  # (CPU: no sync)
+        try:
+            if not inside:
+                raise ValueError
+            _VALIDATE(c, p, v, shape, layout)
+        except Exception:  # refused: the vectorised path decides, located
+            check_compressed_indices(meta, c, p)
+    else:
+        check_compressed_indices(meta, c, p, values=v)
+    checked.count("validations")
+    if c._version != vc or p._version != vp:
+        return compressed(c, p, v, meta)  # written meanwhile: the general way decides
+    plain = build(c, p, v, shape, check_invariants=False)
+    if plain.is_inference():
+        return _volatile(plain, geom)
+    # m0: an alias sharing the new tensor's counter; m1: the caller's plain member itself,
+    # which is the new tensor's member (its data pointer tells a move)
+    m0 = plain.crow_indices() if meta.info.row_compressed else plain.ccol_indices()
+    rec = checked.private_record(m0, p, m0._version, geom, ((c, vc), (p, vp)), spans)
+    plain.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
+    plain.__dict__["_ss"] = rec
+    return plain  # type: ignore[return-value]
 
 
 def compressed(c: torch.Tensor, p: torch.Tensor, v: torch.Tensor, meta: CompressedMeta, *,
@@ -124,11 +238,25 @@ def compressed(c: torch.Tensor, p: torch.Tensor, v: torch.Tensor, meta: Compress
             checked.count("skipped")
             return _finish(build(c, p, v, meta.size, check_invariants=False, **extra), state,
                            r.key, geom)
-    if checked.foreign((c, p)):
+    spans = watchable_spans((c, p))
+    if spans is None:
         meta = check_compressed_indices(meta, c, p, estimate=estimate, values=v)
         checked.count("validations")
         return _volatile(build(c, p, v, meta.size, check_invariants=False, **extra),
                          checked.compressed_geometry(meta.n_compressed, meta.n_plain))
+    if not checked.memory_seen(spans):
+        # memory no state covers: a private record (checked.py), no registration
+        for _ in range(_ATTEMPTS):
+            vc, vp = c._version, p._version
+            meta = check_compressed_indices(meta, c, p, estimate=estimate, values=v)
+            checked.count("validations")
+            if c._version == vc and p._version == vp:
+                break
+        else:
+            raise RuntimeError(_CHANGING)
+        geom = checked.compressed_geometry(meta.n_compressed, meta.n_plain)
+        return _private(build(c, p, v, meta.size, check_invariants=False, **extra), geom,
+                        ((c, vc), (p, vp)), spans)
     key = _key((c, p))
     state = checked.register((c, p), key)
     known = _watch_callers(state, (c, p)) and not estimate and not debug
@@ -143,8 +271,7 @@ def compressed(c: torch.Tensor, p: torch.Tensor, v: torch.Tensor, meta: Compress
             if state.prove((key, geom), snap):
                 break
         else:
-            raise RuntimeError("safesparse: the index data kept changing while it was "
-                               "validated (another thread writes it); nothing was built")
+            raise RuntimeError(_CHANGING)
     return _finish(build(c, p, v, meta.size, check_invariants=False, **extra), state, key, geom)
 
 
@@ -175,12 +302,30 @@ def coo(idx: torch.Tensor, v: torch.Tensor, meta: CooMeta, is_coalesced: bool | 
             assert state is not None
             checked.count("skipped")
             return _finish_coo(build(meta.size), state, r.key, sparse, meta.nnz)
-    if checked.foreign((idx,)):
+    spans = watchable_spans((idx,))
+    if spans is None:
         meta = check_coo_indices(meta, idx, is_coalesced=coalesced, estimate=estimate, values=v)
         checked.count("validations")
         plain = build(meta.size)
         return _volatile(plain, checked.coo_geometry(meta.size[: meta.sparse_dim],
                                                      plain.is_coalesced()))
+    if not checked.memory_seen(spans):
+        for _ in range(_ATTEMPTS):
+            vi = idx._version
+            meta = check_coo_indices(meta, idx, is_coalesced=coalesced, estimate=estimate,
+                                     values=v)
+            checked.count("validations")
+            if idx._version == vi:
+                break
+        else:
+            raise RuntimeError(_CHANGING)
+        plain = build(meta.size)
+        # the coalesced flag torch gave it: the validated one, or (nnz <= 1) trivially true
+        flag = plain.is_coalesced()
+        if flag and not coalesced and meta.nnz > 1:
+            return unchecked(plain, (idx,))
+        return _private(plain, checked.coo_geometry(meta.size[: meta.sparse_dim], flag),
+                        ((idx, vi),), spans)
     key = _key((idx,))
     state = checked.register((idx,), key)
     known = _watch_callers(state, (idx,)) and not estimate and not debug
@@ -197,8 +342,7 @@ def coo(idx: torch.Tensor, v: torch.Tensor, meta: CooMeta, is_coalesced: bool | 
             if state.prove((key, checked.coo_geometry(sparse, coalesced)), snap):
                 break
         else:
-            raise RuntimeError("safesparse: the index data kept changing while it was "
-                               "validated (another thread writes it); nothing was built")
+            raise RuntimeError(_CHANGING)
     return _finish_coo(build(meta.size), state, key, sparse, meta.nnz)
 
 

@@ -79,7 +79,9 @@ input and result.
 
 from __future__ import annotations
 
+import itertools
 import threading
+import weakref
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -97,9 +99,11 @@ from .memory import (
     foreign,
     index_key,
     memory_state_count,
-    register,
+    overlaps_registered,
     resolve,
+    spans_of,
 )
+from .memory import register as _register
 
 __all__ = [
     "UNCHECKED",
@@ -133,7 +137,7 @@ VOLATILE: Final = -2
 
 #: Bumped by :func:`clear_cache`: records proven before it are not trusted after it.
 _generation = 0
-_share_lock = threading.Lock()
+_share_lock = threading.RLock()  # (sharing one record may share the pending ones it meets)
 
 _COO = torch.sparse_coo
 _ROW_COMPRESSED = (torch.sparse_csr, torch.sparse_bsr)
@@ -199,8 +203,8 @@ class Record:
     the view key and ``seen`` the state's epoch when the proof was last seen there.
     """
 
-    __slots__ = ("__weakref__", "gen", "geom", "key", "m0", "m1", "p0", "p1", "seen", "state",
-                 "ver")
+    __slots__ = ("__weakref__", "extra", "gen", "geom", "key", "m0", "m1", "p0", "p1", "seen",
+                 "state", "ver")
 
     def __init__(self, m0: torch.Tensor, m1: torch.Tensor | None, ver: int,
                  geom: Hashable) -> None:
@@ -214,6 +218,9 @@ class Record:
         self.state: IndexState | None = None
         self.key: IndexKey = ()
         self.seen = -1
+        #: a *private* record's other counters: ``(tensor, version at the proof)`` for the
+        #: caller's index tensors (see :func:`private_record`); () once shared
+        self.extra: tuple[tuple[torch.Tensor, int], ...] = ()
 
     def set_checked(self, ver: int, geom: Hashable) -> None:
         """The proof holds at counter value ``ver`` for ``geom`` (callers made sure)."""
@@ -240,8 +247,12 @@ def holds(r: Record) -> bool:
     m1 = r.m1
     if m1 is not None and m1.data_ptr() != r.p1:
         return False
+    extra = r.extra  # read before the state: share() sets the state, then clears extra
     st = r.state
     if st is None:
+        for x, v in extra:
+            if x._version != v:
+                return False
         return r.gen == _generation  # (clear_cache voids states; sole records by generation)
     return _shared_holds(r, st)
 
@@ -260,7 +271,10 @@ def _shared_holds(r: Record, st: IndexState) -> bool:
         for w in st.watches.values():
             if w.alias._version != w.version:
                 return False
-        return all(w.alias._version == w.version for w in st.retired)
+        for w in st.retired:  # noqa: SIM110  (a loop: no generator on the hot path)
+            if w.alias._version != w.version:
+                return False
+        return True
     except RuntimeError:  # a watch dict changed size while we read it
         with st.lock:
             return (r.key, r.geom) in st.proven and st._holds()
@@ -305,14 +319,116 @@ def share(rec: Record) -> IndexState | None:
         ok = holds(rec)
         members = rec.members()
         key = index_key(members)
+        _unpend(rec)
         state = register(members, key)
         with state.lock:
             w = state._witness(rec, rec.m0)
-            if ok and w.version == rec.ver and state._holds():
+            ok = ok and w.version == rec.ver
+            for x, v in rec.extra:  # a private record's other counters, at their proof
+                wx = state._witness(x, x.detach())
+                ok = ok and wx.version == v
+            if ok and state._holds():
                 state.proven.add((key, rec.geom))
         rec.key = key
         rec.state = state
+        rec.extra = ()
     return state
+
+
+# -- private records: first validations that nothing else has seen -----------------------------
+#
+# A factory's first validation of index memory no state covers gives its result a *private*
+# record: its own counter plus the caller's index tensors' counters (``extra``), checked in
+# :func:`holds` without a state. The record is *pending*: listed with the memory ranges of its
+# members, not registered. Every registry lookup (:func:`register`) first shares the pending
+# records whose ranges overlap the memory looked up, so a tensor built or adopted later on that
+# memory finds their counters as if they had been registered at birth; records that died before
+# any lookup touched their memory never cost a registration. The list is bounded: past
+# :data:`_PENDING_MAX` live entries, all are shared (amortised, the eager cost). A pending record
+# holds its members and the caller's tensors, so its memory cannot be freed (and its address
+# reused) while it is listed.
+
+_PENDING_MAX = 64
+_pending: list[tuple[tuple[tuple[torch.device, int, int], ...], weakref.ref[Record]]] = []
+_pending_lock = threading.Lock()
+
+
+def private_record(m0: torch.Tensor, m1: torch.Tensor | None, ver: int, geom: Hashable,
+                   extra: tuple[tuple[torch.Tensor, int], ...],
+                   spans: tuple[tuple[torch.device, int, int], ...]) -> Record:
+    """A pending private record (see above) for a tensor built on proven index data."""
+    rec = Record(m0, m1, ver, geom)
+    rec.extra = extra
+    _pending.append((spans, weakref.ref(rec)))  # (an atomic append: no lock needed)
+    if len(_pending) > _PENDING_MAX:
+        _flush(None)
+    return rec
+
+
+def _unpend(rec: Record) -> None:
+    with _pending_lock:
+        for i, (_, ref) in enumerate(_pending):
+            if ref() is rec:
+                del _pending[i]
+                return
+
+
+def _overlap(a: tuple[tuple[torch.device, int, int], ...],
+             b: tuple[tuple[torch.device, int, int], ...]) -> bool:
+    for dev, s0, e0 in a:
+        for dev1, s1, e1 in b:
+            if s0 < e1 and s1 < e0 and dev == dev1:
+                return True
+    return False
+
+
+def _flush(spans: tuple[tuple[torch.device, int, int], ...] | None) -> None:
+    """Share the pending records overlapping ``spans`` (None: all of them); drop dead ones."""
+    with _pending_lock:
+        if not _pending:
+            return
+        due: list[Record] = []
+        keep = []
+        for entry in _pending:
+            rec = entry[1]()
+            if rec is None:
+                continue
+            if spans is None or _overlap(entry[0], spans):
+                due.append(rec)
+            else:
+                keep.append(entry)
+        _pending[:] = keep
+    for rec in due:
+        share(rec)
+
+
+def pending_overlaps(spans: tuple[tuple[torch.device, int, int], ...]) -> bool:
+    """Whether a live pending record overlaps ``spans`` (dead entries are dropped)."""
+    with _pending_lock:
+        if not _pending:
+            return False
+        hit = False
+        keep = []
+        for entry in _pending:
+            if entry[1]() is None:
+                continue
+            keep.append(entry)
+            hit = hit or _overlap(entry[0], spans)
+        _pending[:] = keep
+        return hit
+
+
+def memory_seen(spans: tuple[tuple[torch.device, int, int], ...]) -> bool:
+    """Whether a state or a pending private record may cover memory overlapping ``spans``."""
+    return pending_overlaps(spans) or overlaps_registered(spans)
+
+
+def register(members: Sequence[torch.Tensor], key: IndexKey | None = None) -> IndexState:
+    """The one state of the memory of ``members`` (:func:`safesparse.memory.register`), after
+    sharing the pending records that overlap it."""
+    if _pending:
+        _flush(spans_of(members))
+    return _register(members, key)
 
 
 def shared_record(members: tuple[torch.Tensor, torch.Tensor | None], state: IndexState,
@@ -514,7 +630,9 @@ def proof_cache(t: torch.Tensor) -> dict[Hashable, Any] | None:
 
 
 def cache_size() -> int:
-    """Number of live index states with memory (for tests and diagnostics)."""
+    """Number of live index states with memory (for tests and diagnostics); pending private
+    records are shared first, so each is counted."""
+    _flush(None)
     return memory_state_count()
 
 
@@ -551,12 +669,20 @@ class Stats:
 
 
 _stats_lock = threading.Lock()
-_counts = {"validations": 0, "skipped": 0}
+#: one ``itertools.count`` per field: ``next()`` is atomic, so counting takes no lock; the
+#: value is the number of ``next`` calls minus the reads (:func:`stats` advances it too)
+_counters = {"validations": itertools.count(), "skipped": itertools.count()}
+_reads = {"validations": 0, "skipped": 0}
 
 
 def count(field: str) -> None:
-    with _stats_lock:
-        _counts[field] += 1
+    next(_counters[field])
+
+
+def _read(field: str) -> int:
+    n = next(_counters[field]) - _reads[field]
+    _reads[field] += 1
+    return n
 
 
 def stats() -> Stats:
@@ -575,7 +701,7 @@ def stats() -> Stats:
         ``skipped`` (validations avoided because the index data was known valid).
     """
     with _stats_lock:
-        return Stats(**_counts)
+        return Stats(validations=_read("validations"), skipped=_read("skipped"))
 
 
 def reset_stats() -> None:
@@ -585,5 +711,6 @@ def reset_stats() -> None:
     no checked state and clears no cache (that is :func:`clear_cache`).
     """
     with _stats_lock:
-        for k in _counts:
-            _counts[k] = 0
+        for k in _counters:
+            _counters[k] = itertools.count()
+            _reads[k] = 0

@@ -27,7 +27,6 @@ from .indices import per_batch_contiguous
 from .invariants import COMPRESSED_LAYOUTS
 from .metadata import (
     LAYOUTS,
-    _accept_compressed_metadata,
     check_compressed_metadata,
     check_coo_metadata,
     values_layout_ok,
@@ -60,19 +59,6 @@ def _wants_check(check_invariants: bool | None) -> bool:
 
 #: Values a factory takes as they are on its fast path (a Parameter: a layer's weights).
 _VALUE_TYPES = (torch.Tensor, torch.nn.Parameter)
-
-
-def _final_size(size: Any) -> tuple[int, ...] | None:
-    """``size`` when it is already a tuple of Python ints or a ``torch.Size`` (the fast path's
-    form), else None (``_as_size`` converts or refuses it)."""
-    if type(size) is torch.Size:
-        return tuple(size)
-    if type(size) is tuple:
-        for x in size:
-            if type(x) is not int:
-                return None
-        return size
-    return None
 
 
 @not_traced
@@ -133,17 +119,10 @@ def sparse_compressed_tensor(
         TypeError: an argument is not sparse data at all, with the exception type torch
             raises for it (e.g. a non-integral ``size``).
     """
-    if (dtype is None and device is None and not pin_memory and check_invariants is not False
-            and type(compressed_indices) is torch.Tensor and type(plain_indices) is torch.Tensor
-            and type(values) in _VALUE_TYPES):
-        # the common case: members in their final form (no conversion), a size, checks on
-        shape = _final_size(size)
-        if shape is not None and layout in LAYOUTS:
-            meta = _accept_compressed_metadata(compressed_indices, plain_indices, values, shape,
-                                               layout, None, None)
-            if meta is not None:
-                return build.compressed(compressed_indices, plain_indices, values, meta,
-                                        requires_grad=requires_grad)
+    out = build.fast_compressed(compressed_indices, plain_indices, values, size, layout, dtype,
+                                device, pin_memory, requires_grad, check_invariants)
+    if out is not None:  # the common case: members in their final form, a size, checks on
+        return out
     shape = _as_size(size)
     dev = _device(device)
     compressed, plain, vals, lay = _compressed_args(
@@ -229,6 +208,10 @@ def sparse_csr_tensor(
         TypeError: an argument is not sparse data at all, with the exception type torch
             raises for it (e.g. a non-integral ``size``).
     """
+    out = build.fast_compressed(crow_indices, col_indices, values, size, torch.sparse_csr, dtype,
+                                device, pin_memory, requires_grad, check_invariants)
+    if out is not None:
+        return out
     return sparse_compressed_tensor(
         crow_indices, col_indices, values, size, dtype=dtype, layout=torch.sparse_csr,
         device=device, pin_memory=pin_memory, requires_grad=requires_grad,
@@ -298,6 +281,10 @@ def sparse_csc_tensor(
         TypeError: an argument is not sparse data at all, with the exception type torch
             raises for it (e.g. a non-integral ``size``).
     """
+    out = build.fast_compressed(ccol_indices, row_indices, values, size, torch.sparse_csc, dtype,
+                                device, pin_memory, requires_grad, check_invariants)
+    if out is not None:
+        return out
     return sparse_compressed_tensor(
         ccol_indices, row_indices, values, size, dtype=dtype, layout=torch.sparse_csc,
         device=device, pin_memory=pin_memory, requires_grad=requires_grad,
@@ -369,6 +356,10 @@ def sparse_bsr_tensor(
         TypeError: an argument is not sparse data at all, with the exception type torch
             raises for it (e.g. a non-integral ``size``).
     """
+    out = build.fast_compressed(crow_indices, col_indices, values, size, torch.sparse_bsr, dtype,
+                                device, pin_memory, requires_grad, check_invariants)
+    if out is not None:
+        return out
     return sparse_compressed_tensor(
         crow_indices, col_indices, values, size, dtype=dtype, layout=torch.sparse_bsr,
         device=device, pin_memory=pin_memory, requires_grad=requires_grad,
@@ -440,6 +431,10 @@ def sparse_bsc_tensor(
         TypeError: an argument is not sparse data at all, with the exception type torch
             raises for it (e.g. a non-integral ``size``).
     """
+    out = build.fast_compressed(ccol_indices, row_indices, values, size, torch.sparse_bsc, dtype,
+                                device, pin_memory, requires_grad, check_invariants)
+    if out is not None:
+        return out
     return sparse_compressed_tensor(
         ccol_indices, row_indices, values, size, dtype=dtype, layout=torch.sparse_bsc,
         device=device, pin_memory=pin_memory, requires_grad=requires_grad,
@@ -562,8 +557,8 @@ def sparse_coo_tensor(
     if (dtype is None and device is None and not pin_memory and check_invariants is not False
             and type(indices) is torch.Tensor and type(values) in _VALUE_TYPES
             and indices.dtype is torch.int64 and values.dim() > 0):
-        shape = _final_size(size)
-        if shape is not None:
+        shape = build.final_size(size)
+        if shape is not None and not is_debug():
             meta = check_coo_metadata(indices, values, shape)
             return build.coo(indices, values, meta, is_coalesced, requires_grad=requires_grad)
     dev = _device(device)

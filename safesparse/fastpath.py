@@ -49,6 +49,13 @@ _SWAPPED = {torch.sparse_csr: torch.sparse_csc, torch.sparse_csc: torch.sparse_c
             torch.sparse_bsr: torch.sparse_bsc, torch.sparse_bsc: torch.sparse_bsr}
 _BLOCKED = (torch.sparse_bsr, torch.sparse_bsc)
 _ROW = (torch.sparse_csr, torch.sparse_bsr)
+_LAYOUT = T.layout.__get__  # type: ignore[attr-defined]
+
+
+def _layout(a: Any) -> torch.layout:
+    """``a.layout`` without a ``__torch_function__`` round trip (``a`` is a SafeSparseTensor)."""
+    lay: torch.layout = _run(_LAYOUT, (), (a,), {})
+    return lay
 
 #: Returned by a handler that did not handle the call (nothing has run).
 MISS: Final[Any] = object()
@@ -74,7 +81,7 @@ def _born(cls: type, a: Any, r: Record, ret: Any, move: bool, func: Callable[...
     if ret is a:
         return a  # (e.g. ``t.to(t.dtype)``): nothing was made, a's state stands
     # 2: our parameter and getrefcount's argument; more: someone else holds it too
-    if (type(ret) is not T or _getrefcount(ret) != 2 or ret.layout is not a.layout
+    if (type(ret) is not T or _getrefcount(ret) != 2 or ret.layout is not _layout(a)
             or ret.is_inference()):  # (no counter to watch: joined as volatile there)
         return fallback(func, args, ret)
     if move and (ret.dtype in _UNSUPPORTED_VALUE_DTYPES
@@ -158,7 +165,8 @@ def _view(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ...]
     if n != 1 and not (n == 3 and type(args[1]) is int and type(args[2]) is int):
         return MISS
     a = args[0]
-    if a.layout not in _SWAPPED:
+    lay = _layout(a)
+    if lay not in _SWAPPED:
         return MISS
     r = _checked(a)
     if r is None:
@@ -168,7 +176,7 @@ def _view(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ...]
     except (RuntimeError, IndexError):
         return MISS  # (torch refuses hybrid transposes; the general path handles them)
     # a layout swapped by torch's own view of a: the sparse dims of a non-hybrid tensor
-    if type(ret) is not T or ret.layout is not _SWAPPED[a.layout] or ret._base is not a:
+    if type(ret) is not T or ret.layout is not _SWAPPED[lay] or ret._base is not a:
         return MISS
     ret.__class__ = cls
     ret.__dict__["_ss"] = r
@@ -200,7 +208,7 @@ def _product(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, .
     if len(args) != 2:
         return MISS
     a, x = args
-    if type(x) not in _DENSE_TYPES or x.layout is not _STRIDED or a.layout in _BLOCKED:
+    if type(x) not in _DENSE_TYPES or x.layout is not _STRIDED or _layout(a) in _BLOCKED:
         return MISS
     if _checked(a) is None:
         return MISS

@@ -36,8 +36,11 @@ __all__ = [
     "foreign",
     "index_key",
     "memory_state_count",
+    "overlaps_registered",
     "register",
     "resolve",
+    "spans_of",
+    "watchable_spans",
 ]
 
 IndexKey = tuple[tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype, torch.device], ...]
@@ -373,6 +376,32 @@ _lock = threading.RLock()
 _empty: weakref.WeakValueDictionary[IndexKey, IndexState] = weakref.WeakValueDictionary()
 
 
+Span = tuple[torch.device, int, int]
+
+
+def spans_of(members: Sequence[torch.Tensor]) -> tuple[Span, ...]:
+    """``(device, start, end)`` of the storages with memory of ``members``."""
+    out = []
+    for m in members:
+        st = m.untyped_storage()
+        start = st.data_ptr()
+        if start:
+            out.append((st.device, start, start + max(st.nbytes(), 1)))
+    return tuple(out)
+
+
+def overlaps_registered(spans: Sequence[Span]) -> bool:
+    """Whether the registry holds a range overlapping ``spans`` (stale ones included: the
+    caller then takes the registering path, which sorts them out)."""
+    with _lock:
+        if not _registry.count:
+            return False
+        for dev, start, end in spans:  # noqa: SIM110  (no generator on the hot path)
+            if _registry.overlapping(dev, start, end):
+                return True
+        return False
+
+
 def _storages(members: Sequence[torch.Tensor]) -> dict[int, torch.UntypedStorage]:
     """The storages with memory of ``members``, by storage address."""
     out: dict[int, torch.UntypedStorage] = {}
@@ -508,6 +537,22 @@ def memory_state_count() -> int:
     """Number of live states with memory (for tests and diagnostics)."""
     with _lock:
         return len(_registry.states())
+
+
+def watchable_spans(members: Sequence[torch.Tensor]) -> tuple[Span, ...] | None:
+    """:func:`spans_of` ``members``, or None when their memory cannot be watched (an inference
+    tensor, shared memory, a file mapping: see :func:`foreign`)."""
+    out = []
+    for m in members:
+        if m.is_inference():
+            return None
+        st = m.untyped_storage()
+        if st.is_shared() or st.filename is not None:
+            return None
+        start = st.data_ptr()
+        if start:
+            out.append((st.device, start, start + max(st.nbytes(), 1)))
+    return tuple(out)
 
 
 def _foreign(m: torch.Tensor) -> bool:

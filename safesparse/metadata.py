@@ -232,20 +232,23 @@ def _accept_compressed_metadata(
     layout: torch.layout, dtype: torch.dtype | None, device: torch.device | None,
 ) -> CompressedMeta | None:
     """The common case of :func:`check_compressed_metadata` in few operations: the meta when
-    every 1.x-4.x invariant visibly holds (explicit size, non-empty blocks), else None, and
-    the id-ordered stages decide. It accepts nothing they would reject and returns the same
-    meta (tests/test_fast_path.py compares the two)."""
+    every 1.x-4.x invariant visibly holds (explicit size, non-empty blocks, fully contiguous
+    members on the CPU or CUDA), else None, and the id-ordered stages decide. It accepts
+    nothing they would reject and returns the same meta (tests/test_fast_path.py compares the
+    two). Written for speed: every factory call on members in their final form runs it."""
     info = LAYOUTS.get(layout)
     if info is None:
         return None
-    idt, vdt = compressed.dtype, values.dtype
-    if (idt != plain.dtype or idt not in INDEX_DTYPES or vdt in _UNSUPPORTED_VALUE_DTYPES
-            or (dtype is not None and vdt != dtype)):
+    idt = compressed.dtype
+    vdt = values.dtype
+    if (idt is not plain.dtype or (idt is not _INT64 and idt is not _INT32)
+            or vdt in _UNSUPPORTED_VALUE_DTYPES or (dtype is not None and vdt != dtype)
+            or compressed.layout is not _STRIDED or plain.layout is not _STRIDED
+            or values.layout is not _STRIDED):
         return None
-    if (compressed.layout != torch.strided or plain.layout != torch.strided
-            or values.layout != torch.strided):
-        return None
-    cshape, pshape, vshape = compressed.shape, plain.shape, values.shape
+    cshape = compressed.shape
+    pshape = plain.shape
+    vshape = values.shape
     m = len(cshape) - 1
     size = tuple(size)
     if m < 0 or len(pshape) != m + 1 or len(size) < m + 2:
@@ -254,19 +257,31 @@ def _accept_compressed_metadata(
     if info.blocked:
         if len(vshape) < m + 3:
             return None
-        b0, b1 = vshape[m + 1], vshape[m + 2]
+        b0 = vshape[m + 1]
+        b1 = vshape[m + 2]
         if b0 <= 0 or b1 <= 0:
             return None
     else:
         b0 = b1 = 1
-    rows, cols = size[m], size[m + 1]
-    if rows % b0 or cols % b1 or min(size) < 0 or numel_overflows(size):
+    rows = size[m]
+    cols = size[m + 1]
+    if rows % b0 or cols % b1 or min(size) < 0:
         return None
-    nc, npl = (rows // b0, cols // b1) if info.row_compressed else (cols // b1, rows // b0)
-    batch, dense = size[:m], size[m + 2:]
-    if (cshape != (*batch, nc + 1) or pshape != (*batch, nnz)
-            or vshape != ((*batch, nnz, b0, b1, *dense) if info.blocked
-                          else (*batch, nnz, *dense))):
+    if numel_overflows(size):
+        return None
+    if info.row_compressed:
+        nc, npl = rows // b0, cols // b1
+    else:
+        nc, npl = cols // b1, rows // b0
+    if m:
+        batch = size[:m]
+        if cshape[:m] != batch or pshape[:m] != batch or vshape[:m] != batch:
+            return None
+    else:
+        batch = ()
+    dense = size[m + 2:]
+    if (cshape[m] != nc + 1 or vshape[m] != nnz
+            or (vshape[m + 3:] if info.blocked else vshape[m + 1:]) != dense):
         return None
     # stricter than 3.5-3.7 (fully contiguous members): anything else takes the ordered stages;
     # a contiguous member has unit last stride unless its last dim has size 0 or 1
@@ -274,13 +289,23 @@ def _accept_compressed_metadata(
             and (nc > 0 or compressed.stride(-1) == 1)
             and (nnz > 1 or plain.stride(-1) == 1)):
         return None
-    if idt == torch.int32 and max(nnz, nc, npl) > INT32_MAX:
+    if idt is _INT32 and (nnz > INT32_MAX or nc > INT32_MAX or npl > INT32_MAX):
         return None
-    dev = values.device
-    if (not (values.is_cpu or values.is_cuda) or (device is not None and device != dev)
-            or compressed.device != dev or plain.device != dev):
-        return None
+    if values.is_cpu:  # (device objects are slow to make: the CPU is told by flags)
+        if not (compressed.is_cpu and plain.is_cpu) or (device is not None
+                                                         and device.type != "cpu"):
+            return None
+    else:
+        dev = values.device
+        if (not values.is_cuda or (device is not None and device != dev)
+                or compressed.device != dev or plain.device != dev):
+            return None
     return tuple.__new__(CompressedMeta, (info, size, batch, (b0, b1), dense, nc, npl, nnz))
+
+
+_INT64 = torch.int64
+_INT32 = torch.int32
+_STRIDED = torch.strided
 
 
 def _check_compressed_dtypes(

@@ -79,6 +79,11 @@ def set_native(enabled: bool) -> bool:
     return previous
 
 
+def native_enabled() -> bool:
+    """Whether the native checker may run at all (:func:`set_native`)."""
+    return _native_enabled
+
+
 def native_compressed_ok(meta: CompressedMeta, compressed: torch.Tensor, plain: torch.Tensor,
                          values: torch.Tensor) -> bool:
     """Whether torch's native checker may run the index stage of this (metadata-checked) input.
@@ -100,6 +105,33 @@ def native_compressed_ok(meta: CompressedMeta, compressed: torch.Tensor, plain: 
     )
 
 
+def _native_accepts(meta: CompressedMeta, compressed: torch.Tensor, plain: torch.Tensor,
+                    values: torch.Tensor) -> bool:
+    """torch's native checker accepted the index data, run only where it may run
+    (:func:`native_compressed_ok`, :func:`_offsets_in_bounds`); False: the vectorised path
+    decides (and reports)."""
+    info, size, _, _, _, _, n_plain, nnz = meta
+    if not (_native_enabled and values.is_cpu and min(size) > 0
+            and n_plain + nnz < (INT32_MAX if compressed.dtype is torch.int32 else INT64_MAX)
+            and compressed.is_contiguous() and plain.is_contiguous()):
+        return False
+    if compressed.dim() == 1 and len(compressed) <= 32:
+        # (CPU only) a short list is cheaper than aten ops; never empty (n_compressed + 1)
+        offsets = compressed.tolist()
+        if min(offsets) < 0 or max(offsets) > nnz:
+            return False
+    elif compressed.numel() and not _offsets_in_bounds(meta, compressed):
+        return False
+    try:
+        _VALIDATE(compressed, plain, values, size, info.layout)
+    except Exception:  # rejected: the vectorised path decides and reports
+        return False
+    return True
+
+
+_VALIDATE = torch._validate_sparse_compressed_tensor_args
+
+
 def _offsets_in_bounds(meta: CompressedMeta, compressed: torch.Tensor) -> bool:
     """Whether every compressed offset lies in ``[0, nnz]`` (one host sync). torch's native
     checker reads the plain indices of each line *before* it has checked the offsets of the
@@ -108,12 +140,11 @@ def _offsets_in_bounds(meta: CompressedMeta, compressed: torch.Tensor) -> bool:
     n = compressed.numel()
     if n == 0:
         return True
-    if n <= 512:  # (the native path is CPU-only) a short list is cheaper than two aten ops
+    if n <= 32:  # (the native path is CPU-only) a short list is cheaper than aten ops
         offsets = compressed.view(-1).tolist()
         return bool(min(offsets) >= 0 and max(offsets) <= meta.nnz)
     lo, hi = torch.aminmax(compressed)
-    low, high = torch.stack((lo, hi)).tolist()
-    return bool(low >= 0 and high <= meta.nnz)
+    return bool(lo.item() >= 0 and hi.item() <= meta.nnz)  # (CPU: an item is no sync)
 
 
 def native_coo_ok(meta: CooMeta, indices: torch.Tensor, values: torch.Tensor, *,
@@ -167,15 +198,8 @@ def check_compressed_indices(
     metadata stage with ``meta``) lets the check use torch's native checker where that is the
     faster path (see :func:`native_compressed_ok`); without it the vectorised path runs.
     """
-    if (values is not None and not estimate
-            and native_compressed_ok(meta, compressed, plain, values)
-            and _offsets_in_bounds(meta, compressed)):
-        try:
-            torch._validate_sparse_compressed_tensor_args(
-                compressed, plain, values, meta.size, meta.info.layout)
-            return meta
-        except Exception:  # rejected: the vectorised path decides and reports
-            pass
+    if values is not None and not estimate and _native_accepts(meta, compressed, plain, values):
+        return meta
     c, p = _flatten_batch(meta, compressed, plain)
     if c.numel() == 0 and not estimate:
         return meta  # empty batch: nothing to check
@@ -317,6 +341,7 @@ __all__ = [
     "check_coo_indices",
     "native_compressed_ok",
     "native_coo_ok",
+    "native_enabled",
     "set_native",
     "validate_compressed",
     "validate_coo",
