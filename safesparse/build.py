@@ -182,7 +182,7 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
             return _finish(build(c, p, v, shape, check_invariants=False), state, r.key, geom)
         return compressed(c, p, v, meta)
     spans = watchable_spans((c, p))
-    if spans is None or checked.memory_seen(spans):
+    if not spans or checked.memory_seen(spans):  # (no memory at all: a state per view key)
         return compressed(c, p, v, meta)
     vc = c._version
     vp = p._version
@@ -244,7 +244,7 @@ def compressed(c: torch.Tensor, p: torch.Tensor, v: torch.Tensor, meta: Compress
         checked.count("validations")
         return _volatile(build(c, p, v, meta.size, check_invariants=False, **extra),
                          checked.compressed_geometry(meta.n_compressed, meta.n_plain))
-    if not checked.memory_seen(spans):
+    if spans and not checked.memory_seen(spans):
         # memory no state covers: a private record (checked.py), no registration
         for _ in range(_ATTEMPTS):
             vc, vp = c._version, p._version
@@ -309,7 +309,7 @@ def coo(idx: torch.Tensor, v: torch.Tensor, meta: CooMeta, is_coalesced: bool | 
         plain = build(meta.size)
         return _volatile(plain, checked.coo_geometry(meta.size[: meta.sparse_dim],
                                                      plain.is_coalesced()))
-    if not checked.memory_seen(spans):
+    if spans and not checked.memory_seen(spans):
         for _ in range(_ATTEMPTS):
             vi = idx._version
             meta = check_coo_indices(meta, idx, is_coalesced=coalesced, estimate=estimate,

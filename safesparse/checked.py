@@ -510,6 +510,8 @@ def snapshot(rec: Record) -> tuple[Snapshot, int]:
     """Counters before validation reads the data: the state's, and the record's own."""
     if rec.ver == VOLATILE:
         return {}, VOLATILE
+    if rec.state is None and rec.extra:
+        share(rec)  # a private record's other counters are re-armed by the state's proof
     state = state_of(rec)
     ver = rec.m0._version
     return (state.snapshot() if state is not None else {}), ver

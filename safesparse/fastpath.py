@@ -15,8 +15,8 @@ Then that tensor is the only sparse argument, so the guard is one check of its r
 * ``VIEW`` (``.mT``, ``.t()``, sparse-dim ``transpose`` of a non-hybrid compressed tensor) and
   ``DETACH``: torch's own view of the input (same counter, same index memory, same geometry):
   the result carries the input's record object (shortcut 3).
-* ``PRODUCT`` (``A @ x``, ``mm``, ``matmul`` with a plain dense ``x``, non-block layouts): the
-  result is strided; nothing to wrap.
+* ``PRODUCT`` (``A @ x``, ``mm``, ``matmul``, ``torch.sparse.mm`` with a plain dense ``x``,
+  non-block layouts): the result is strided; nothing to wrap.
 
 A handler returns :data:`MISS` before running anything when the call does not fit; the general
 path then handles it as before. A result that turns out not to fit after the op ran (torch
@@ -205,9 +205,11 @@ def _product(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, .
     """``A @ x``, ``torch.mm(A, x)``, ``torch.matmul(A, x)`` with a plain dense ``x`` and a
     CSR, CSC or COO ``A`` (block layouts take the block route of the general path): a strided
     result, returned as torch computes it."""
-    if len(args) != 2:
+    n = len(args)
+    if n != 2 and not (n == 3 and type(args[2]) is str):  # (torch.sparse.mm's ``reduce``)
         return MISS
-    a, x = args
+    a = args[0]
+    x = args[1]
     if type(x) not in _DENSE_TYPES or x.layout is not _STRIDED or _layout(a) in _BLOCKED:
         return MISS
     if _checked(a) is None:
@@ -245,7 +247,7 @@ def _table() -> dict[Callable[..., Any], Handler]:
         table[f] = _view
     for f in (T.detach, torch.detach):
         table[f] = _detach
-    for f in (T.__matmul__, T.matmul, torch.matmul, T.mm, torch.mm):
+    for f in (T.__matmul__, T.matmul, torch.matmul, T.mm, torch.mm, torch.sparse.mm):
         table[f] = _product
     return table
 

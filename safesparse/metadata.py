@@ -280,8 +280,8 @@ def _accept_compressed_metadata(
     else:
         batch = ()
     dense = size[m + 2:]
-    if (cshape[m] != nc + 1 or vshape[m] != nnz
-            or (vshape[m + 3:] if info.blocked else vshape[m + 1:]) != dense):
+    if cshape[m] != nc + 1 or vshape != ((*batch, nnz, b0, b1, *dense) if info.blocked
+                                         else (*batch, nnz, *dense)):
         return None
     # stricter than 3.5-3.7 (fully contiguous members): anything else takes the ordered stages;
     # a contiguous member has unit last stride unless its last dim has size 0 or 1

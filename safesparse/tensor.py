@@ -118,6 +118,16 @@ _INSPECTION = _INSPECTION | _INDEX_ACCESSORS | {
 }
 
 
+def _plain_getter(name: str) -> Callable[[torch.Tensor], Any]:
+    getter = getattr(_T, name).__get__
+
+    def get(self: torch.Tensor) -> Any:
+        return _run_plain(getter, (), (self,), {})
+
+    get.__name__ = name
+    return get
+
+
 class SafeSparseTensor(torch.Tensor):
     """A torch sparse tensor (COO, CSR, CSC, BSR, BSC) that remembers it was checked.
 
@@ -216,6 +226,25 @@ class SafeSparseTensor(torch.Tensor):
         """The values member (a plain tensor sharing this tensor's memory and counter), as
         ``torch.Tensor.values``; read without the ``__torch_function__`` round trip."""
         out: torch.Tensor = _run_plain(_T.values, (), (self,), {})
+        return out
+
+    # Metadata that model code reads on every call (PyG reads ``layout`` and ``size()``
+    # several times per layer): torch's own getters, without the ``__torch_function__`` round
+    # trip (they read no index data; SPEC 5 lists them as never validating).
+    layout = property(_plain_getter("layout"))
+    is_sparse = property(_plain_getter("is_sparse"))
+    is_sparse_csr = property(_plain_getter("is_sparse_csr"))
+    shape = property(_plain_getter("shape"))
+    dtype = property(_plain_getter("dtype"))
+    device = property(_plain_getter("device"))
+    ndim = property(_plain_getter("ndim"))
+    is_cuda = property(_plain_getter("is_cuda"))
+
+    def size(self, dim: int | None = None) -> Any:
+        return _run_plain(_T.size, (), (self,) if dim is None else (self, dim), {})
+
+    def dim(self) -> int:
+        out: int = _run_plain(_T.dim, (), (self,), {})
         return out
 
     if TYPE_CHECKING:  # what users chain on a SafeSparseTensor stays one, for type checkers

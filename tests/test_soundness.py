@@ -237,6 +237,7 @@ def test_write_during_factory_validation_is_not_proven(
     from safesparse import build
 
     crow, col, values = members()
+    _write_during(monkeypatch, build, "_VALIDATE", lambda: col.__setitem__(1, 7))
     _write_during(monkeypatch, build, "check_compressed_indices",
                   lambda: col.__setitem__(1, 7))
     with pytest.raises(ss.InvariantError) as info:

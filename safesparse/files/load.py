@@ -57,7 +57,7 @@ def load_and_validate(
     """
     if is_path(f) and os.fsdecode(os.fspath(f)).endswith(".safetensors"):
         return _safetensors.load_and_validate(f, _safetensors_device(kwargs.get("map_location")))
-    session = _Session(on_sparse=on_sparse)
+    session = _Session(on_sparse=on_sparse, own_indices=bool(kwargs.get("mmap")))
     prior = _session()
     _local.session = session
     try:

@@ -274,7 +274,12 @@ def _check_index_dtype(key: str, layout: torch.layout, name: str, m: torch.Tenso
 
 def _build(key: str, layout: torch.layout, size: tuple[int, ...], coalesced: bool | None,
            parts: tuple[torch.Tensor, ...]) -> SafeSparseTensor | SparseRecord:
-    """The checked tensor, or the record of the invariant its members break (nothing built)."""
+    """The checked tensor, or the record of the invariant its members break (nothing built).
+
+    The index members are copied first: the file's tensors map the file, which another
+    process can rewrite under a checked tensor (a deploy copying a new model over it); a copy
+    is small next to the values, which stay mapped (SPEC 4)."""
+    parts = (*(m.clone() for m in parts[:-1]), parts[-1])
     try:
         if layout == torch.sparse_coo:
             return sparse_coo_tensor(parts[0], parts[1], size, is_coalesced=coalesced)

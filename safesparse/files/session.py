@@ -21,6 +21,7 @@ from torch._C import DisableTorchFunctionSubclass
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .. import _originals
 from ..errors import InvariantError
 from ..factories import (
     sparse_bsc_tensor,
@@ -173,6 +174,9 @@ class _Session:
     """What one validating ``torch.load`` saw: refused, pending and otherwise-built tensors."""
 
     on_sparse: OnSparse | None = None
+    #: give every sparse tensor its own copy of its index members before validating them
+    #: (``mmap=True``: the loaded tensors map the file, which another process can rewrite)
+    own_indices: bool = False
     rejected: list[SparseRecord] = field(default_factory=list)
     pending: list[_Pending] = field(default_factory=list)
     built: dict[int, _Built] = field(default_factory=dict)  # by id of the built tensor
@@ -241,7 +245,7 @@ class _Session:
         if known is not None:
             return known
         try:
-            out: SafeSparseTensor | SparseRecord = _adopt(t)
+            out: SafeSparseTensor | SparseRecord = _adopt(t, self.own_indices)
         except InvariantError as err:
             if op is not None:
                 err = err.with_context(op=f"{op}, while loading")
@@ -419,6 +423,15 @@ class _LoadMode(TorchFunctionMode):
             size, coalesced = _arg(args, kwargs, 3, "size"), None
         lay = layout if layout is not None else kwargs.get("layout", torch.strided)
 
+        if self.session.own_indices:  # (mmap=True) validated and kept on copies
+            n = 1 if layout == torch.sparse_coo else 2
+            args = (*(a.clone() if isinstance(a, torch.Tensor) else a for a in args[:n]),
+                    *args[n:])
+            for name in ("indices", "compressed_indices", "plain_indices", "crow_indices",
+                         "col_indices", "ccol_indices", "row_indices"):
+                if isinstance(kwargs.get(name), torch.Tensor):
+                    kwargs[name] = kwargs[name].clone()
+
         def build() -> SafeSparseTensor:
             with _trusted():
                 return factory(*args, **kwargs)
@@ -454,6 +467,18 @@ class _BuildWatch(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return out
 
 
+def _on_copied_indices(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (plain) rebuilt, unvalidated, on copies of its index members; values shared."""
+    if t.layout == torch.sparse_coo:
+        return _originals.sparse_coo_tensor(
+            t._indices().clone(), t._values(), t.shape, check_invariants=False,
+            is_coalesced=t.is_coalesced())
+    compressed, plain, values = members(t)
+    return _originals.sparse_compressed_tensor(
+        compressed.clone(), plain.clone(), values, t.shape, layout=t.layout,
+        dtype=values.dtype, device=values.device, check_invariants=False)
+
+
 def _members_of(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
     with DisableTorchFunctionSubclass():
         return members(t)
@@ -463,13 +488,16 @@ def _index_members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return _members_of(t)[:-1]
 
 
-def _adopt(t: torch.Tensor) -> SafeSparseTensor:
-    """Validate a sparse tensor built outside the safe path; a leaf keeps requires_grad."""
-    if isinstance(t, SafeSparseTensor):
+def _adopt(t: torch.Tensor, own_indices: bool = False) -> SafeSparseTensor:
+    """Validate a sparse tensor built outside the safe path; a leaf keeps requires_grad.
+    ``own_indices``: validate (and return) it rebuilt on copies of its index members."""
+    if isinstance(t, SafeSparseTensor) and not own_indices:
         return validate(t)
     leaf_grad = t.requires_grad and t.is_leaf
     with DisableTorchFunctionSubclass():
         plain = torch.Tensor._make_subclass(torch.Tensor, t.detach(), False)
+        if own_indices:
+            plain = _on_copied_indices(plain)
     out = validate(plain)
     if leaf_grad:
         out.requires_grad_(True)

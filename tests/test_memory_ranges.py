@@ -1,0 +1,164 @@
+"""Index memory is watched as memory (SPEC 4; issue 27): states are found by the memory range of
+the index data, whatever storage object holds it, and memory a file or another process can
+change is never trusted from a cache.
+
+Each test here is a reproducer of a hole an adversarial review found on the previous design
+(a checked tensor left invalid, or a segfault at its next product); crash-prone ones run in a
+child process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import safesparse as ss
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _csr_on(crow: torch.Tensor, col: torch.Tensor) -> ss.SafeSparseTensor:
+    return ss.sparse_csr_tensor(crow, col, torch.ones(col.shape[-1]), (3, 3))
+
+
+# ---------------------------------------------------------------------------------------------
+# Two storages over one memory
+
+
+def test_two_from_numpy_storages_share_one_state() -> None:
+    indptr = np.array([0, 1, 2, 3])
+    indices = np.array([0, 1, 2])
+    a = _csr_on(torch.from_numpy(indptr), torch.from_numpy(indices))
+    b = _csr_on(torch.from_numpy(indptr), torch.from_numpy(indices))  # new storages, same memory
+    assert torch.from_numpy(indices).untyped_storage()._cdata != \
+        torch.from_numpy(indices).untyped_storage()._cdata
+    member = a.col_indices()  # handed out by the first tensor
+    member[0] = 2  # row 0 now has column 2 ...
+    member[1] = 0  # ... and row 1 column 0: still sorted per row, but not what b was proven on
+    member[2] = 99  # out of range for 3 columns
+    assert not ss.is_checked(a)
+    assert not ss.is_checked(b)  # the same memory: the second tensor is unchecked too
+    with pytest.raises(ss.InvariantError) as info:
+        b @ torch.ones(3, 1)
+    assert info.value.invariant == "5.5"
+
+
+def test_a_slice_at_another_start_is_found() -> None:
+    edges = np.array([[0, 1, 2, 2], [1, 2, 0, 1]])
+    whole = ss.sparse_coo_tensor(torch.from_numpy(edges), torch.ones(4), (3, 3))
+    tail = ss.sparse_coo_tensor(torch.from_numpy(edges[:, 2:]), torch.ones(2), (3, 3))
+    assert ss.is_checked(whole) and ss.is_checked(tail)
+    whole._indices()[1, 3] = 7  # a write through the first tensor's member, inside the tail
+    assert not ss.is_checked(tail)
+    with pytest.raises(ss.InvariantError):
+        tail.coalesce()
+
+
+def test_frombuffer_and_set_share_the_state() -> None:
+    buf = bytearray(np.array([0, 1, 2, 3, 0, 1, 2], dtype=np.int64).tobytes())
+    flat = torch.frombuffer(buf, dtype=torch.int64)
+    t = _csr_on(flat[:4], flat[4:])
+    again = torch.frombuffer(buf, dtype=torch.int64)  # another storage over the same bytes
+    u = _csr_on(again[:4], again[4:])
+    reset = torch.empty(0, dtype=torch.int64)
+    reset.set_(t.col_indices().untyped_storage(), 4, (3,))  # a tensor set_ on that storage
+    v = _csr_on(again[:4].clone(), reset)
+    assert ss.is_checked(t) and ss.is_checked(u) and ss.is_checked(v)
+    u.col_indices()[0] = 5
+    assert not ss.is_checked(t) and not ss.is_checked(v)
+
+
+def test_from_dlpack_shares_the_state() -> None:
+    crow, col = torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 2])
+    t = _csr_on(crow, col)
+    other = torch.from_dlpack(col)  # a new tensor (own counter) over the same memory
+    u = _csr_on(crow, other)
+    assert ss.is_checked(t) and ss.is_checked(u)
+    u.col_indices()[2] = 9
+    assert not ss.is_checked(t)
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory a file can change
+
+
+def _child(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
+        "PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("route", ["safetensors", "ss.load mmap", "enforce torch.load mmap"])
+def test_a_file_rewritten_in_place_never_leaves_a_checked_tensor_invalid(
+        route: str, tmp_path: Path) -> None:
+    pytest.importorskip("safetensors")
+    proc = _child(f"""
+        import shutil, torch, safesparse as ss
+        from safesparse.safetensors import save_file, load_file
+        good = ss.sparse_csr_tensor([0, 1, 2, 3], [0, 1, 2], [1., 2., 3.], (3, 3))
+        bad = ss.sparse_csr_tensor([0, 1, 2, 3], [0, 1, 10**9], [1., 2., 3.], (3, 3),
+                                   check_invariants=False)
+        route = {route!r}
+        if route == "safetensors":
+            save_file({{"w": good}}, "model.st")
+            loaded = load_file("model.st")["w"]
+            # a deploy copies a new model over the served file: same layout and sizes, other
+            # indices (written with plain safetensors, in safesparse's naming)
+            import json, safetensors.torch as plain_st
+            plain_st.save_file(
+                {{"w.__ss_crow_indices": bad.crow_indices(), "w.__ss_col_indices":
+                  bad.col_indices(), "w.__ss_values": bad.values()}}, "new.st",
+                metadata={{"__ss_sparse__:w": json.dumps(
+                    {{"format": 1, "layout": "sparse_csr", "size": [3, 3]}})}})
+            shutil.copyfile("new.st", "model.st")
+        else:
+            torch.save({{"w": ss.unwrap(good)}}, "model.pt")
+            if route == "ss.load mmap":
+                loaded = ss.load("model.pt", mmap=True)["w"]
+            else:
+                with ss.enforce():
+                    loaded = torch.load("model.pt", mmap=True)["w"]
+            torch.save({{"w": ss.unwrap(bad)}}, "model.pt")  # a trainer saves to the same path
+        assert ss.is_checked(loaded)
+        print((loaded @ torch.ones(3, 1)).flatten().tolist())
+    """, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[1.0, 2.0, 3.0]"
+
+
+# ---------------------------------------------------------------------------------------------
+# Keyword arguments reach the guard
+
+
+@pytest.mark.parametrize("fn", [torch.cat, torch.stack])
+def test_keyword_lists_are_guarded(fn: object) -> None:
+    good = ss.sparse_coo_tensor([[0, 1]], [1.0, 2.0], (3,))
+    bad = ss.sparse_coo_tensor([[0, 10**9]], [1.0, 2.0], (3,), check_invariants=False)
+    with pytest.raises(ss.InvariantError) as info:
+        fn(tensors=[good, bad])  # type: ignore[operator]
+    assert info.value.invariant == "5.2"
+    assert "tensors[1]" in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Metadata reads never validate (SPEC 5)
+
+
+def test_metadata_reads_of_invalid_data_do_not_validate() -> None:
+    bad = ss.sparse_csr_tensor([0, 1, 2], [0, 10**9], [1.0, 2.0], (2, 2),
+                               check_invariants=False)
+    ss.reset_stats()
+    assert bad.grad is None
+    assert bad.nbytes >= 0 and bad.itemsize == 4 and bad.element_size() == 4
+    assert bad.is_leaf and bad.grad_fn is None
+    assert bad.layout == torch.sparse_csr and bad.shape == (2, 2) and bad.dim() == 2
+    assert ss.stats().validations == 0
+    assert not ss.is_checked(bad)
