@@ -160,7 +160,12 @@ def plain_members(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def index_members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The index tensors of a sparse tensor (compressed + plain, or the COO indices)."""
+    """The index tensors of a sparse tensor (compressed + plain, or the COO indices). A
+    SafeSparseTensor's record is shared first: whoever takes its members may build a tensor
+    with a counter of its own on them (checked.py, shortcut 2)."""
+    rec = record(t)
+    if rec is not None and rec.state is None:
+        share(rec)
     with DisableTorchFunctionSubclass():
         m0, m1 = plain_members(t)
     return (m0,) if m1 is None else (m0, m1)

@@ -3,7 +3,9 @@
 Random sequences of builds, rebuilds on handed-out members, builds on overlapping views of
 live index memory (a batch of one on the same storage, a COO on a prefix of an edge list),
 transposes, values-only ops, index-building ops, any tensor (valid or not) into a kernel (the
-guard refuses invalid data), in-place writes through every alias safesparse hands out (also
+guard refuses invalid data), builds on a second storage over the same memory
+(``torch.from_numpy`` twice), tensors loaded from files that are then rewritten in place,
+in-place writes through every alias safesparse hands out (also
 through torch's aten accessors) or was given, ``del`` + ``gc.collect()`` and debug mode
 on/off. After every step, for every live tensor: ``ss.is_checked(t)`` implies that torch's own
 checker accepts clones of its current members.
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
+import tempfile
 
 import hypothesis.strategies as st
 import torch
@@ -43,6 +47,8 @@ class CheckedMeansValid(RuleBasedStateMachine):
         super().__init__()
         ss.clear_cache()
         ss.set_debug(False)
+        self.tmp = tempfile.mkdtemp(prefix="ss-state-machine-")
+        self.files = 0
         self.live: list[torch.Tensor] = []  # SafeSparseTensors
         self.handles: list[torch.Tensor] = []  # index tensors given or handed out, and views
 
@@ -297,6 +303,60 @@ class CheckedMeansValid(RuleBasedStateMachine):
         where = tuple(int(i) for i in torch.unravel_index(torch.tensor(pos), a.shape))
         a[where] = value
 
+    @rule(data=st.data(), check=st.booleans())
+    def second_storage(self, data: st.DataObject, check: bool) -> None:
+        """A tensor built on another storage over the same memory (``torch.from_numpy`` of a
+        NumPy view, as a SciPy matrix's ``indices`` or a dataset's ``edge_index`` give): it
+        shares one state with every tensor on that memory."""
+        pool = [h for h in self.handles if h.dim() == 1 and h.numel() and h.is_contiguous()]
+        t = self._pick(data)
+        if t is None or t.layout == torch.sparse_coo or t.dim() != 2:
+            return
+        check = check or ss.is_debug()
+        c, p = (checked.index_members(t))
+        c2, p2 = torch.from_numpy(c.numpy()), torch.from_numpy(p.numpy())  # new storages
+        assert c2.untyped_storage()._cdata != c.untyped_storage()._cdata
+        if pool and data.draw(st.booleans()):
+            h = data.draw(st.sampled_from(pool))
+            if h.shape == p.shape and h.dtype == p.dtype:
+                p2 = torch.from_numpy(h.numpy())
+        self.handles += [c2, p2]
+        try:
+            out = ss.sparse_compressed_tensor(c2, p2, t.values().detach().clone(), t.shape,
+                                              layout=t.layout, check_invariants=check)
+        except ss.InvariantError:
+            assert check
+            return
+        self._keep(out)
+
+    @rule(data=st.data(), route=st.sampled_from(["mmap", "safetensors"]))
+    def mapped_file(self, data: st.DataObject, route: str) -> None:
+        """A tensor loaded from a file, which is then rewritten in place (a trainer saving to
+        the same path): the loaded tensor keeps its own copy of its index members."""
+        t = self._pick(data)
+        if t is None or not really_valid(t) or t.dim() != 2:
+            return
+        plain = ss.unwrap(t).detach()
+        # (a fresh path each time: torch.save truncates the file it writes, and the values of a
+        # tensor loaded with mmap=True stay mapped, as in torch; reading them from a truncated
+        # file is a bus error, whoever reads them)
+        self.files += 1
+        if route == "mmap":
+            path = os.path.join(self.tmp, f"m{self.files}.pt")
+            torch.save({"t": plain}, path)
+            out = ss.load(path, mmap=True)["t"]
+            torch.save({"t": plain * 0}, path)  # same sizes, other values
+        else:
+            from safesparse.safetensors import load_file, save_file
+            path = os.path.join(self.tmp, f"m{self.files}.safetensors")
+            save_file({"t": t}, path)
+            out = load_file(path)["t"]
+            with open(path, "r+b") as f:  # overwrite the file's bytes in place
+                size = f.seek(0, 2)
+                f.seek(max(0, size - 64))
+                f.write(b"\x7f" * min(64, size))
+        self._keep(out)
+
     @rule(data=st.data())
     def drop(self, data: st.DataObject) -> None:
         """``del`` a tensor or an index tensor, then collect garbage."""
@@ -320,6 +380,7 @@ class CheckedMeansValid(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         ss.set_debug(False)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 CheckedMeansValid.TestCase.settings = settings(
