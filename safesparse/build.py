@@ -26,7 +26,7 @@ import torch
 
 from . import _originals, checked
 from ._compile import not_traced
-from .checked import UNCHECKED, VOLATILE, Record, attach, claim, holds, plain_members
+from .checked import VOLATILE, Record, attach, claim, holds, plain_members
 from .debug import is_debug
 from .memory import watchable_spans
 from .metadata import INT32_MAX, INT64_MAX, CompressedMeta, CooMeta, _accept_compressed_metadata
@@ -70,17 +70,16 @@ def _key(members: Sequence[torch.Tensor]) -> checked.IndexKey:
 def _finish(plain: torch.Tensor, state: checked.IndexState, key: checked.IndexKey,
             geom: Hashable) -> SafeSparseTensor:
     """``plain`` (built on proven index data) retyped, with a record on ``state`` watched by its
-    own counter; unchecked if a write landed since the proof (the guard validates it then).
-    Built in inference mode, it has no counter: volatile (validated whenever asked)."""
+    own counter (new: nothing wrote through it yet). A write through any other counter since
+    the proof shows in the state (the record is unchecked at its next check). Built in
+    inference mode, it has no counter: volatile (validated whenever asked)."""
     if plain.is_inference():
         return _volatile(plain, geom)
     m0, m1 = plain_members(plain)
     rec = checked.shared_record((m0, m1), state, key, m0._version, geom)
-    if not holds(rec):
-        rec.ver = UNCHECKED
-    out = retype(plain)
-    attach(out, rec)
-    return out
+    plain.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
+    plain.__dict__["_ss"] = rec
+    return plain  # type: ignore[return-value]
 
 
 def _watch_callers(state: checked.IndexState, xs: Sequence[torch.Tensor]) -> bool:
@@ -174,12 +173,22 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
     build = _BUILD[layout]
     r = claim(c)
     if r is not None:
-        if (claim(p) is r and r.geom == geom and _at(r.m0, c) and _at(r.m1, p)
-                and holds(r)):
+        # members handed out by r, in their roles (the pointers), unwritten and unreshaped
+        # since (every in-place write or reshape of a member moves r's counter: holds)
+        if (claim(p) is r and r.geom == geom and c.data_ptr() == r.p0
+                and p.data_ptr() == r.p1 and holds(r)):
             state = checked.share(r)
             assert state is not None  # (a record that handed out members is shared)
             checked.count("skipped")
-            return _finish(build(c, p, v, shape, check_invariants=False), state, r.key, geom)
+            plain = build(c, p, v, shape, check_invariants=False)
+            if plain.is_inference():
+                return _volatile(plain, geom)
+            # m1: the handed-out member itself (the new tensor's member memory, its view)
+            m0 = plain.crow_indices() if meta.info.row_compressed else plain.ccol_indices()
+            rec = checked.shared_record((m0, p), state, r.key, m0._version, geom)
+            plain.__class__ = SafeSparseTensor
+            plain.__dict__["_ss"] = rec
+            return plain  # type: ignore[return-value]
         return compressed(c, p, v, meta)
     spans = watchable_spans((c, p))
     if not spans or checked.memory_seen(spans):  # (no memory at all: a state per view key)

@@ -104,11 +104,14 @@ def test_render_markdown_lists_every_target() -> None:
 def test_judge_converts_units_and_records(outcomes: dict[str, Any]) -> None:
     assert harness.judge("wrapper.rebuild_overhead", 9e-6) == 1  # 9 µs <= 10 µs
     assert harness.judge("wrapper.rebuild_overhead", 11e-6) == 0
-    assert harness.judge("wrapper.spmm_ratio", 1.05) == 1
+    assert harness.judge("wrapper.spmm_ratio", 1.02) == 1
+    assert harness.judge("wrapper.spmm_ratio", 1.05) == 0
     assert harness.judge("wrapper.spmm_ratio", "ERR RuntimeError: x") is None
     assert harness.judge("wrapper.spmm_ratio", None) is None
     assert outcomes["wrapper.rebuild_overhead"] == [(pytest.approx(9.0), True),
                                                     (pytest.approx(11.0), False)]
+    assert outcomes["wrapper.spmm_ratio"] == [(pytest.approx(1.02), True),
+                                              (pytest.approx(1.05), False)]
     with pytest.raises(KeyError):
         harness.judge("no.such_target", 1.0)
 
