@@ -29,14 +29,27 @@ from ._compile import not_traced
 from .checked import VOLATILE, Record, attach, claim, holds, plain_members
 from .debug import is_debug
 from .memory import watchable_spans
-from .metadata import INT32_MAX, INT64_MAX, CompressedMeta, CooMeta, _accept_compressed_metadata
+from .metadata import (
+    INT32_MAX,
+    INT64_MAX,
+    CompressedMeta,
+    CooMeta,
+    _accept_compressed_metadata,
+    check_coo_metadata,
+)
 from .tensor import SafeSparseTensor, retype
-from .validation import check_compressed_indices, check_coo_indices, native_enabled
+from .validation import (
+    _native_coo_accepts,
+    check_compressed_indices,
+    check_coo_indices,
+    native_coo_ok,
+    native_enabled,
+)
 
 _native_enabled = native_enabled
 _VALIDATE = torch._validate_sparse_compressed_tensor_args
 
-__all__ = ["compressed", "coo", "fast_compressed", "final_size", "unchecked"]
+__all__ = ["compressed", "coo", "fast_compressed", "fast_coo", "final_size", "unchecked"]
 
 _BUILD: Final[dict[torch.layout, Callable[..., torch.Tensor]]] = {
     torch.sparse_csr: _originals.sparse_csr_tensor,
@@ -227,6 +240,42 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
     plain.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
     plain.__dict__["_ss"] = rec
     return plain  # type: ignore[return-value]
+
+
+@not_traced
+def fast_coo(idx: Any, v: Any, size: Any, dtype: torch.dtype | None, device: Any,
+             pin_memory: bool, requires_grad: bool, check_invariants: bool | None,
+             is_coalesced: bool | None) -> SafeSparseTensor | None:
+    """:func:`fast_compressed` for COO: int64 indices and values as they are, an explicit size;
+    None (nothing done) for anything else."""
+    if (dtype is not None or device is not None or pin_memory or requires_grad
+            or check_invariants is False or type(idx) is not _T or type(v) not in _VALUE_TYPES
+            or idx.dtype is not torch.int64 or not v.dim()):
+        return None
+    shape = final_size(size)
+    if shape is None or is_debug():
+        return None
+    meta = check_coo_metadata(idx, v, shape)
+    if claim(idx) is not None:
+        return coo(idx, v, meta, is_coalesced)
+    spans = watchable_spans((idx,))
+    if not spans or checked.memory_seen(spans):
+        return coo(idx, v, meta, is_coalesced)
+    coalesced = bool(is_coalesced)
+    vi = idx._version
+    if not (native_coo_ok(meta, idx, v, is_coalesced=coalesced)
+            and _native_coo_accepts(meta, idx, v, is_coalesced=coalesced)):
+        check_coo_indices(meta, idx, is_coalesced=coalesced)  # the vectorised path: located
+    checked.count("validations")
+    if idx._version != vi:
+        return coo(idx, v, meta, is_coalesced)  # written meanwhile: the general way decides
+    plain = _originals.sparse_coo_tensor(idx, v, shape, check_invariants=False,
+                                         is_coalesced=is_coalesced)
+    # the coalesced flag torch gave it: the validated one, or (nnz <= 1) trivially true
+    flag = plain.is_coalesced()
+    if flag and not coalesced and meta.nnz > 1:
+        return unchecked(plain, (idx,))
+    return _private(plain, ("coo", shape[: meta.sparse_dim], flag), ((idx, vi),), spans)
 
 
 def compressed(c: torch.Tensor, p: torch.Tensor, v: torch.Tensor, meta: CompressedMeta, *,

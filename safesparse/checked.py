@@ -16,11 +16,14 @@ torch bumps a tensor's *version counter* on every in-place write through it or a
 that counter (its views, ``detach()``, and, for a sparse tensor, the members its accessors hand
 out). Each SafeSparseTensor carries a :class:`Record` (``t._ss``): aliases of its index members
 (``m0``, ``m1``, sharing its counter), their data pointers, the counter value its proof holds for
-(``ver``), and the proven geometry. There are two kinds:
+(``ver``), and the proven geometry. There are three kinds:
 
 * **sole** (``state is None``): only this record's counter can write the index memory. Checked
   means ``m0._version == ver`` and the member pointers unmoved: two attribute reads, no lock,
   nothing registered.
+* **private** (``state is None``, ``extra`` set): also the caller's index tensors can write it
+  (a factory's result on fresh index memory); their counters are checked too, still without a
+  state (shortcut 5).
 * **shared** (``state`` an :class:`IndexState`): other counters can write the memory too.
   Checked additionally means the state still holds the proof ``(view key, geometry)`` and no
   counter it watches moved.
@@ -62,7 +65,16 @@ The shortcuts, and why each is sound
    geometry, while the record is checked, is proven through it (no storage lookup, no O(nnz)
    check). A copy of a member (``copy.copy``: its own counter) carries the dict but not the id:
    its claim is refused.
-5. *Lock-free reads of a shared state.* Each read is atomic under the GIL, and a proof is only
+5. *First validations are private until their memory is looked up* (a factory call on index
+   memory no state or pending record covers; build.py): the result's record watches its own
+   counter and the caller's index tensors (``extra``) without a state, and is listed as
+   *pending* with the memory ranges of its members. Every registry lookup first shares the
+   pending records overlapping the memory it looks up (see the section on private records), so
+   a later build or adoption on that memory finds their counters exactly as if they had been
+   registered at birth; and every route by which a private record's own counter can write its
+   memory (a hand-out, unwrap, the general path) shares it first. A pending record holds its
+   members, so its memory cannot be freed and reused while it is listed.
+6. *Lock-free reads of a shared state.* Each read is atomic under the GIL, and a proof is only
    added under the lock with every watch at its recorded version, so seeing the proof with
    every version unmoved means it holds. A state whose watch dicts change during the read is
    read again under the lock.
@@ -263,7 +275,7 @@ def holds(r: Record) -> bool:
 
 
 def _shared_holds(r: Record, st: IndexState) -> bool:
-    """Lock-free read of a shared record's state (shortcut 5 of the module docstring)."""
+    """Lock-free read of a shared record's state (shortcut 6 of the module docstring)."""
     if st.merged is not None:
         st = r.state = resolve(st)  # type: ignore[assignment]
         r.seen = -1
@@ -364,8 +376,10 @@ def private_record(m0: torch.Tensor, m1: torch.Tensor | None, ver: int, geom: Ha
     """A pending private record (see above) for a tensor built on proven index data."""
     rec = Record(m0, m1, ver, geom)
     rec.extra = extra
-    _pending.append((spans, weakref.ref(rec)))  # (an atomic append: no lock needed)
-    if len(_pending) > _PENDING_MAX:
+    with _pending_lock:  # (_flush rebuilds the list: an append meanwhile must not be lost)
+        _pending.append((spans, weakref.ref(rec)))
+        full = len(_pending) > _PENDING_MAX
+    if full:
         _flush(None)
     return rec
 

@@ -554,13 +554,10 @@ def sparse_coo_tensor(
         TypeError: an argument is not sparse data at all, with the exception type torch
             raises for it (e.g. a non-integral ``size``).
     """
-    if (dtype is None and device is None and not pin_memory and check_invariants is not False
-            and type(indices) is torch.Tensor and type(values) in _VALUE_TYPES
-            and indices.dtype is torch.int64 and values.dim() > 0):
-        shape = build.final_size(size)
-        if shape is not None and not is_debug():
-            meta = check_coo_metadata(indices, values, shape)
-            return build.coo(indices, values, meta, is_coalesced, requires_grad=requires_grad)
+    out = build.fast_coo(indices, values, size, dtype, device, pin_memory, requires_grad,
+                         check_invariants, is_coalesced)
+    if out is not None:  # the common case: int64 indices, values and a size, checks on
+        return out
     dev = _device(device)
     idx, vals, shape = _coo_args(indices, values, size, dtype, dev, is_coalesced,
                                  _wants_check(check_invariants))
