@@ -19,13 +19,14 @@ The result is the tensor torch built, retyped (no wrapper object).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final
 
 import torch
 
 from . import _originals, checked
-from ._compile import not_traced
+from ._compile import bind
 from .checked import VOLATILE, Record, attach, claim, holds, plain_members
 from .debug import is_debug
 from .memory import watchable_spans
@@ -159,7 +160,6 @@ def final_size(size: Any) -> tuple[int, ...] | None:
     return None
 
 
-@not_traced
 def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | None,
                     dtype: torch.dtype | None, device: Any, pin_memory: bool,
                     requires_grad: bool, check_invariants: bool | None
@@ -242,7 +242,6 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
     return plain  # type: ignore[return-value]
 
 
-@not_traced
 def fast_coo(idx: Any, v: Any, size: Any, dtype: torch.dtype | None, device: Any,
              pin_memory: bool, requires_grad: bool, check_invariants: bool | None,
              is_coalesced: bool | None) -> SafeSparseTensor | None:
@@ -276,6 +275,11 @@ def fast_coo(idx: Any, v: Any, size: Any, dtype: torch.dtype | None, device: Any
     if flag and not coalesced and meta.nnz > 1:
         return unchecked(plain, (idx,))
     return _private(plain, ("coo", shape[: meta.sparse_dim], flag), ((idx, vi),), spans)
+
+
+# the factories call build.fast_* by attribute: bound here, never traced by torch.compile
+bind(sys.modules[__name__], "fast_compressed", fast_compressed)
+bind(sys.modules[__name__], "fast_coo", fast_coo)
 
 
 def compressed(c: torch.Tensor, p: torch.Tensor, v: torch.Tensor, meta: CompressedMeta, *,

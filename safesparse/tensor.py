@@ -29,7 +29,7 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 
 from . import checked
-from ._compile import not_traced
+from ._compile import bind, not_traced
 from .checked import VOLATILE, Record, holds
 from .debug import is_debug
 from .errors import InvariantError
@@ -201,7 +201,6 @@ class SafeSparseTensor(torch.Tensor):
         cls._FAST.update(active)
 
     @classmethod
-    @not_traced
     def __torch_function__(
         cls,
         func: Callable[..., Any],
@@ -209,6 +208,7 @@ class SafeSparseTensor(torch.Tensor):
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        # (re-bound by safesparse._compile.bind below: never traced by torch.compile)
         fast = cls._FAST.get(func)
         if fast is not None and not kwargs:
             ret = fast(cls, func, types, args, _fast_fallback)
@@ -304,6 +304,10 @@ class SafeSparseTensor(torch.Tensor):
             prefix = f"Parameter({prefix}"
         body = body[len(prefix):] if body.startswith(prefix) else body + ")"
         return f"{prefix}checked={_is_checked(self)}, {body}"
+
+
+bind(SafeSparseTensor, "__torch_function__",
+     SafeSparseTensor.__dict__["__torch_function__"].__func__, classmethod_=True)
 
 
 def general(entry: OpEntry | None, func: Callable[..., Any], args: tuple[Any, ...],
@@ -520,6 +524,10 @@ def validate(t: torch.Tensor) -> SafeSparseTensor:
                 if type(t).__module__.startswith("scipy.sparse") else "")
         raise TypeError(
             f"validate() expects a torch sparse tensor, got {type(t).__name__}{hint}")
+    rec = t.__dict__.get("_ss") if isinstance(t, SafeSparseTensor) else None
+    if rec is not None and holds(rec) and not is_debug():  # checked: nothing to do (O(1))
+        checked.count("skipped")
+        return t  # type: ignore[return-value]
     with DisableTorchFunctionSubclass():
         if t.layout not in SPARSE_LAYOUTS:
             raise TypeError(f"validate() expects a sparse tensor, got layout {t.layout}")
