@@ -29,7 +29,7 @@ from . import _originals, checked
 from ._compile import bind
 from .checked import VOLATILE, Record, attach, claim, holds, plain_members
 from .debug import is_debug
-from .memory import watchable_spans
+from .memory import Spans, watchable_spans
 from .metadata import (
     INT32_MAX,
     INT64_MAX,
@@ -48,7 +48,6 @@ from .validation import (
 )
 
 _native_enabled = native_enabled
-_VALIDATE = torch._validate_sparse_compressed_tensor_args
 
 __all__ = ["compressed", "coo", "fast_compressed", "fast_coo", "final_size", "unchecked"]
 
@@ -118,7 +117,7 @@ _CHANGING = ("safesparse: the index data kept changing while it was validated (a
 
 
 def _private(plain: torch.Tensor, geom: Hashable, extra: tuple[tuple[torch.Tensor, int], ...],
-             spans: tuple[tuple[torch.device, int, int], ...]) -> SafeSparseTensor:
+             spans: Spans) -> SafeSparseTensor:
     """``plain``, built on index memory no state covers and just validated, retyped with a
     private record: its own counter and the caller's tensors' (``extra``, at the versions
     validation read)."""
@@ -193,24 +192,27 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
             state = checked.share(r)
             assert state is not None  # (a record that handed out members is shared)
             checked.count("skipped")
-            plain = build(c, p, v, shape, check_invariants=False)
-            if plain.is_inference():
-                return _volatile(plain, geom)
+            built = build(c, p, v, shape, check_invariants=False)
+            if built.is_inference():
+                return _volatile(built, geom)
             # m1: the handed-out member itself (the new tensor's member memory, its view)
-            m0 = plain.crow_indices() if meta.info.row_compressed else plain.ccol_indices()
+            m0 = built.crow_indices() if meta.info.row_compressed else built.ccol_indices()
             rec = checked.shared_record((m0, p), state, r.key, m0._version, geom)
-            plain.__class__ = SafeSparseTensor
-            plain.__dict__["_ss"] = rec
-            return plain  # type: ignore[return-value]
+            built.__class__ = SafeSparseTensor
+            built.__dict__["_ss"] = rec
+            return built  # type: ignore[return-value]
         return compressed(c, p, v, meta)
     spans = watchable_spans((c, p))
     if not spans or checked.memory_seen(spans):  # (no memory at all: a state per view key)
         return compressed(c, p, v, meta)
     vc = c._version
     vp = p._version
-    # torch's native checker (validation.py, native section), its preconditions inlined: the
-    # metadata stage made the members contiguous and on one device
+    # torch's own checked constructor (its checker is validation.py's native path; one call
+    # builds and checks, as torch's factory does), behind its preconditions, inlined: the
+    # metadata stage made the members contiguous and on one device; the offsets pre-check
+    # keeps its checker within the plain indices
     nnz = meta.nnz
+    plain = None
     if (v.is_cpu and _native_enabled() and min(shape) > 0
             and meta.n_plain + nnz < (INT32_MAX if c.dtype is torch.int32 else INT64_MAX)):
         if c.dim() == 1 and len(c) <= 32:
@@ -219,18 +221,18 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
         else:
             lo, hi = torch.aminmax(c)
             inside = lo.item() >= 0 and hi.item() <= nnz  # (CPU: no sync)
-        try:
-            if not inside:
-                raise ValueError
-            _VALIDATE(c, p, v, shape, layout)
-        except Exception:  # refused: the vectorised path decides, located
-            check_compressed_indices(meta, c, p)
-    else:
-        check_compressed_indices(meta, c, p, values=v)
+        if inside:
+            try:
+                plain = build(c, p, v, shape, check_invariants=True)
+            except Exception:  # refused: the vectorised path decides (located error) below
+                plain = None
+    if plain is None:
+        check_compressed_indices(meta, c, p)  # raises, located; or accepts what torch refused
     checked.count("validations")
     if c._version != vc or p._version != vp:
         return compressed(c, p, v, meta)  # written meanwhile: the general way decides
-    plain = build(c, p, v, shape, check_invariants=False)
+    if plain is None:
+        plain = build(c, p, v, shape, check_invariants=False)
     if plain.is_inference():
         return _volatile(plain, geom)
     # m0: an alias sharing the new tensor's counter; m1: the caller's plain member itself,

@@ -91,6 +91,7 @@ input and result.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 import weakref
@@ -105,6 +106,7 @@ from .memory import (
     IndexKey,
     IndexState,
     Snapshot,
+    Spans,
     Tags,
     all_states,
     claims,
@@ -366,34 +368,34 @@ def share(rec: Record) -> IndexState | None:
 # reused) while it is listed.
 
 _PENDING_MAX = 64
-_pending: list[tuple[tuple[tuple[torch.device, int, int], ...], weakref.ref[Record]]] = []
+#: (a deque: appends and pops are atomic, so a birth takes no lock; _flush takes the lock
+#: against other flushes and pops only the entries that were there when it started)
+_pending: collections.deque[tuple[Spans, weakref.ref[Record]]] = collections.deque()
 _pending_lock = threading.Lock()
 
 
 def private_record(m0: torch.Tensor, m1: torch.Tensor | None, ver: int, geom: Hashable,
                    extra: tuple[tuple[torch.Tensor, int], ...],
-                   spans: tuple[tuple[torch.device, int, int], ...]) -> Record:
+                   spans: Spans) -> Record:
     """A pending private record (see above) for a tensor built on proven index data."""
     rec = Record(m0, m1, ver, geom)
     rec.extra = extra
-    with _pending_lock:  # (_flush rebuilds the list: an append meanwhile must not be lost)
-        _pending.append((spans, weakref.ref(rec)))
-        full = len(_pending) > _PENDING_MAX
-    if full:
+    _pending.append((spans, weakref.ref(rec)))
+    if len(_pending) > _PENDING_MAX:
         _flush(None)
     return rec
 
 
 def _unpend(rec: Record) -> None:
     with _pending_lock:
-        for i, (_, ref) in enumerate(_pending):
-            if ref() is rec:
-                del _pending[i]
-                return
+        for _ in range(len(_pending)):
+            entry = _pending.popleft()
+            if entry[1]() is not rec:
+                _pending.append(entry)
 
 
-def _overlap(a: tuple[tuple[torch.device, int, int], ...],
-             b: tuple[tuple[torch.device, int, int], ...]) -> bool:
+def _overlap(a: Spans,
+             b: Spans) -> bool:
     for dev, s0, e0 in a:
         for dev1, s1, e1 in b:
             if s0 < e1 and s1 < e0 and dev == dev1:
@@ -401,43 +403,39 @@ def _overlap(a: tuple[tuple[torch.device, int, int], ...],
     return False
 
 
-def _flush(spans: tuple[tuple[torch.device, int, int], ...] | None) -> None:
+def _flush(spans: Spans | None) -> None:
     """Share the pending records overlapping ``spans`` (None: all of them); drop dead ones."""
     with _pending_lock:
-        if not _pending:
-            return
         due: list[Record] = []
-        keep = []
-        for entry in _pending:
+        for _ in range(len(_pending)):  # (entries appended meanwhile wait for the next one)
+            entry = _pending.popleft()
             rec = entry[1]()
             if rec is None:
                 continue
             if spans is None or _overlap(entry[0], spans):
                 due.append(rec)
             else:
-                keep.append(entry)
-        _pending[:] = keep
+                _pending.append(entry)
     for rec in due:
         share(rec)
 
 
-def pending_overlaps(spans: tuple[tuple[torch.device, int, int], ...]) -> bool:
+def pending_overlaps(spans: Spans) -> bool:
     """Whether a live pending record overlaps ``spans`` (dead entries are dropped)."""
+    if not _pending:
+        return False
     with _pending_lock:
-        if not _pending:
-            return False
         hit = False
-        keep = []
-        for entry in _pending:
+        for _ in range(len(_pending)):
+            entry = _pending.popleft()
             if entry[1]() is None:
                 continue
-            keep.append(entry)
+            _pending.append(entry)
             hit = hit or _overlap(entry[0], spans)
-        _pending[:] = keep
         return hit
 
 
-def memory_seen(spans: tuple[tuple[torch.device, int, int], ...]) -> bool:
+def memory_seen(spans: Spans) -> bool:
     """Whether a state or a pending private record may cover memory overlapping ``spans``."""
     return pending_overlaps(spans) or overlaps_registered(spans)
 

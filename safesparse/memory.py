@@ -29,6 +29,8 @@ __all__ = [
     "IndexKey",
     "IndexState",
     "Snapshot",
+    "Span",
+    "Spans",
     "Tags",
     "Watch",
     "all_states",
@@ -277,7 +279,7 @@ class _Range:
 
     __slots__ = ("cdata", "device", "end", "ref", "start", "state")
 
-    def __init__(self, storage: torch.UntypedStorage, device: torch.device, start: int,
+    def __init__(self, storage: torch.UntypedStorage, device: int, start: int,
                  end: int, state: IndexState) -> None:
         self.ref = StorageWeakRef(storage)  # type: ignore[no-untyped-call]
         self.cdata: int = self.ref.cdata
@@ -302,13 +304,13 @@ class _Registry:
     """Ranges per device, sorted by start (``_lock`` held for every access)."""
 
     def __init__(self) -> None:
-        self.starts: dict[torch.device, list[int]] = {}
-        self.items: dict[torch.device, list[_Range]] = {}
-        self.longest: dict[torch.device, int] = {}
+        self.starts: dict[int, list[int]] = {}
+        self.items: dict[int, list[_Range]] = {}
+        self.longest: dict[int, int] = {}
         self.count = 0
         self.sweep_at = 256
 
-    def overlapping(self, device: torch.device, start: int, end: int) -> list[_Range]:
+    def overlapping(self, device: int, start: int, end: int) -> list[_Range]:
         starts = self.starts.get(device)
         if not starts:
             return []
@@ -376,7 +378,11 @@ _lock = threading.RLock()
 _empty: weakref.WeakValueDictionary[IndexKey, IndexState] = weakref.WeakValueDictionary()
 
 
-Span = tuple[torch.device, int, int]
+#: ``(device, start, end)``: the device as ``get_device()`` gives it (-1: the CPU; an index
+#: for an accelerator; two accelerators with one index only ever share a state, never a proof:
+#: proofs name the device)
+Span = tuple[int, int, int]
+Spans = tuple[Span, ...]
 
 
 def spans_of(members: Sequence[torch.Tensor]) -> tuple[Span, ...]:
@@ -386,7 +392,7 @@ def spans_of(members: Sequence[torch.Tensor]) -> tuple[Span, ...]:
         st = m.untyped_storage()
         start = st.data_ptr()
         if start:
-            out.append((st.device, start, start + max(st.nbytes(), 1)))
+            out.append((st.get_device(), start, start + max(st.nbytes(), 1)))
     return tuple(out)
 
 
@@ -443,7 +449,7 @@ def register(members: Sequence[torch.Tensor], key: IndexKey | None = None) -> In
         found: list[IndexState] = []
         spans = []
         for cdata, st in storages.items():
-            device = st.device
+            device = st.get_device()
             start = st.data_ptr()
             end = start + max(st.nbytes(), 1)
             spans.append((cdata, st, device, start, end))
@@ -551,7 +557,7 @@ def watchable_spans(members: Sequence[torch.Tensor]) -> tuple[Span, ...] | None:
             return None
         start = st.data_ptr()
         if start:
-            out.append((st.device, start, start + max(st.nbytes(), 1)))
+            out.append((st.get_device(), start, start + max(st.nbytes(), 1)))
     return tuple(out)
 
 
