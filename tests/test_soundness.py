@@ -237,7 +237,19 @@ def test_write_during_factory_validation_is_not_proven(
     from safesparse import build
 
     crow, col, values = members()
-    _write_during(monkeypatch, build, "_VALIDATE", lambda: col.__setitem__(1, 7))
+    # the fast path checks and builds in one call of torch's checked constructor; the write
+    # lands right after it read the data
+    original = build._BUILD[torch.sparse_csr]
+    calls: list[int] = []
+
+    def racing(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        out = original(*args, **kwargs)
+        if len(calls) == 1:
+            col[1] = 7
+        return out
+
+    monkeypatch.setitem(build._BUILD, torch.sparse_csr, racing)
     _write_during(monkeypatch, build, "check_compressed_indices",
                   lambda: col.__setitem__(1, 7))
     with pytest.raises(ss.InvariantError) as info:
