@@ -162,3 +162,40 @@ def test_metadata_reads_of_invalid_data_do_not_validate() -> None:
     assert bad.layout == torch.sparse_csr and bad.shape == (2, 2) and bad.dim() == 2
     assert ss.stats().validations == 0
     assert not ss.is_checked(bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Private records (a first validation on memory nothing else covers) meet later builds
+
+
+def test_builds_on_one_memory_from_threads_share_one_state() -> None:
+    import threading
+
+    crow, col = torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 2])
+    built: list[ss.SafeSparseTensor] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        for _ in range(20):
+            t = _csr_on(crow, col)
+            with lock:
+                built.append(t)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert len(built) == 80 and all(ss.is_checked(t) for t in built)
+    built[7].col_indices()[2] = 9  # one tensor's member: every tensor on that memory
+    assert not any(ss.is_checked(t) for t in built)
+
+
+def test_a_first_validation_meets_a_later_adoption_of_its_memory() -> None:
+    crow, col = torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 2])
+    t = _csr_on(crow, col)  # private: no state yet
+    plain = torch.sparse_csr_tensor(crow, col, torch.ones(3), (3, 3), check_invariants=False)
+    adopted = ss.validate(plain)  # a lookup of that memory: t is registered first
+    adopted.col_indices()[0] = 2  # still valid data, but written: t must be unchecked
+    assert not ss.is_checked(t)
+    assert ss.is_checked(ss.validate(t))
