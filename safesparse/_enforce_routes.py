@@ -76,7 +76,9 @@ SAFE: dict[str, Callable[..., Any]] = {
 _local = threading.local()  # depth of validating loads run by the torch.load wrapper
 _PYTHON_KEY = torch._C.DispatchKey.Python
 _BELOW_AUTOGRAD = torch._C.DispatchKey.ADInplaceOrView
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: Frames in these directories are not "where the call was made": safesparse's and torch's own.
+_INTERNAL = tuple(os.path.dirname(os.path.abspath(f)) + os.sep
+                  for f in (__file__, torch.__file__))
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -126,9 +128,11 @@ def _plain_context() -> bool:
 
 
 def call_site(frame: FrameType | None) -> str:
-    """``file:line`` of ``frame`` or, when that is safesparse's own, of the first frame out of
-    safesparse above it; the file relative to the working directory when it is below it."""
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+    """``file:line`` of ``frame`` or, when that is safesparse's or torch's own, of the first
+    frame above it that is neither (the code that called torch); the file relative to the
+    working directory when it is below it."""
+    while (frame is not None
+           and os.path.abspath(frame.f_code.co_filename).startswith(_INTERNAL)):
         frame = frame.f_back
     if frame is None:
         return "<unknown>"
