@@ -61,7 +61,7 @@ from .invariants import SPARSE_LAYOUTS
 from .tensor import SafeSparseTensor, validate
 
 __all__ = ["AtenOp", "Builder", "active", "adopt", "builtins_seen", "call_site", "coo_to_csr",
-           "csr_to_coo", "factory", "load", "new", "register_builtin", "type_",
+           "csr_to_coo", "factory", "load", "new", "register_builtin", "stand_in", "type_",
            "unregister_builtin"]
 
 SAFE: dict[str, Callable[..., Any]] = {
@@ -369,7 +369,7 @@ class AtenOp:
             raise AttributeError(name)
         value = getattr(self.__ss_original__, name)
         if isinstance(value, torch._ops.OpOverload) and not name.startswith("_"):
-            value = AtenOp(value, f"{self._ss_op}.{name}")
+            value = stand_in(value, f"{self._ss_op}.{name}", self._ss_name)
             self.__dict__[name] = value  # next time found without __getattr__
         return value
 
@@ -387,6 +387,26 @@ class AtenOp:
 
     def __reduce__(self) -> Any:  # pickles (an FX graph's target) as the original
         return self.__ss_original__.__reduce__()
+
+
+#: Every stand-in ever made, by the ``id`` of what it stands for (which it keeps alive): made
+#: once, kept for the life of the process. torch's C++ dispatcher caches, per operator, a
+#: *borrowed* pointer to the Python object it finds at ``torch.ops.aten.<name>.<overload>`` the
+#: first time it needs one (``getTorchApiFunction``); when that happens while a stand-in is
+#: installed, the stand-in must outlive the block, or the pointer dangles (a segfault at the next
+#: Python dispatch of that operator). Being the same object in every block keeps it valid; it
+#: calls torch's operator unchanged outside enforce mode.
+_STAND_INS: dict[int, AtenOp] = {}
+_stand_ins_lock = threading.Lock()
+
+
+def stand_in(original: Any, op: str, name: str | None = None) -> AtenOp:
+    """The one :class:`AtenOp` standing in for ``original`` (an aten packet or overload)."""
+    with _stand_ins_lock:
+        ours = _STAND_INS.get(id(original))
+        if ours is None:
+            ours = _STAND_INS[id(original)] = AtenOp(original, op, name)
+        return ours
 
 
 def new(previous: Callable[..., Any]) -> Callable[..., Any]:

@@ -155,7 +155,7 @@ def _routes() -> list[Route]:
     for name in ATEN_CONSTRUCTORS:
         if hasattr(torch.ops.aten, name):
             out.append((torch.ops.aten, name,
-                        functools.partial(routes.AtenOp, op=f"torch.ops.aten.{name}"),
+                        functools.partial(routes.stand_in, op=f"torch.ops.aten.{name}"),
                         f"aten::{name}"))
     out += [(torch, name, make, f"aten::{name}") for name, make in CONVERSIONS.items()]
     return out

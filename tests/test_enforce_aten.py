@@ -239,6 +239,35 @@ def test_stand_ins_pass_for_the_packet_and_its_overloads() -> None:
     assert _builtins._find_builtin(ours) is None  # forgotten with the stand-in
 
 
+def test_stand_ins_outlive_their_block() -> None:
+    """torch's dispatcher caches a borrowed pointer to the Python operator it finds at
+    ``torch.ops.aten.<name>.<overload>``; found during a block (a validating ``torch.load``
+    does), a stand-in freed at the block's end left it dangling: the next load that dispatches
+    to Python (``weights_only=False``) segfaulted. Stand-ins are made once and kept."""
+    code = textwrap.dedent("""
+        import gc, io, os, tempfile, warnings; warnings.filterwarnings("ignore")
+        import torch, safesparse as ss
+        good = torch.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([1, 0]),
+                                       torch.ones(2), (2, 2))
+        buf = io.BytesIO(); torch.save([good], buf); buf.seek(0)
+        with ss.enforce():
+            first = torch.ops.aten.sparse_compressed_tensor.comp_plain_value_size
+            print(ss.is_checked(torch.load(buf)[0]))
+        gc.collect()
+        path = os.path.join(tempfile.mkdtemp(), "w.pt")
+        torch.save({"w": good}, path)
+        print(ss.is_checked(ss.load(path, weights_only=False)["w"]), flush=True)
+        with ss.enforce():
+            print(torch.ops.aten.sparse_compressed_tensor.comp_plain_value_size is first)
+    """)
+    environ = {k: v for k, v in os.environ.items() if k not in env.VARIABLES}
+    environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), environ.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=environ, timeout=600)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout.split() == ["True", "True", "True"]
+
+
 def test_fx_graph_calls_the_constructor_by_name() -> None:
     """An FX graph's code names ``torch.ops.aten.<op>.<overload>``: run under enforce mode,
     it is validated whether the graph was made before or inside the block."""
