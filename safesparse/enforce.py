@@ -97,6 +97,9 @@ from . import _enforcing, _originals
 
 __all__ = ["enforce", "is_enforced", "set_enforce"]
 
+#: The switch itself (a ContextVar; benchmarks/group_enforce.py sets it per context).
+_ENFORCE = _enforcing._ENFORCE
+
 
 def is_enforced() -> bool:
     """Whether enforce mode is on in the current thread/context.
