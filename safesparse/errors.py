@@ -23,6 +23,8 @@ class InvariantError(ValueError, RuntimeError):
         location: machine-readable location fields (``batch``, ``row``, ``position``, ``value``...).
         op: the operation that produced or received the tensor (debug mode), else ``None``.
         path: the key path inside a loaded object (``ss.load``), else ``None``.
+        built_by: the call that built the tensor and where it was made, e.g.
+            ``"torch.sparse_csr_tensor at train.py:12"`` (enforce mode's routes), else ``None``.
         statement: the invariant in words (from the catalog).
         hint: how to repair such data, where the catalog has a standard way, else ``""``.
 
@@ -40,6 +42,8 @@ class InvariantError(ValueError, RuntimeError):
         location: machine-readable location fields.
         op: the operation's name (debug mode).
         path: the key path (``ss.load``).
+        built_by: the building call and its place (enforce mode); named in the message instead
+            of ``op``.
 
     Raises:
         KeyError: ``invariant`` is not an id of ``layout``'s catalog family.
@@ -55,6 +59,7 @@ class InvariantError(ValueError, RuntimeError):
         location: Mapping[str, Any] | None = None,
         op: str | None = None,
         path: str | None = None,
+        built_by: str | None = None,
     ) -> None:
         self.layout = layout
         self.invariant = invariant
@@ -62,6 +67,7 @@ class InvariantError(ValueError, RuntimeError):
         self.location: dict[str, Any] = dict(location or {})
         self.op = op
         self.path = path
+        self.built_by = built_by
         super().__init__(self._message())
 
     @property
@@ -80,7 +86,9 @@ class InvariantError(ValueError, RuntimeError):
             msg += f": {self.detail}"
         if self.path is not None:
             msg += f" (at {self.path})"
-        if self.op is not None:
+        if self.built_by is not None:
+            msg += f" (built by {self.built_by})"
+        elif self.op is not None:
             msg += f" (in op {self.op})"
         if self.hint:
             msg += f"; to repair: {self.hint}"
@@ -89,9 +97,10 @@ class InvariantError(ValueError, RuntimeError):
     def __str__(self) -> str:
         return self._message()
 
-    def with_context(self, *, op: str | None = None, path: str | None = None) -> InvariantError:
-        """A copy that also names the operation (``op``) or key path (``path``); the layout,
-        id, detail and location are kept."""
+    def with_context(self, *, op: str | None = None, path: str | None = None,
+                     built_by: str | None = None) -> InvariantError:
+        """A copy that also names the operation (``op``), key path (``path``) or building
+        call (``built_by``); the layout, id, detail and location are kept."""
         return InvariantError(
             self.layout,
             self.invariant,
@@ -99,12 +108,14 @@ class InvariantError(ValueError, RuntimeError):
             location=self.location,
             op=op if op is not None else self.op,
             path=path if path is not None else self.path,
+            built_by=built_by if built_by is not None else self.built_by,
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _rebuild_error,
-            (self.layout, self.invariant, self.detail, self.location, self.op, self.path),
+            (self.layout, self.invariant, self.detail, self.location, self.op, self.path,
+             self.built_by),
         )
 
 
@@ -115,8 +126,10 @@ def _rebuild_error(
     location: dict[str, Any],
     op: str | None,
     path: str | None,
+    built_by: str | None = None,
 ) -> InvariantError:
-    return InvariantError(layout, invariant, detail, location=location, op=op, path=path)
+    return InvariantError(layout, invariant, detail, location=location, op=op, path=path,
+                          built_by=built_by)
 
 
 __all__ = [

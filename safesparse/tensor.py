@@ -297,13 +297,15 @@ class SafeSparseTensor(torch.Tensor):
         return out
 
     def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
-        with DisableTorchFunctionSubclass():
-            body: str = torch.Tensor.__repr__(self)  # type: ignore[no-untyped-call]
-        prefix = f"{type(self).__name__}("
-        if body.startswith(f"Parameter({prefix}"):  # an nn.Parameter of a SafeSparseTensor
-            prefix = f"Parameter({prefix}"
-        body = body[len(prefix):] if body.startswith(prefix) else body + ")"
-        return f"{prefix}checked={_is_checked(self)}, {body}"
+        """While enforce mode is on, exactly torch's text for the same tensor (an enforced
+        program prints as without safesparse); otherwise ``SafeSparseTensor(checked=...,
+        ...)``, naming the class and the checked state. Reads no sparse data through a
+        kernel (see :mod:`safesparse._printing`)."""
+        from . import _enforcing, _printing
+
+        if _enforcing.is_enforced():
+            return _printing.torch_text(self, tensor_contents)
+        return _printing.safe_text(self, _is_checked(self), tensor_contents)
 
 
 bind(SafeSparseTensor, "__torch_function__",

@@ -3,13 +3,16 @@
 ``SAFESPARSE_ENFORCE`` and ``SAFESPARSE_DEBUG`` accept ``1``/``0``, ``true``/``false``,
 ``yes``/``no`` and ``on``/``off`` in any case (surrounding blanks ignored); unset or empty means
 off. Any other value is an error naming the variable: a typo (``SAFESPARSE_ENFORCE=ture``) must
-not silently leave protection off. Imports nothing but :mod:`os`.
+not silently leave protection off. Imports nothing but :mod:`os` (at run time).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: the startup hook imports this module, keep it bare
+    from collections.abc import Mapping
 
 ENFORCE = "SAFESPARSE_ENFORCE"
 DEBUG = "SAFESPARSE_DEBUG"

@@ -10,22 +10,25 @@ has nothing to protect and never pays for torch. safesparse reads the variables 
 imported, so enforce (or debug) mode is then on in every thread, and the variables pass to
 subprocesses and DataLoader workers, which run this hook again.
 
-Only :mod:`os`, :mod:`sys` and :mod:`importlib` are imported here.
+What a process that has a variable set but never imports torch pays is this module and
+:mod:`.env` (two small files) and one finder object on ``sys.meta_path``: nothing else is
+imported here (:mod:`os` and :mod:`sys` are loaded at every start anyway; no :mod:`typing`,
+no :mod:`importlib.util`, whose import pulls in a dozen modules), about a millisecond in all
+(docs/protecting.md has the measurement).
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import os
 import sys
-from collections.abc import Sequence
-from types import ModuleType
-from typing import Any
 
 from . import env
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: never imported at run time
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
 
 __all__ = ["install"]
 
@@ -34,17 +37,18 @@ def _activate() -> None:
     import safesparse  # noqa: F401  (reads the variables: enforce / debug mode on)
 
 
-class _AfterTorch(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: on the first ``import torch`` it lets the other finders find
-    torch and wraps the loader so that safesparse is imported once torch's module has run."""
+class _AfterTorch:
+    """A meta path finder that finds nothing itself: on the first ``import torch`` it asks the
+    other finders for torch's spec and wraps its loader so that safesparse is imported once
+    torch's module has run."""
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+                  target: ModuleType | None = None) -> ModuleSpec | None:
         if fullname != "torch":
             return None
         _remove(self)
-        spec = importlib.util.find_spec(fullname)
-        loader: Any = None if spec is None else spec.loader
+        spec = _find_spec(fullname, path, target)
+        loader = None if spec is None else spec.loader
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
         original = loader.exec_module
@@ -53,13 +57,29 @@ class _AfterTorch(importlib.abc.MetaPathFinder):
             original(module)
             _activate()
 
-        loader.exec_module = exec_module
+        loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
+
+    def invalidate_caches(self) -> None:
+        """Nothing cached here (``importlib.invalidate_caches`` calls every finder)."""
+
+
+def _find_spec(fullname: str, path: Sequence[str] | None,
+               target: ModuleType | None) -> ModuleSpec | None:
+    """The spec the finders after this one give (what ``importlib.util.find_spec`` does for
+    a top-level name, without importing :mod:`importlib.util`)."""
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        if find is not None:
+            spec: ModuleSpec | None = find(fullname, path, target)
+            if spec is not None:
+                return spec
+    return None
 
 
 def _remove(finder: object) -> None:
-    with contextlib.suppress(ValueError):
-        sys.meta_path.remove(finder)  # type: ignore[arg-type]
+    if finder in sys.meta_path:
+        sys.meta_path.remove(finder)
 
 
 def install() -> None:

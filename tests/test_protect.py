@@ -7,6 +7,7 @@ Everything that could crash runs in a child process.
 
 from __future__ import annotations
 
+import ast
 import os
 import site
 import subprocess
@@ -214,6 +215,47 @@ def test_hook_costs_no_torch_import_without_torch() -> None:
     proc = _child(["-c", code + "; import torch; print('safesparse' in sys.modules)"],
                   env_extra={env.ENFORCE: "1"}, pythonpath=False)
     assert proc.stdout.split() == ["False", "False", "True"]
+
+
+#: What the startup hook may import in a process that never imports torch (docs/protecting.md:
+#: "two small files"); ``__future__`` for their annotations.
+HOOK_MODULES = {"safesparse_hooks", "safesparse_hooks.env", "safesparse_hooks.startup",
+                "__future__"}
+
+
+def _run_pth_line(code_after: str, env_extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A child that runs the ``.pth`` line of this checkout itself (``python -S``: no
+    site-packages hook ran before), then ``code_after``; this checkout and torch's
+    site-packages on ``sys.path``."""
+    pth = (ROOT / "safesparse-startup.pth").read_text()
+    code = f"import sys\nbefore = set(sys.modules)\nexec({pth!r})\n{code_after}"
+    purelib = sysconfig.get_paths()["purelib"]
+    return _child(["-S", "-c", code],
+                  env_extra={**env_extra, "PYTHONPATH": os.pathsep.join([str(ROOT), purelib])},
+                  pythonpath=False)
+
+
+def test_hook_imports_only_its_own_small_modules_without_torch() -> None:
+    """Issue 26: with SAFESPARSE_ENFORCE=1 exported, a process that never imports torch paid
+    ~20 ms for the modules the hook imported (importlib.util, typing, tempfile ...)."""
+    report = "print(sorted(set(sys.modules) - before))"
+    off = _run_pth_line(report, {})
+    on = _run_pth_line(report, {env.ENFORCE: "1"})
+    assert off.returncode == 0 and on.returncode == 0, (off.stderr, on.stderr)
+    extra = set(ast.literal_eval(on.stdout.strip())) - set(ast.literal_eval(off.stdout.strip()))
+    assert "safesparse_hooks.startup" in extra  # the hook ran
+    assert extra <= HOOK_MODULES, sorted(extra - HOOK_MODULES)
+
+
+def test_hook_imports_safesparse_right_after_torch() -> None:
+    proc = _run_pth_line(
+        "print('safesparse' in sys.modules)\n"
+        "import torch\n"
+        "import safesparse as ss\n"
+        f"print(ss.__file__.startswith({str(ROOT)!r}), ss.is_enforced())",
+        {env.ENFORCE: "on"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "True", "True"]
 
 
 # ---------------------------------------------------------------------------------------------
