@@ -114,7 +114,7 @@ _INSPECTION = _INSPECTION | _INDEX_ACCESSORS | {
     *(f for name in ("values", "_values", "_nnz", "sparse_dim", "dense_dim", "is_coalesced",
                      "_dimI", "_dimV", "dim", "numel", "size")
       for f in (getattr(_aten, name), getattr(_aten, name).default)),
-    _aten.size.int, _T.__len__, _T.is_contiguous, _T.storage_offset, _T.stride,
+    _aten.size.int, _T.__len__, _T.is_contiguous, _T.storage_offset, _T.stride, _T.__format__,
 }
 
 

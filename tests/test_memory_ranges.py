@@ -160,6 +160,7 @@ def test_metadata_reads_of_invalid_data_do_not_validate() -> None:
     assert bad.nbytes >= 0 and bad.itemsize == 4 and bad.element_size() == 4
     assert bad.is_leaf and bad.grad_fn is None
     assert bad.layout == torch.sparse_csr and bad.shape == (2, 2) and bad.dim() == 2
+    assert "checked=False" in f"{bad}" and "checked=False" in repr(bad)
     assert ss.stats().validations == 0
     assert not ss.is_checked(bad)
 
