@@ -200,3 +200,16 @@ def test_a_first_validation_meets_a_later_adoption_of_its_memory() -> None:
     adopted.col_indices()[0] = 2  # still valid data, but written: t must be unchecked
     assert not ss.is_checked(t)
     assert ss.is_checked(ss.validate(t))
+
+
+def test_members_and_guarded_plain_tensors_save_as_plain_tensors(tmp_path: Path) -> None:
+    """What safesparse remembers about a tensor is not in its ``__dict__`` (which torch pickles
+    with it): a handed-out member, or a plain tensor the guard validated, saves and loads
+    (weights_only) as torch's own."""
+    t = ss.sparse_csr_tensor([0, 1, 2], [0, 1], [1.0, 2.0], (2, 2))
+    plain = torch.sparse_coo_tensor(torch.tensor([[0], [1]]), torch.ones(1), (2, 2))
+    _ = ss.sparse_coo_tensor([[1], [0]], [1.0], (2, 2)) + plain  # the guard validates `plain`
+    torch.save({"crow": t.crow_indices(), "plain": plain}, tmp_path / "x.pt")
+    back = torch.load(tmp_path / "x.pt", weights_only=True)
+    assert back["crow"].tolist() == [0, 1, 2] and type(back["crow"]) is torch.Tensor
+    assert torch.equal(back["plain"].to_dense(), plain.to_dense())
