@@ -52,23 +52,28 @@ def not_traced(fn: F) -> F:
     return cast(F, call)
 
 
-#: ``(owner, name, fn, classmethod?)``: attributes bound to ``fn`` itself until dynamo is
-#: imported, then to its disabled version (see :func:`bind`).
-_bindings: list[tuple[Any, str, Callable[..., Any], bool]] = []
+#: ``(owner, name, fn, kind)``: attributes bound to ``fn`` itself until dynamo is imported,
+#: then to its disabled version (see :func:`bind`).
+_bindings: list[tuple[Any, str, Callable[..., Any], str]] = []
 
 
-def bind(owner: Any, name: str, fn: Callable[..., Any], *, classmethod_: bool = False) -> None:
+def _as(kind: str, f: Callable[..., Any]) -> Any:
+    if kind == "classmethod":
+        return classmethod(f)
+    if kind == "property":
+        return property(f)
+    return f
+
+
+def bind(owner: Any, name: str, fn: Callable[..., Any], *, kind: str = "function") -> None:
     """:func:`not_traced` without the indirection, for the hottest entry points (one call
-    level less per operation): ``owner.name`` is ``fn`` (a classmethod of it for a class)
-    until ``torch._dynamo`` is imported, then the disabled version. Only for attributes that
-    callers look up at call time (a class's ``__torch_function__``, ``module.function``)."""
-
-    def set_(f: Callable[..., Any]) -> None:
-        setattr(owner, name, classmethod(f) if classmethod_ else f)
-
+    level less per operation): ``owner.name`` is ``fn`` (as a ``classmethod`` or ``property``
+    of a class, by ``kind``) until ``torch._dynamo`` is imported, then the disabled version.
+    Only for attributes that callers look up at call time (a class's ``__torch_function__``
+    and properties, ``module.function``)."""
     with _lock:
-        _bindings.append((owner, name, fn, classmethod_))
-        set_(_disable(fn) if _armed else fn)
+        _bindings.append((owner, name, fn, kind))
+        setattr(owner, name, _as(kind, _disable(fn) if _armed else fn))
 
 
 def _disable(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -116,8 +121,8 @@ def _arm() -> None:
         _armed = True
         for cell in _cells:
             cell[0] = _disable(cell[0])
-        for owner, name, fn, is_cls in _bindings:
-            setattr(owner, name, classmethod(_disable(fn)) if is_cls else _disable(fn))
+        for owner, name, fn, kind in _bindings:
+            setattr(owner, name, _as(kind, _disable(fn)))
 
 
 class _DynamoWatcher(importlib.abc.MetaPathFinder):

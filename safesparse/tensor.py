@@ -118,6 +118,11 @@ _INSPECTION = _INSPECTION | _INDEX_ACCESSORS | {
 }
 
 
+#: Getters a SafeSparseTensor reads without the ``__torch_function__`` round trip.
+_FAST_GETTERS = ("layout", "is_sparse", "is_sparse_csr", "shape", "dtype", "device", "ndim",
+                 "is_cuda")
+
+
 def _plain_getter(name: str) -> Callable[[torch.Tensor], Any]:
     getter = getattr(_T, name).__get__
 
@@ -229,16 +234,8 @@ class SafeSparseTensor(torch.Tensor):
         return out
 
     # Metadata that model code reads on every call (PyG reads ``layout`` and ``size()``
-    # several times per layer): torch's own getters, without the ``__torch_function__`` round
-    # trip (they read no index data; SPEC 5 lists them as never validating).
-    layout = property(_plain_getter("layout"))
-    is_sparse = property(_plain_getter("is_sparse"))
-    is_sparse_csr = property(_plain_getter("is_sparse_csr"))
-    shape = property(_plain_getter("shape"))
-    dtype = property(_plain_getter("dtype"))
-    device = property(_plain_getter("device"))
-    ndim = property(_plain_getter("ndim"))
-    is_cuda = property(_plain_getter("is_cuda"))
+    # several times per layer): torch's own getters (_FAST_GETTERS, bound below), without the
+    # ``__torch_function__`` round trip (they read no index data; SPEC 5: never validating).
 
     def size(self, dim: int | None = None) -> Any:
         return _run_plain(_T.size, (), (self,) if dim is None else (self, dim), {})
@@ -309,7 +306,11 @@ class SafeSparseTensor(torch.Tensor):
 
 
 bind(SafeSparseTensor, "__torch_function__",
-     SafeSparseTensor.__dict__["__torch_function__"].__func__, classmethod_=True)
+     SafeSparseTensor.__dict__["__torch_function__"].__func__, kind="classmethod")
+for _name in _FAST_GETTERS:  # (torch.compile graph-breaks at them instead of tracing them)
+    bind(SafeSparseTensor, _name, _plain_getter(_name), kind="property")
+for _name in ("values", "size", "dim"):
+    bind(SafeSparseTensor, _name, SafeSparseTensor.__dict__[_name])
 
 
 def general(entry: OpEntry | None, func: Callable[..., Any], args: tuple[Any, ...],
