@@ -362,12 +362,14 @@ def share(rec: Record) -> IndexState | None:
 # members, not registered. Every registry lookup (:func:`register`) first shares the pending
 # records whose ranges overlap the memory looked up, so a tensor built or adopted later on that
 # memory finds their counters as if they had been registered at birth; records that died before
-# any lookup touched their memory never cost a registration. The list is bounded: past
-# :data:`_PENDING_MAX` live entries, all are shared (amortised, the eager cost). A pending record
+# any lookup touched their memory never cost a registration. The list is short and scanned
+# (a lookup compares its memory with each entry): past :data:`_PENDING_MAX` entries, the live
+# ones are all shared (registered), so many live first validations cost what eager
+# registration costs, amortised, and a scan never meets more than that many. A pending record
 # holds its members and the caller's tensors, so its memory cannot be freed (and its address
 # reused) while it is listed.
 
-_PENDING_MAX = 64
+_PENDING_MAX = 16
 #: (a deque: appends and pops are atomic, so a birth takes no lock; _flush takes the lock
 #: against other flushes and pops only the entries that were there when it started)
 _pending: collections.deque[tuple[Spans, weakref.ref[Record]]] = collections.deque()
