@@ -214,3 +214,15 @@ def test_members_and_guarded_plain_tensors_save_as_plain_tensors(tmp_path: Path)
     back = torch.load(tmp_path / "x.pt", weights_only=True)
     assert back["crow"].tolist() == [0, 1, 2] and type(back["crow"]) is torch.Tensor
     assert torch.equal(back["plain"].to_dense(), plain.to_dense())
+
+
+def test_many_live_first_validations_stay_sound() -> None:
+    """Past the pending list's bound, live private records are registered: each still shares
+    its state with any later build on its memory, and a write unchecks only its own memory."""
+    members = [(torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 2])) for _ in range(40)]
+    built = [_csr_on(c, p) for c, p in members]
+    twins = [_csr_on(c, p) for c, p in members[::7]]  # later builds on the same memory
+    built[14].col_indices()[0] = 9  # members[14] is members[::7][2]
+    assert not ss.is_checked(built[14]) and not ss.is_checked(twins[2])
+    assert all(ss.is_checked(t) for i, t in enumerate(built) if i != 14)
+    assert all(ss.is_checked(t) for i, t in enumerate(twins) if i != 2)
