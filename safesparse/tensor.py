@@ -556,7 +556,8 @@ def validate_into(out: SafeSparseTensor, debug: bool = False, op: str | None = N
     rec = checked.current(out)
     watched = watched and rec is old  # a record made just now saw no earlier write
     geometry = geometry_of(out)
-    if (not debug and rec.state is not None and rec.state.is_proven((rec.key, geometry))
+    state = checked.state_of(rec)
+    if (not debug and state is not None and state.is_proven((rec.key, geometry))
             and (watched or all(m._version == 0 for m in rec.members()))):
         # Proven index data, and no write through out's own counter that the proof missed.
         validate_tensor(out, check_indices=False)  # metadata is O(1)
