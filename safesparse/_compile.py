@@ -1,24 +1,25 @@
 """The torch.compile boundary: validation and checked-state bookkeeping are never traced.
 
-Functions marked :func:`not_traced` run through ``torch.compiler.disable``, so dynamo
-graph-breaks at them and they always run eagerly. Applying ``torch.compiler.disable`` imports
-``torch._dynamo`` (about two seconds), which a program that never compiles should not pay. So
-each marked function calls through a one-element cell holding its implementation; the cells are
-switched to the disabled versions the moment ``torch._dynamo`` is imported (a meta-path hook
-watches for it), which happens before dynamo can trace anything.
+Dynamo is told to skip safesparse, as it skips third-party libraries: the package's directory
+joins its trace rules' skipped directories, and every function marked :func:`not_traced` (or
+bound with :func:`bind`) is marked skipped (``torch._dynamo.decorators.skip``). A call into a
+skipped function is a graph break: it runs eagerly, never traced, and no frame of safesparse is
+ever compiled. Nothing wraps the functions, so this costs nothing at run time, also once dynamo
+is imported (as PyTorch Geometric imports it). Importing dynamo takes about two seconds, which
+a program that never compiles should not pay: the marks are made the moment ``torch._dynamo``
+is imported (a meta-path hook watches for it), before dynamo can trace anything.
 
-Dynamo also calls marked functions itself while it converts a frame: wrapping a
+Dynamo also calls into safesparse itself while it converts a frame: wrapping a
 ``SafeSparseTensor`` argument reads attributes such as ``is_nested`` through
 ``__torch_function__``, which in debug mode validates the tensor. An error raised there would
 reach the caller as dynamo's ``InternalTorchDynamoError`` (with no ``__cause__``). So while a
-frame is being converted, an error from a marked function becomes dynamo's ``Unsupported``
-(skip this frame): dynamo runs the frame eagerly, where the same call raises the same error,
-``InvariantError`` included, straight to the caller.
+frame is being converted, an error from ``__torch_function__`` becomes dynamo's ``Unsupported``
+(skip this frame, :func:`surface`): dynamo runs the frame eagerly, where the same call raises the
+same error, ``InvariantError`` included, straight to the caller.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -26,35 +27,24 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any, TypeVar, cast
-
-import torch
+from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_cells: list[list[Callable[..., Any]]] = []
+#: functions to mark skipped for dynamo once it is imported
+_marked: list[Callable[..., Any]] = []
 _armed = False
 _lock = threading.Lock()
 
 
 def not_traced(fn: F) -> F:
-    """Mark ``fn`` as a graph break for torch.compile (see the module docstring)."""
-    cell: list[Callable[..., Any]] = [fn]
-
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return cell[0](*args, **kwargs)
-
+    """Mark ``fn`` as a graph break for torch.compile (see the module docstring); ``fn``
+    itself is returned (no wrapper)."""
     with _lock:
-        _cells.append(cell)
+        _marked.append(fn)
         if _armed:
-            cell[0] = _disable(fn)
-    return cast(F, call)
-
-
-#: ``(owner, name, fn, kind)``: attributes bound to ``fn`` itself until dynamo is imported,
-#: then to its disabled version (see :func:`bind`).
-_bindings: list[tuple[Any, str, Callable[..., Any], str]] = []
+            _skip(fn)
+    return fn
 
 
 def _as(kind: str, f: Callable[..., Any]) -> Any:
@@ -66,27 +56,29 @@ def _as(kind: str, f: Callable[..., Any]) -> Any:
 
 
 def bind(owner: Any, name: str, fn: Callable[..., Any], *, kind: str = "function") -> None:
-    """:func:`not_traced` without the indirection, for the hottest entry points (one call
-    level less per operation): ``owner.name`` is ``fn`` (as a ``classmethod`` or ``property``
-    of a class, by ``kind``) until ``torch._dynamo`` is imported, then the disabled version.
-    Only for attributes that callers look up at call time (a class's ``__torch_function__``
-    and properties, ``module.function``)."""
-    with _lock:
-        _bindings.append((owner, name, fn, kind))
-        setattr(owner, name, _as(kind, _disable(fn) if _armed else fn))
+    """``owner.name = fn`` (as a ``classmethod`` or ``property`` of a class, by ``kind``),
+    marked :func:`not_traced`: for entry points defined outside their class body."""
+    setattr(owner, name, _as(kind, not_traced(fn)))
 
 
-def _disable(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def surfaced(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except Exception as err:
-            if _converting_frame() and not isinstance(err, _dynamo_errors()):
-                raise _skip_frame(err) from err
-            raise
+def _skip(fn: Callable[..., Any]) -> None:
+    from torch._dynamo.decorators import skip
 
-    return cast(Callable[..., Any], torch.compiler.disable(surfaced))  # type: ignore[no-untyped-call]
+    skip(fn)
+
+
+def _skip_package() -> None:
+    from torch._dynamo import trace_rules
+
+    trace_rules.add("safesparse")
+
+
+def surface(err: Exception) -> Exception:
+    """What ``__torch_function__`` raises for ``err``: ``err`` itself, or, while dynamo is
+    converting a frame, dynamo's "skip this frame" (see the module docstring)."""
+    if _armed and _converting_frame() and not isinstance(err, _dynamo_errors()):
+        return _skip_frame(err)
+    return err
 
 
 def _converting_frame() -> bool:
@@ -119,10 +111,9 @@ def _arm() -> None:
         if _armed:
             return
         _armed = True
-        for cell in _cells:
-            cell[0] = _disable(cell[0])
-        for owner, name, fn, kind in _bindings:
-            setattr(owner, name, _as(kind, _disable(fn)))
+        _skip_package()
+        for fn in _marked:
+            _skip(fn)
 
 
 class _DynamoWatcher(importlib.abc.MetaPathFinder):

@@ -29,7 +29,7 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 
 from . import checked
-from ._compile import bind, not_traced
+from ._compile import bind, not_traced, surface
 from .checked import VOLATILE, Record, holds
 from .debug import is_debug
 from .errors import InvariantError
@@ -213,19 +213,25 @@ class SafeSparseTensor(torch.Tensor):
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        # (re-bound by safesparse._compile.bind below: never traced by torch.compile)
-        fast = cls._FAST.get(func)
-        if fast is not None and not kwargs:
-            ret = fast(cls, func, types, args, _fast_fallback)
-            if ret is not MISS:
+        # (bound by safesparse._compile.bind below: torch.compile never traces it)
+        try:
+            fast = cls._FAST.get(func)
+            if fast is not None and not kwargs:
+                ret = fast(cls, func, types, args, _fast_fallback)
+                if ret is not MISS:
+                    return ret
+            if func in _INSPECTION:
+                # Metadata and member accessors: no sparse result, no kernel over index data.
+                ret = _run_plain(func, types, args, kwargs or {})
+                if func in _INDEX_ACCESSORS and isinstance(args[0], SafeSparseTensor):
+                    checked.hand_out(args[0], ret)  # it shares args[0]'s counter
                 return ret
-        if func in _INSPECTION:
-            # Metadata and member accessors: no sparse result, no kernel over the index data.
-            ret = _run_plain(func, types, args, kwargs or {})
-            if func in _INDEX_ACCESSORS and isinstance(args[0], SafeSparseTensor):
-                checked.hand_out(args[0], ret)  # it shares args[0]'s counter and may outlive it
-            return ret
-        return general(cls._OPS.get(func), func, tuple(args), kwargs or {})
+            return general(cls._OPS.get(func), func, tuple(args), kwargs or {})
+        except Exception as err:  # (no cost unless raised: a frame skip while dynamo probes)
+            skip = surface(err)
+            if skip is not err:
+                raise skip from err
+            raise
 
     def values(self) -> torch.Tensor:
         """The values member (a plain tensor sharing this tensor's memory and counter), as
