@@ -23,15 +23,19 @@ class InvariantError(ValueError, RuntimeError):
         location: machine-readable location fields (``batch``, ``row``, ``position``, ``value``...).
         op: the operation that produced or received the tensor (debug mode), else ``None``.
         path: the key path inside a loaded object (``ss.load``), else ``None``.
+        explanation: the violation in plain words, beside the catalog's terms (every index
+            invariant, 5.x, found by validation), e.g. ``"column 1000000000 is out of range
+            for 3 columns"``; else ``""``.
         statement: the invariant in words (from the catalog).
         hint: how to repair such data, where the catalog has a standard way, else ``""``.
 
-    ``str(err)`` is ``[<LAYOUT> <id>] <statement>: <detail>``, followed by the key path, the
+    ``str(err)`` is ``[<LAYOUT> <id>] <statement>: <detail>``, or with an explanation
+    ``[<LAYOUT> <id>] <statement>: <explanation> (<detail>)``, followed by the key path, the
     operation and the hint where there are any, e.g.::
 
-        [CSR 5.6] plain indices are sorted and distinct within each compressed row/column of
-        each batch: row 0, position 1: col_indices[1] = 0 does not exceed col_indices[0] = 2;
-        to repair: canonicalise the matrix first: in SciPy, m.sum_duplicates() ...
+        [CSR 5.5] plain indices are < n_plain: column 1000000000 is out of range for 3
+        columns (row 1, position 1: col_indices[1] = 1000000000, n_plain = 3); to repair: the
+        tensor's size is smaller than its indices; pass a larger size or drop those entries
 
     Args:
         layout: the sparse layout (``torch.sparse_csr`` ...).
@@ -40,6 +44,7 @@ class InvariantError(ValueError, RuntimeError):
         location: machine-readable location fields.
         op: the operation's name (debug mode).
         path: the key path (``ss.load``).
+        explanation: the violation in plain words (:func:`safesparse.invariants.explain`).
 
     Raises:
         KeyError: ``invariant`` is not an id of ``layout``'s catalog family.
@@ -55,6 +60,7 @@ class InvariantError(ValueError, RuntimeError):
         location: Mapping[str, Any] | None = None,
         op: str | None = None,
         path: str | None = None,
+        explanation: str = "",
     ) -> None:
         self.layout = layout
         self.invariant = invariant
@@ -62,6 +68,7 @@ class InvariantError(ValueError, RuntimeError):
         self.location: dict[str, Any] = dict(location or {})
         self.op = op
         self.path = path
+        self.explanation = explanation
         super().__init__(self._message())
 
     @property
@@ -76,7 +83,11 @@ class InvariantError(ValueError, RuntimeError):
 
     def _message(self) -> str:
         msg = f"[{layout_name(self.layout)} {self.invariant}] {self.statement}"
-        if self.detail:
+        if self.explanation:
+            msg += f": {self.explanation}"
+            if self.detail:
+                msg += f" ({self.detail})"
+        elif self.detail:
             msg += f": {self.detail}"
         if self.path is not None:
             msg += f" (at {self.path})"
@@ -99,12 +110,14 @@ class InvariantError(ValueError, RuntimeError):
             location=self.location,
             op=op if op is not None else self.op,
             path=path if path is not None else self.path,
+            explanation=self.explanation,
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _rebuild_error,
-            (self.layout, self.invariant, self.detail, self.location, self.op, self.path),
+            (self.layout, self.invariant, self.detail, self.location, self.op, self.path,
+             self.explanation),
         )
 
 
@@ -115,8 +128,10 @@ def _rebuild_error(
     location: dict[str, Any],
     op: str | None,
     path: str | None,
+    explanation: str = "",
 ) -> InvariantError:
-    return InvariantError(layout, invariant, detail, location=location, op=op, path=path)
+    return InvariantError(layout, invariant, detail, location=location, op=op, path=path,
+                          explanation=explanation)
 
 
 __all__ = [
