@@ -24,8 +24,8 @@ class InvariantError(ValueError, RuntimeError):
         op: the operation that produced or received the tensor (debug mode), else ``None``.
         path: the key path inside a loaded object (``ss.load``), else ``None``.
         explanation: the violation in plain words, beside the catalog's terms (every index
-            invariant, 5.x, found by validation), e.g. ``"column 1000000000 is out of range
-            for 3 columns"``; else ``""``.
+            invariant, 5.x, found by validation), e.g. *column 1000000000 is out of range for
+            3 columns*; else ``""``.
         statement: the invariant in words (from the catalog).
         hint: how to repair such data, where the catalog has a standard way, else ``""``.
 
