@@ -51,7 +51,7 @@ from .tracebacks import install as _install_tracebacks
 
 _install_tracebacks()  # uncaught InvariantErrors are shown without safesparse's own frames
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CATALOG",

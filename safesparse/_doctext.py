@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-#: The meaning of the safe factories' ``check_invariants`` argument (SPEC sections 1 and 5).
+#: The meaning of the safe factories' ``check_invariants`` argument.
 CHECK_INVARIANTS: Final = (
     "``None`` (default) or ``True``: validate every invariant first. ``False`` keeps torch's "
     "meaning: the tensor is built *without* validation and is unchecked "

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,26 @@ def test_demo_catches_the_tampered_tensor_and_exits_0() -> None:
     assert "['encoder.weight']" in out and "['embedding.weight']" in out
     assert "INVALID [CSR 5.5]" in out and "What was caught" in out
     assert sum(line.rstrip().endswith(" OK") for line in out.splitlines()) == 2
+
+
+def test_demo_prints_no_path_that_is_gone_when_it_ends() -> None:
+    code, out = run("demo")
+    assert code == 0
+    assert tempfile.gettempdir() not in out and "safesparse-demo-" not in out
+    assert "Wrote checkpoint.pt (in a temporary directory, removed when the demo ends" in out
+    assert "$ python -m safesparse check checkpoint.pt" in out
+
+
+def test_demo_keep_leaves_the_checkpoint_it_names(tmp_path: Path) -> None:
+    target = tmp_path / "demo"
+    code, out = run("demo", "--keep", target)
+    assert code == 0
+    kept = target / "checkpoint.pt"
+    assert kept.is_file()
+    assert f"Wrote {kept}, a state dict with" in out
+    assert f"$ python -m safesparse check {kept}" in out
+    check_code, check_out = run("check", kept)
+    assert check_code == 1 and "INVALID [CSR 5.5]" in check_out
 
 
 def test_console_script_points_at_main() -> None:
