@@ -114,6 +114,13 @@ def test_the_changelog_has_a_section_for_the_version() -> None:
     assert ss.__version__ in headings
 
 
+def test_the_newest_release_in_the_changelog_is_the_version() -> None:
+    """Releasing means: the version, and the newest dated section of the changelog for it."""
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    releases = re.findall(r"^## \[(\d[^\]]*)\] - (\d{4}-\d{2}-\d{2})$", text, re.MULTILINE)
+    assert releases and releases[0][0] == ss.__version__
+
+
 def test_classifiers_claim_only_tested_python_versions() -> None:
     classifiers = _project()["classifiers"]
     assert isinstance(classifiers, list)
