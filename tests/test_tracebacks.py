@@ -281,15 +281,19 @@ def test_nothing_runs_on_the_happy_path(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_the_hooks_are_installed_once_and_chain(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert getattr(sys.excepthook, "_safesparse", False)  # (pytest swaps threading's:
-    # the thread test above runs in a child)
-    hook = sys.excepthook
-    tracebacks.install()
-    assert sys.excepthook is hook  # idempotent
+    """(Other code may wrap sys.excepthook after safesparse, torch.distributed does, calling
+    ours in turn; so the hooks are installed afresh here.)"""
+    import threading
+
     seen: list[TracebackType | None] = []
-    monkeypatch.setattr(sys, "excepthook", tracebacks._sys_hook(
-        lambda t, v, tb: seen.append(tb)))
+    monkeypatch.setattr(sys, "excepthook", lambda t, v, tb: seen.append(tb))
+    monkeypatch.setattr(threading, "excepthook", threading.__excepthook__)
+    tracebacks.install()
+    hook, thread_hook = sys.excepthook, threading.excepthook
+    assert getattr(hook, "_safesparse", False) and getattr(thread_hook, "_safesparse", False)
+    tracebacks.install()
+    assert (sys.excepthook, threading.excepthook) == (hook, thread_hook)  # idempotent
     monkeypatch.delenv(tracebacks.ENV, raising=False)
     err = _caught()
     sys.excepthook(type(err), err, err.__traceback__)
-    assert _files(seen[0]) == [__file__]
+    assert _files(seen[0]) == [__file__]  # the previous hook got the short traceback
