@@ -13,6 +13,10 @@ Also: :func:`validate` / :func:`is_checked` / :func:`unwrap` for tensors built e
 (:func:`debug`, :func:`set_debug`, :func:`is_debug`), :func:`stats` / :func:`reset_stats`,
 the invariant catalog :data:`CATALOG`, and ``python -m safesparse check FILE``.
 
+An uncaught :class:`InvariantError` is shown without safesparse's own frames (the user's frames
+and the error stay); ``SAFESPARSE_TRACEBACK=full`` shows the whole traceback (see
+:mod:`safesparse.tracebacks`).
+
 Every public name documents itself: ``help(safesparse.NAME)``. The guides (invariants,
 operations, checkpoints, debug mode, model code) and the API reference are the Markdown files
 in the ``docs/`` directory of the source distribution and the repository.
@@ -43,10 +47,12 @@ from .indices import check_compressed_indices, check_coo_indices
 from .interop import from_scipy, to_scipy
 from .invariants import CATALOG, Invariant
 from .tensor import OpKind, SafeSparseTensor, is_checked, unwrap, validate
+from .tracebacks import install as _install_tracebacks
 
 SafeSparseTensor._freeze_fast_path()  # the op table is complete: the fast path may apply
+_install_tracebacks()  # uncaught InvariantErrors are shown without safesparse's own frames
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CATALOG",

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .errors import InvariantError
+from .invariants import explain
 
 
 def _as_index(x: Any, device: torch.device | None) -> torch.Tensor:
@@ -82,4 +83,6 @@ def _refuse_wrapped(t: torch.Tensor) -> None:
     raise InvariantError(torch.sparse_coo, "5.2",
                          f"position {j}, sparse dim {d}: indices[{d}, {j}] = {real} (uint64), "
                          "beyond any size (at most 2**63 - 1)",
-                         location={"position": j, "dim": d, "value": real})
+                         location={"position": j, "dim": d, "value": real},
+                         explanation=explain(torch.sparse_coo, "5.2", "uint64", value=real,
+                                             dim=d))

@@ -498,25 +498,47 @@ def write_demo_checkpoint(path: str | os.PathLike[str]) -> None:
                 "decoder.bias": torch.zeros(3)}, path)
 
 
-def run_demo(out: TextIO | None = None) -> int:
+def run_demo(out: TextIO | None = None, keep: str | os.PathLike[str] | None = None) -> int:
+    """Write the demo checkpoint, check it and explain what was caught.
+
+    Args:
+        out: where to write (default: standard output).
+        keep: a directory to write ``checkpoint.pt`` into and leave it there (created if
+            missing); by default it goes to a temporary directory, removed at the end, and no
+            path that will not exist is printed.
+
+    Returns:
+        0 when the tampered tensor was caught, as it should be.
+    """
     stream = out if out is not None else sys.stdout
 
     def say(text: str = "") -> None:
         stream.write(text + "\n")
 
-    with tempfile.TemporaryDirectory(prefix="safesparse-demo-") as tmp:
-        path = Path(tmp) / "checkpoint.pt"
+    with contextlib.ExitStack() as stack:
+        if keep is None:
+            directory = Path(stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="safesparse-demo-")))
+            shown = "checkpoint.pt"
+            where = ("Wrote checkpoint.pt (in a temporary directory, removed when the demo "
+                     "ends; `demo --keep DIR` keeps it), a state dict with")
+        else:
+            directory = Path(keep)
+            directory.mkdir(parents=True, exist_ok=True)
+            shown = str(directory / "checkpoint.pt")
+            where = f"Wrote {shown}, a state dict with"
+        path = directory / "checkpoint.pt"
         write_demo_checkpoint(path)
         say("safesparse demo: a checkpoint with two valid sparse tensors and a tampered one.")
         say()
-        say(f"Wrote {path}, a state dict with")
+        say(where)
         say("  encoder.weight    a valid BSR tensor")
         say("  embedding.weight  a valid COO tensor")
         say(f"  decoder.weight    a CSR tensor whose column index was changed to {TAMPERED_COLUMN}")
         say("  decoder.bias      a dense tensor")
         say()
-        say("$ python -m safesparse check checkpoint.pt")
-        report = check_file(path, display="checkpoint.pt")
+        say(f"$ python -m safesparse check {shown}")
+        report = check_file(path, display=shown)
         say(format_text([report]))
         say()
     bad = [t for t in report.tensors if not t.ok]
@@ -585,11 +607,14 @@ def _parser() -> argparse.ArgumentParser:
         "run", add_help=False,
         help="run a program with enforce mode on: run [--debug] script.py|-m module [args...]",
     )  # parsed by safesparse.runner (see main)
-    sub.add_parser(
+    demo = sub.add_parser(
         "demo",
         help="check a small checkpoint with a valid and a tampered tensor",
         description="Write a small checkpoint with a tampered CSR tensor and check it.",
     )
+    demo.add_argument("--keep", metavar="DIR", default=None,
+                      help="write checkpoint.pt into DIR and keep it (default: a temporary "
+                      "directory, removed at the end)")
     return parser
 
 
@@ -614,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
                              allow_globals=allowed)
         if args.command == "demo":
             try:
-                return run_demo()
+                return run_demo(keep=args.keep)
             except BrokenPipeError:
                 _silence_stdout()
                 return EXIT_OK

@@ -25,15 +25,19 @@ class InvariantError(ValueError, RuntimeError):
         path: the key path inside a loaded object (``ss.load``), else ``None``.
         built_by: the call that built the tensor and where it was made, e.g.
             ``"torch.sparse_csr_tensor at train.py:12"`` (enforce mode's routes), else ``None``.
+        explanation: the violation in plain words, beside the catalog's terms (every index
+            invariant, 5.x, found by validation), e.g. *column 1000000000 is out of range for
+            3 columns*; else ``""``.
         statement: the invariant in words (from the catalog).
         hint: how to repair such data, where the catalog has a standard way, else ``""``.
 
-    ``str(err)`` is ``[<LAYOUT> <id>] <statement>: <detail>``, followed by the key path, the
+    ``str(err)`` is ``[<LAYOUT> <id>] <statement>: <detail>``, or with an explanation
+    ``[<LAYOUT> <id>] <statement>: <explanation> (<detail>)``, followed by the key path, the
     operation and the hint where there are any, e.g.::
 
-        [CSR 5.6] plain indices are sorted and distinct within each compressed row/column of
-        each batch: row 0, position 1: col_indices[1] = 0 does not exceed col_indices[0] = 2;
-        to repair: canonicalise the matrix first: in SciPy, m.sum_duplicates() ...
+        [CSR 5.5] plain indices are < n_plain: column 1000000000 is out of range for 3
+        columns (row 1, position 1: col_indices[1] = 1000000000, n_plain = 3); to repair: the
+        tensor's size is smaller than its indices; pass a larger size or drop those entries
 
     Args:
         layout: the sparse layout (``torch.sparse_csr`` ...).
@@ -44,6 +48,7 @@ class InvariantError(ValueError, RuntimeError):
         path: the key path (``ss.load``).
         built_by: the building call and its place (enforce mode); named in the message instead
             of ``op``.
+        explanation: the violation in plain words (:func:`safesparse.invariants.explain`).
 
     Raises:
         KeyError: ``invariant`` is not an id of ``layout``'s catalog family.
@@ -60,6 +65,7 @@ class InvariantError(ValueError, RuntimeError):
         op: str | None = None,
         path: str | None = None,
         built_by: str | None = None,
+        explanation: str = "",
     ) -> None:
         self.layout = layout
         self.invariant = invariant
@@ -68,6 +74,7 @@ class InvariantError(ValueError, RuntimeError):
         self.op = op
         self.path = path
         self.built_by = built_by
+        self.explanation = explanation
         super().__init__(self._message())
 
     @property
@@ -82,7 +89,11 @@ class InvariantError(ValueError, RuntimeError):
 
     def _message(self) -> str:
         msg = f"[{layout_name(self.layout)} {self.invariant}] {self.statement}"
-        if self.detail:
+        if self.explanation:
+            msg += f": {self.explanation}"
+            if self.detail:
+                msg += f" ({self.detail})"
+        elif self.detail:
             msg += f": {self.detail}"
         if self.path is not None:
             msg += f" (at {self.path})"
@@ -109,13 +120,14 @@ class InvariantError(ValueError, RuntimeError):
             op=op if op is not None else self.op,
             path=path if path is not None else self.path,
             built_by=built_by if built_by is not None else self.built_by,
+            explanation=self.explanation,
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _rebuild_error,
             (self.layout, self.invariant, self.detail, self.location, self.op, self.path,
-             self.built_by),
+             self.built_by, self.explanation),
         )
 
 
@@ -127,9 +139,10 @@ def _rebuild_error(
     op: str | None,
     path: str | None,
     built_by: str | None = None,
+    explanation: str = "",
 ) -> InvariantError:
     return InvariantError(layout, invariant, detail, location=location, op=op, path=path,
-                          built_by=built_by)
+                          built_by=built_by, explanation=explanation)
 
 
 __all__ = [

@@ -5,8 +5,11 @@ Each factory converts its inputs the way torch does (tensors, nested lists, NumP
 the data, and only then builds the tensor with torch's own factory and
 ``check_invariants=False`` (no second validation, no "implicitly disabled" warning).
 
-``check_invariants=False`` keeps torch's meaning: the tensor is built without validation and is
-*unchecked* (``ss.is_checked(t) is False``). Enforce mode ignores it.
+``check_invariants``: ``None`` (default) or ``True``: validate every invariant first. ``False``
+keeps torch's meaning: the tensor is built *without* validation and is unchecked
+(``ss.is_checked(t) is False``); its first operation validates it (the guard: no torch kernel
+reads unchecked sparse data), and ``ss.validate(t)`` validates it at once. Debug mode validates
+regardless. Enforce mode ignores ``False`` when torch's own factory is called.
 
 Index data already validated together (same tensors, unmodified, same geometry) is not checked
 again: only the O(1) metadata checks run (see :mod:`safesparse.checked`).
@@ -102,11 +105,11 @@ def sparse_compressed_tensor(
             filled by ``backward()``). Values that already require grad keep their graph
             connected instead.
         check_invariants: ``None`` (default) or ``True``: validate every invariant first.
-            ``check_invariants=False`` keeps torch's meaning: the tensor is built *without*
-            validation and is unchecked (``ss.is_checked(t) is False``) until
-            :func:`validate` sees it; nothing guards the torch kernels that later read it.
-            Debug mode validates regardless. Enforce mode (:func:`safesparse.enforce`)
-            ignores ``False`` when torch's own factory is called.
+            ``False`` keeps torch's meaning: the tensor is built *without* validation and is
+            unchecked (``ss.is_checked(t) is False``); its first operation validates it (the
+            guard: no torch kernel reads unchecked sparse data), and ``ss.validate(t)``
+            validates it at once. Debug mode validates regardless. Enforce mode ignores
+            ``False`` when torch's own factory is called.
 
     Returns:
         A checked :class:`SafeSparseTensor` of the requested layout (unchecked if
@@ -191,11 +194,11 @@ def sparse_csr_tensor(
             filled by ``backward()``). Values that already require grad keep their graph
             connected instead.
         check_invariants: ``None`` (default) or ``True``: validate every invariant first.
-            ``check_invariants=False`` keeps torch's meaning: the tensor is built *without*
-            validation and is unchecked (``ss.is_checked(t) is False``) until
-            :func:`validate` sees it; nothing guards the torch kernels that later read it.
-            Debug mode validates regardless. Enforce mode (:func:`safesparse.enforce`)
-            ignores ``False`` when torch's own factory is called.
+            ``False`` keeps torch's meaning: the tensor is built *without* validation and is
+            unchecked (``ss.is_checked(t) is False``); its first operation validates it (the
+            guard: no torch kernel reads unchecked sparse data), and ``ss.validate(t)``
+            validates it at once. Debug mode validates regardless. Enforce mode ignores
+            ``False`` when torch's own factory is called.
 
     Returns:
         A checked :class:`SafeSparseTensor` of layout ``torch.sparse_csr`` (unchecked if
@@ -264,11 +267,11 @@ def sparse_csc_tensor(
             filled by ``backward()``). Values that already require grad keep their graph
             connected instead.
         check_invariants: ``None`` (default) or ``True``: validate every invariant first.
-            ``check_invariants=False`` keeps torch's meaning: the tensor is built *without*
-            validation and is unchecked (``ss.is_checked(t) is False``) until
-            :func:`validate` sees it; nothing guards the torch kernels that later read it.
-            Debug mode validates regardless. Enforce mode (:func:`safesparse.enforce`)
-            ignores ``False`` when torch's own factory is called.
+            ``False`` keeps torch's meaning: the tensor is built *without* validation and is
+            unchecked (``ss.is_checked(t) is False``); its first operation validates it (the
+            guard: no torch kernel reads unchecked sparse data), and ``ss.validate(t)``
+            validates it at once. Debug mode validates regardless. Enforce mode ignores
+            ``False`` when torch's own factory is called.
 
     Returns:
         A checked :class:`SafeSparseTensor` of layout ``torch.sparse_csc`` (unchecked if
@@ -339,11 +342,11 @@ def sparse_bsr_tensor(
             filled by ``backward()``). Values that already require grad keep their graph
             connected instead.
         check_invariants: ``None`` (default) or ``True``: validate every invariant first.
-            ``check_invariants=False`` keeps torch's meaning: the tensor is built *without*
-            validation and is unchecked (``ss.is_checked(t) is False``) until
-            :func:`validate` sees it; nothing guards the torch kernels that later read it.
-            Debug mode validates regardless. Enforce mode (:func:`safesparse.enforce`)
-            ignores ``False`` when torch's own factory is called.
+            ``False`` keeps torch's meaning: the tensor is built *without* validation and is
+            unchecked (``ss.is_checked(t) is False``); its first operation validates it (the
+            guard: no torch kernel reads unchecked sparse data), and ``ss.validate(t)``
+            validates it at once. Debug mode validates regardless. Enforce mode ignores
+            ``False`` when torch's own factory is called.
 
     Returns:
         A checked :class:`SafeSparseTensor` of layout ``torch.sparse_bsr`` (unchecked if
@@ -414,11 +417,11 @@ def sparse_bsc_tensor(
             filled by ``backward()``). Values that already require grad keep their graph
             connected instead.
         check_invariants: ``None`` (default) or ``True``: validate every invariant first.
-            ``check_invariants=False`` keeps torch's meaning: the tensor is built *without*
-            validation and is unchecked (``ss.is_checked(t) is False``) until
-            :func:`validate` sees it; nothing guards the torch kernels that later read it.
-            Debug mode validates regardless. Enforce mode (:func:`safesparse.enforce`)
-            ignores ``False`` when torch's own factory is called.
+            ``False`` keeps torch's meaning: the tensor is built *without* validation and is
+            unchecked (``ss.is_checked(t) is False``); its first operation validates it (the
+            guard: no torch kernel reads unchecked sparse data), and ``ss.validate(t)``
+            validates it at once. Debug mode validates regardless. Enforce mode ignores
+            ``False`` when torch's own factory is called.
 
     Returns:
         A checked :class:`SafeSparseTensor` of layout ``torch.sparse_bsc`` (unchecked if
@@ -535,11 +538,11 @@ def sparse_coo_tensor(
             filled by ``backward()``). Values that already require grad keep their graph
             connected instead.
         check_invariants: ``None`` (default) or ``True``: validate every invariant first.
-            ``check_invariants=False`` keeps torch's meaning: the tensor is built *without*
-            validation and is unchecked (``ss.is_checked(t) is False``) until
-            :func:`validate` sees it; nothing guards the torch kernels that later read it.
-            Debug mode validates regardless. Enforce mode (:func:`safesparse.enforce`)
-            ignores ``False`` when torch's own factory is called.
+            ``False`` keeps torch's meaning: the tensor is built *without* validation and is
+            unchecked (``ss.is_checked(t) is False``); its first operation validates it (the
+            guard: no torch kernel reads unchecked sparse data), and ``ss.validate(t)``
+            validates it at once. Debug mode validates regardless. Enforce mode ignores
+            ``False`` when torch's own factory is called.
         is_coalesced: ``True`` marks the result coalesced, which is verified (5.3: indices
             sorted lexicographically, no duplicates); ``None``/``False``: torch's default.
 

@@ -6,7 +6,8 @@ puts the module's file first), the code runs as ``__main__`` in a fresh module t
 ``sys.modules["__main__"]`` (so pickling and multiprocessing find its classes),
 ``sys.path[0]`` is the script's directory (the current directory for ``-m``), the exit status
 is the program's, and an uncaught exception prints the traceback Python would print, without
-the runner's own frames, and exits 1.
+the runner's own frames, and exits 1 (an ``InvariantError`` also without safesparse's frames,
+unless ``SAFESPARSE_TRACEBACK=full``: :mod:`safesparse.tracebacks`).
 
 Protection is switched on for the whole process before the program imports anything
 (:func:`protect_process`): enforce (and debug) mode become the default of every thread, and
@@ -42,6 +43,9 @@ options:
   --debug     debug mode too: every sparse input and result of every operation is validated
   -m module   run a library module as a script
   -h, --help  show this help and exit
+
+A refusal (InvariantError) is shown without safesparse's own frames;
+SAFESPARSE_TRACEBACK=full shows the whole traceback.
 """
 
 _OWN_FILES = frozenset({
@@ -164,6 +168,9 @@ def _run(target: Callable[[], None]) -> int:
         while tb is not None and os.path.normcase(
                 os.path.abspath(tb.tb_frame.f_code.co_filename)) in _OWN_FILES:
             tb = tb.tb_next
+        from .tracebacks import shorten
+
+        tb = shorten(exc, tb)  # an InvariantError: without safesparse's frames
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         if isinstance(exc, KeyboardInterrupt):  # as Python: die of SIGINT
             sys.stdout.flush()

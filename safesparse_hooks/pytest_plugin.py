@@ -6,15 +6,27 @@ nor safesparse. With it, before any conftest or test module is imported, the ses
 switched on as ``python -m safesparse run`` does: enforce mode (and debug mode with ``debug``)
 becomes the default of every thread, and ``SAFESPARSE_ENFORCE`` / ``SAFESPARSE_DEBUG`` are set
 so that subprocesses and DataLoader workers started by the tests are protected too.
+
+Whenever safesparse has been imported (with the option or not), a test failing with an
+``InvariantError`` is reported without safesparse's own frames, as Python shows such an error
+(:mod:`safesparse.tracebacks`); pytest's ``--full-trace`` or ``SAFESPARSE_TRACEBACK=full`` show
+them.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Generator
 from typing import Any
 
 import pytest
 
-__all__ = ["pytest_addoption", "pytest_load_initial_conftests", "pytest_report_header"]
+__all__ = [
+    "pytest_addoption",
+    "pytest_load_initial_conftests",
+    "pytest_report_header",
+    "pytest_runtest_makereport",
+]
 
 MODES = ("enforce", "debug")
 
@@ -50,3 +62,16 @@ def pytest_report_header(config: pytest.Config) -> Any:
     if mode is None:
         return None
     return f"safesparse: {'enforce and debug' if mode == 'debug' else 'enforce'} mode on"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[
+        None, Any, None]:
+    """A failure's traceback loses safesparse's frames before pytest renders it (only when
+    safesparse is imported and the failure is an ``InvariantError``; nothing is imported)."""
+    excinfo = call.excinfo
+    tracebacks = sys.modules.get("safesparse.tracebacks")
+    if (excinfo is not None and tracebacks is not None
+            and not item.config.getoption("fulltrace", default=False)):
+        tracebacks.shorten(excinfo.value, excinfo.tb)
+    yield

@@ -66,3 +66,28 @@ def _fresh_safesparse_state() -> Iterator[None]:
     ss.clear_cache()
     ss.reset_stats()
     yield
+
+
+#: Test modules that mostly start other processes (Python children, distributed workers, mypy)
+#: or compile: their tests are marked ``slow``, so ``pytest -m "not slow"`` is a quick subset
+#: that still covers every module of the package in process (README, "Set up").
+SLOW_MODULES = frozenset({
+    "test_beta_warning",
+    "test_compile",
+    "test_crash_routes",
+    "test_distributed",
+    "test_import_warnings",
+    "test_portable_checkpoints",
+    "test_protect",
+    "test_shared_memory",
+    "test_state_machine",
+    "test_tracebacks",
+    "test_typing",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -82,8 +83,8 @@ def test_invalid_file_exits_1_and_names_invariant_and_location(files: dict[str, 
     assert code == 1
     bad = next(line for line in out.splitlines() if "decoder.weight" in line)
     assert bad.split()[:5] == ["['decoder.weight']", "CSR", "(3,", "3)", "nnz"]
-    assert "INVALID [CSR 5.5] plain indices are < n_plain: row 1, position 1: " \
-           "col_indices[1] = 1000000000, n_plain = 3" in bad
+    assert "INVALID [CSR 5.5] plain indices are < n_plain: column 1000000000 is out of range " \
+           "for 3 columns (row 1, position 1: col_indices[1] = 1000000000, n_plain = 3)" in bad
     ok = next(line for line in out.splitlines() if "['ok']" in line)
     assert ok.rstrip().endswith("OK")
     assert out.splitlines()[-1].endswith("(1 valid, 1 invalid), 0 dense tensors, 0 unreadable")
@@ -249,6 +250,26 @@ def test_demo_catches_the_tampered_tensor_and_exits_0() -> None:
     assert "['encoder.weight']" in out and "['embedding.weight']" in out
     assert "INVALID [CSR 5.5]" in out and "What was caught" in out
     assert sum(line.rstrip().endswith(" OK") for line in out.splitlines()) == 2
+
+
+def test_demo_prints_no_path_that_is_gone_when_it_ends() -> None:
+    code, out = run("demo")
+    assert code == 0
+    assert tempfile.gettempdir() not in out and "safesparse-demo-" not in out
+    assert "Wrote checkpoint.pt (in a temporary directory, removed when the demo ends" in out
+    assert "$ python -m safesparse check checkpoint.pt" in out
+
+
+def test_demo_keep_leaves_the_checkpoint_it_names(tmp_path: Path) -> None:
+    target = tmp_path / "demo"
+    code, out = run("demo", "--keep", target)
+    assert code == 0
+    kept = target / "checkpoint.pt"
+    assert kept.is_file()
+    assert f"Wrote {kept}, a state dict with" in out
+    assert f"$ python -m safesparse check {kept}" in out
+    check_code, check_out = run("check", kept)
+    assert check_code == 1 and "INVALID [CSR 5.5]" in check_out
 
 
 def test_console_script_points_at_main() -> None:

@@ -1,11 +1,14 @@
-"""The documentation is executable: README.md and docs/*.md examples run as tests.
+"""The documentation is executable: README.md, docs/*.md and benchmarks/README.md examples run
+as tests.
 
 Every fenced code block whose info string is exactly ``python`` is executed. The blocks of one
 file run in order in a single namespace (so an example can use names defined by an earlier one),
 inside a fresh temporary working directory. Any other info string (``python no-run``, ``pycon``,
 ``bash``, ...) marks a block that is shown but not run.
 
-The README's "Set up" commands are also checked against ``.ci/run``, which must run them verbatim.
+The README's "Set up" commands are also checked against ``.ci/run``, which must run them verbatim
+(torch's install line apart: README gives users the CPU wheel's index, CI installs the same
+version from PyPI).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 CI_SCRIPT = ROOT / ".ci" / "run"
 DOC_FILES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+BENCH_README = ROOT / "benchmarks" / "README.md"
+RUNNABLE_FILES = [*DOC_FILES, BENCH_README]
 
 RUNNABLE_INFO = "python"
 SHELL_INFOS = {"bash", "sh", "shell", "console"}
@@ -113,7 +118,7 @@ def section_line_range(text: str, title: str) -> tuple[int, int]:
     return start, len(lines) + 1
 
 
-def setup_commands() -> list[str]:
+def _setup_pip_lines() -> list[str]:
     """The ``pip install`` lines of the shell block(s) under README's "Set up" heading."""
     text = README.read_text(encoding="utf-8")
     start, end = section_line_range(text, "Set up")
@@ -126,6 +131,21 @@ def setup_commands() -> list[str]:
             if command.startswith("pip install"):
                 commands.append(command)
     return commands
+
+
+def setup_commands() -> list[str]:
+    """README's set-up commands after torch: the ones ``.ci/run`` runs verbatim."""
+    return [c for c in _setup_pip_lines() if not c.startswith("pip install torch")]
+
+
+def torch_command() -> str:
+    """README's command that installs torch (the CPU build, for users)."""
+    (command,) = [c for c in _setup_pip_lines() if c.startswith("pip install torch")]
+    return command
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return [str(p.relative_to(ROOT)) if p.parent.name == "benchmarks" else p.name for p in paths]
 
 
 # --- the parser itself -------------------------------------------------------------------------
@@ -183,17 +203,24 @@ def _debug_mode() -> bool | None:
     return bool(ss.is_debug())
 
 
-def test_readme_has_runnable_examples() -> None:
-    """Guard against a parser or formatting slip making the README test vacuous."""
-    blocks = fenced_blocks(README.read_text(encoding="utf-8"), README.name)
-    assert any(block.runnable for block in blocks), "README.md has no ```python block"
+@pytest.mark.parametrize("path", [README, BENCH_README], ids=_ids([README, BENCH_README]))
+def test_readmes_have_runnable_examples(path: Path) -> None:
+    """Guard against a parser or formatting slip making a README test vacuous."""
+    blocks = fenced_blocks(path.read_text(encoding="utf-8"), path.name)
+    assert any(block.runnable for block in blocks), f"{path.name} has no ```python block"
 
 
-@pytest.mark.parametrize("path", DOC_FILES, ids=[p.name for p in DOC_FILES])
+@pytest.mark.parametrize("path", RUNNABLE_FILES, ids=_ids(RUNNABLE_FILES))
 def test_examples_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocks = [b for b in fenced_blocks(path.read_text(encoding="utf-8"), path.name) if b.runnable]
     if not blocks:
         pytest.skip(f"{path.name} has no ```{RUNNABLE_INFO} blocks")
+    if path == BENCH_README:
+        # as run.py has it: the benchmark modules import each other by name; groups an example
+        # registers are removed afterwards
+        monkeypatch.syspath_prepend(str(BENCH_README.parent))
+        harness = __import__("harness")
+        monkeypatch.setattr(harness, "GROUPS", dict(harness.GROUPS))
 
     monkeypatch.chdir(tmp_path)
     # Examples may run `python -m safesparse ...` in a subprocess from the temporary directory;
@@ -203,6 +230,7 @@ def test_examples_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         "PYTHONPATH", str(ROOT) if not pythonpath else os.pathsep.join([str(ROOT), pythonpath])
     )
     monkeypatch.delenv("SAFESPARSE_DEBUG", raising=False)
+    monkeypatch.delenv("SAFESPARSE_TRACEBACK", raising=False)  # the default, as users see it
 
     namespace: dict[str, object] = {"__name__": "__main__"}
     debug_before = _debug_mode()
@@ -235,6 +263,36 @@ def test_readme_setup_commands_are_run_by_ci() -> None:
     assert positions == sorted(positions), ".ci/run runs the set-up commands in another order"
 
 
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def test_readme_installs_torch_s_cpu_build_at_the_version_ci_installs() -> None:
+    """Users get the exact command for torch's CPU wheel; CI installs the same version from
+    PyPI (``pip install torch==X``), so the two cannot name different versions."""
+    command = torch_command()
+    match = re.fullmatch(r"pip install torch==(\S+) --index-url (\S+)", command)
+    assert match is not None, command
+    assert match[2] == CPU_INDEX
+    ci = CI_SCRIPT.read_text(encoding="utf-8")
+    assert re.search(rf"^pip install torch=={re.escape(match[1])}$", ci, re.MULTILINE), (
+        "CI does not install the torch version README names")
+
+
+def test_readme_offers_the_quick_subset_and_it_exists() -> None:
+    text = README.read_text(encoding="utf-8")
+    start, end = section_line_range(text, "Set up")
+    setup = "\n".join(text.splitlines()[start - 1:end - 1])
+    assert 'python -m pytest -q -m "not slow"' in setup
+    assert re.search(r"about \d minutes", setup)
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert re.search(r'^markers = \[\n\s+"slow: ', pyproject, re.MULTILINE)
+    import conftest  # tests/conftest.py: the modules whose tests are slow
+
+    modules = {p.stem for p in (ROOT / "tests").glob("test_*.py")}
+    assert modules >= conftest.SLOW_MODULES, conftest.SLOW_MODULES - modules
+    assert len(conftest.SLOW_MODULES) < len(modules) / 2
+
+
 def test_ci_script_is_executable_and_strict() -> None:
     text = CI_SCRIPT.read_text(encoding="utf-8")
     assert text.startswith("#!"), ".ci/run needs a shebang line"
@@ -253,7 +311,7 @@ def test_ci_script_is_executable_and_strict() -> None:
 _LINK = re.compile(r"\[[^\]]*\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
-@pytest.mark.parametrize("path", DOC_FILES, ids=[p.name for p in DOC_FILES])
+@pytest.mark.parametrize("path", RUNNABLE_FILES, ids=_ids(RUNNABLE_FILES))
 def test_relative_links_resolve(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
     # Links inside code blocks are not links.
@@ -267,3 +325,50 @@ def test_relative_links_resolve(path: Path) -> None:
         if not (path.parent / target).exists():
             broken.append(match["target"])
     assert not broken, f"{path.name} links to missing files: {broken}"
+
+
+# --- counted lists -------------------------------------------------------------------------------
+
+_NUMBERS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
+_COUNTED = re.compile(
+    rf"\b(?P<n>{'|'.join(_NUMBERS)})\s+(?:ways|kinds|steps)\b", re.IGNORECASE)
+
+
+def counted_lists(text: str) -> list[tuple[int, int, int]]:
+    """(line, announced, found) for each "N ways/kinds/steps" that a list or table follows:
+    the count of the first bulleted list (top-level items) or table (body rows) after it, in
+    the same section (before the next heading)."""
+    lines = text.splitlines()
+    out = []
+    for number, line in enumerate(lines):
+        for match in _COUNTED.finditer(line):
+            items = rows = 0
+            started = False
+            for follow in lines[number + 1:]:
+                if _HEADING.match(follow):
+                    break
+                if follow.startswith("- "):
+                    items += 1
+                    started = True
+                elif follow.startswith("|") and not re.match(r"^\|[\s|:-]+\|$", follow):
+                    rows += 1
+                    started = True
+                elif started and not follow.startswith(("  ", "|")):
+                    break
+            if started:
+                found = items if items else rows - 1  # a table's first row is its header
+                out.append((number + 1, _NUMBERS[match["n"].lower()], found))
+    return out
+
+
+def test_counted_lists_parser() -> None:
+    text = "Three ways:\n\n- a\n- b\n  more b\n- c\n\nafter\n\n## Four ways\n\n| w | x |\n" \
+           "| --- | --- |\n| 1 | 2 |\n| 3 | 4 |\n"
+    assert counted_lists(text) == [(1, 3, 3), (10, 4, 2)]
+
+
+@pytest.mark.parametrize("path", RUNNABLE_FILES, ids=_ids(RUNNABLE_FILES))
+def test_announced_counts_match_the_lists(path: Path) -> None:
+    """"gives you three ways" followed by four bullets was a slip; so is any such count."""
+    wrong = [c for c in counted_lists(path.read_text(encoding="utf-8")) if c[1] != c[2]]
+    assert not wrong, f"{path.name}: (line, announced, listed) {wrong}"

@@ -84,13 +84,27 @@ def test_the_version_is_written_once() -> None:
 
 
 def test_an_installed_copy_reports_the_same_version() -> None:
+    import json
     from importlib import metadata
 
     try:
-        installed = metadata.version("safesparse")
+        dist = metadata.distribution("safesparse")
     except metadata.PackageNotFoundError:
-        installed = None  # running from a checkout that was never installed
-    assert installed in (None, ss.__version__) or Path(ss.__file__).parent != ROOT / "safesparse"
+        return  # running from a checkout that was never installed
+    direct_url = json.loads(dist.read_text("direct_url.json") or "{}")
+    if direct_url.get("dir_info", {}).get("editable"):
+        return  # an editable install's metadata keeps the version it was installed with
+    assert dist.version == ss.__version__ or Path(ss.__file__).parent != ROOT / "safesparse"
+
+
+def test_project_urls_point_into_one_repository() -> None:
+    urls = _project()["urls"]
+    assert isinstance(urls, dict)
+    assert set(urls) == {"Homepage", "Documentation", "Changelog", "Issues"}
+    home = urls["Homepage"]
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", home)
+    assert all(url.startswith(home + "/") for name, url in urls.items() if name != "Homepage")
+    assert urls["Changelog"].endswith("/CHANGELOG.md") and urls["Documentation"].endswith("/docs")
 
 
 def test_the_changelog_has_a_section_for_the_version() -> None:
@@ -98,6 +112,13 @@ def test_the_changelog_has_a_section_for_the_version() -> None:
     headings = re.findall(r"^## \[([^\]]+)\]", text, re.MULTILINE)
     assert headings[0] == "Unreleased"
     assert ss.__version__ in headings
+
+
+def test_the_newest_release_in_the_changelog_is_the_version() -> None:
+    """Releasing means: the version, and the newest dated section of the changelog for it."""
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    releases = re.findall(r"^## \[(\d[^\]]*)\] - (\d{4}-\d{2}-\d{2})$", text, re.MULTILINE)
+    assert releases and releases[0][0] == ss.__version__
 
 
 def test_classifiers_claim_only_tested_python_versions() -> None:

@@ -235,7 +235,8 @@ def test_load_error_names_the_key_path(obj: Any, path: str, tmp_path: Path) -> N
         ss.load(saved(tmp_path, fill(obj)))
     err = info.value
     assert err.invariant == "5.5" and err.layout == CSR and err.path == path
-    assert str(err).startswith("[CSR 5.5]") and str(err).endswith(f"(at {path})")
+    assert str(err).startswith("[CSR 5.5]")
+    assert str(err).endswith(f"(at {path}); to repair: {err.hint}")
     assert "col_indices[1] = 1000000000" in str(err)
 
 

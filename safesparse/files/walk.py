@@ -104,7 +104,8 @@ class _Walk:
                 self._found(node, path)
             elif node.layout == torch.strided:
                 self.dense.append((path, node))
-            grad = node.grad if node.is_leaf else None  # .grad of a non-leaf warns
+            with DisableTorchFunctionSubclass():  # metadata reads: never the guard
+                grad = node.grad if node.is_leaf else None  # .grad of a non-leaf warns
             if grad is not None:
                 self.find(grad, (*path, PathKey("attr", "grad")))
             self._find_attrs(node, path)
