@@ -49,6 +49,7 @@ _SWAPPED = {torch.sparse_csr: torch.sparse_csc, torch.sparse_csc: torch.sparse_c
             torch.sparse_bsr: torch.sparse_bsc, torch.sparse_bsc: torch.sparse_bsr}
 _BLOCKED = (torch.sparse_bsr, torch.sparse_bsc)
 _ROW = (torch.sparse_csr, torch.sparse_bsr)
+_CSR = torch.sparse_csr
 _LAYOUT = T.layout.__get__  # type: ignore[attr-defined]
 
 
@@ -205,12 +206,30 @@ def _product(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, .
     """``A @ x``, ``torch.mm(A, x)``, ``torch.matmul(A, x)`` with a plain dense ``x`` and a
     CSR, CSC or COO ``A`` (block layouts take the block route of the general path): a strided
     result, returned as torch computes it."""
-    n = len(args)
-    if n != 2 and not (n == 3 and type(args[2]) is str):  # (torch.sparse.mm's ``reduce``)
+    if len(args) != 2:
         return MISS
     a = args[0]
     x = args[1]
     if type(x) not in _DENSE_TYPES or x.layout is not _STRIDED or _layout(a) in _BLOCKED:
+        return MISS
+    if _checked(a) is None:
+        return MISS
+    return _run(func, types, args, {})
+
+
+def _sparse_mm(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ...],
+               fallback: Fallback) -> Any:
+    """``torch.sparse.mm(A, x[, reduce])`` of a checked CSR or COO ``A`` and a plain dense
+    ``x`` (torch has no backward for a CSC ``A``: the general path computes that product with
+    ``torch.mm``; block layouts take the block route)."""
+    n = len(args)
+    if n != 2 and not (n == 3 and type(args[2]) is str):
+        return MISS
+    a = args[0]
+    x = args[1]
+    lay = _layout(a)
+    if (type(x) not in _DENSE_TYPES or x.layout is not _STRIDED
+            or (lay is not _CSR and lay is not _COO)):
         return MISS
     if _checked(a) is None:
         return MISS
@@ -247,8 +266,9 @@ def _table() -> dict[Callable[..., Any], Handler]:
         table[f] = _view
     for f in (T.detach, torch.detach):
         table[f] = _detach
-    for f in (T.__matmul__, T.matmul, torch.matmul, T.mm, torch.mm, torch.sparse.mm):
+    for f in (T.__matmul__, T.matmul, torch.matmul, T.mm, torch.mm):
         table[f] = _product
+    table[torch.sparse.mm] = _sparse_mm
     return table
 
 
