@@ -24,6 +24,7 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 
 from . import blocks, checked
+from .errors import InvariantError
 from .metadata import compressed_members, values_of
 from .tensor import (
     REPAIRS,
@@ -34,6 +35,7 @@ from .tensor import (
     after_inplace,
     wrap_results,
 )
+from .validation import validate_tensor
 
 T = torch.Tensor
 PRESERVING, NEW_INDICES = OpKind.PRESERVING, OpKind.NEW_INDICES
@@ -271,8 +273,19 @@ def _set_data(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     was_checked = _is_checked(new)
     func(*args, **kwargs)
     rec = checked.renew(t)  # its members were replaced: a record on the new ones
-    if was_checked and _is_checked(new):
+    if was_checked and _is_checked(new) and _metadata_ok(t):
         checked.mark_derived(rec, checked.geometry_of(t))
+
+
+def _metadata_ok(t: torch.Tensor) -> bool:
+    """The O(1) invariants of ``t`` hold (torch 2.13's ``t.data = new`` on a compressed tensor
+    takes ``new``'s dtype but keeps ``t``'s members: 1.4 then fails, and ``t`` stays unchecked
+    until validation refuses it, before a kernel reads values of the wrong width)."""
+    try:
+        validate_tensor(t, check_indices=False)
+    except InvariantError:
+        return False
+    return True
 
 
 __all__ = [

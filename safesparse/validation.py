@@ -323,14 +323,17 @@ def validate_coo(
 
 def validate_tensor(t: torch.Tensor, *, check_indices: bool = True) -> None:
     """Validate every invariant of an existing torch sparse tensor (any sparse layout);
-    ``check_indices=False``: the O(1) metadata invariants only (index data known valid)."""
+    ``check_indices=False``: the O(1) metadata invariants only (index data known valid). The
+    tensor's own dtype and device are the requested ones (1.4 / 4.x): its members must agree
+    with them (torch 2.13's ``t.data = other`` on a compressed tensor changes its dtype and
+    keeps its old members)."""
     if t.layout == torch.sparse_coo:
         validate_coo(t._indices(), t._values(), tuple(t.shape), is_coalesced=t.is_coalesced(),
-                     check_indices=check_indices)
+                     dtype=t.dtype, device=t.device, check_indices=check_indices)
     elif t.layout in COMPRESSED_LAYOUTS:
         compressed, plain = compressed_members(t)
         validate_compressed(compressed, plain, t.values(), tuple(t.shape), t.layout,
-                            check_indices=check_indices)
+                            dtype=t.dtype, device=t.device, check_indices=check_indices)
     else:
         raise TypeError(f"expected a sparse tensor, got layout {t.layout}")
 

@@ -273,3 +273,19 @@ def test_a_state_forgets_dead_storages_and_their_proofs() -> None:
     state = safesparse.checked.state_of(rec)
     assert state is not None and len(state.ranges) <= 4
     assert ss.is_checked(keep)
+
+
+def test_data_assignment_torch_cannot_do_is_refused_not_trusted() -> None:
+    """torch 2.13's ``t.data = new`` on a compressed tensor takes ``new``'s dtype and keeps the
+    old members (float32 values read as float64): the tensor is unchecked and the guard refuses
+    it (1.4) before a kernel reads values of the wrong width."""
+    t = ss.sparse_csr_tensor([0, 1, 2], [0, 1], [1.0, 2.0], (2, 2))
+    t.data = t.double()
+    assert t.dtype == torch.float64 and t.values().dtype == torch.float32  # torch's doing
+    assert not ss.is_checked(t)
+    with pytest.raises(ss.InvariantError) as info:
+        t.to_dense()
+    assert info.value.invariant == "1.4"
+    c = ss.sparse_coo_tensor([[0, 1]], [1.0, 2.0], (2,))
+    c.data = c.double()  # (COO swaps its members: consistent, and checked)
+    assert ss.is_checked(c) and c._values().dtype == torch.float64
