@@ -339,7 +339,9 @@ def test_route_decision() -> None:
     assert blocks.block_call(torch.mm, (unchecked, x), {}) is None
     assert blocks.block_call(torch.mm, (a, x.float()), {}) is None  # dtypes differ
     assert blocks.block_call(torch.mm, (a, rand(5, 2)), {}) is None  # shapes differ
-    assert blocks.block_call(torch.mm, (a, x), {"out": torch.empty(4, 2)}) is None
+    out_call = blocks.block_call(torch.mm, (a, x), {"out": torch.empty(4, 2)})
+    assert out_call is not None and out_call.a is a  # routed; ops writes the result into out
+    assert blocks.block_call(torch.mm, (a, x), {"out_dtype": torch.float32}) is None
     assert blocks.block_call(torch.addmm, (a, x.mT, x), {}) is None  # sparse input
     csr = ss.validate(dense.to_sparse_csr())
     assert blocks.block_call(torch.mm, (csr, x), {}) is None
