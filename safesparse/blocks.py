@@ -72,12 +72,13 @@ class _Side:
     shape; ``blocks_t``: whether the oriented blocks are the stored blocks transposed.
     """
 
-    __slots__ = ("_perms", "blocks_t", "c", "col", "crow", "n_in", "n_out", "r")
+    __slots__ = ("_inverse", "_perms", "blocks_t", "c", "col", "crow", "n_in", "n_out", "r")
 
     def __init__(self, crow: torch.Tensor, col: torch.Tensor, perm: torch.Tensor,
                  n_out: int, n_in: int, r: int, c: int, blocks_t: bool) -> None:
         self.crow, self.col = crow, col
         self._perms: dict[bool, torch.Tensor] = {False: perm}
+        self._inverse: torch.Tensor | None = None
         self.n_out, self.n_in, self.r, self.c = n_out, n_in, r, c
         self.blocks_t = blocks_t
 
@@ -118,8 +119,8 @@ class _Side:
             src = block[:, None, None] * (r * c) + i[None, :, None] * c + j[None, None, :]
         col = torch.empty(total, dtype=index, device=dev)
         col[pos] = cols.to(index)
-        perm = torch.empty(total, dtype=torch.long, device=dev)
-        perm[pos] = src.reshape(-1)
+        perm = torch.empty(total, dtype=index, device=dev)  # (int32: half the memory traffic)
+        perm[pos] = src.reshape(-1).to(index)
         return _Side(crow.to(index), col, perm, n_out, n_in, r, c, blocks_t)
 
     def perm(self, flipped: bool) -> torch.Tensor:
@@ -133,6 +134,15 @@ class _Side:
             p = base - inner + (inner % cs) * rs + inner // cs
             self._perms[flipped] = p
         return p
+
+    def inverse(self) -> torch.Tensor:
+        """Where each stored value (read as (nb, ., .), contiguous) sits in the CSR values."""
+        if self._inverse is None:
+            perm = self._perms[False]
+            inv = torch.empty_like(perm)
+            inv[perm.long()] = torch.arange(perm.numel(), dtype=perm.dtype, device=perm.device)
+            self._inverse = inv
+        return self._inverse
 
     def matrix(self, values: torch.Tensor) -> torch.Tensor:
         return _originals.sparse_csr_tensor(
@@ -150,8 +160,7 @@ class _Side:
         """The gradient of the stored values for ``y = product(values, x)``."""
         pattern = self.matrix(gy.new_zeros(self.col.numel()))
         s: torch.Tensor = torch.sparse.sampled_addmm(pattern, gy, x.mT, beta=0.0).values()
-        grad = torch.empty_like(s).index_copy_(0, self._perms[False], s)
-        return grad.view(values_shape)
+        return s.index_select(0, self.inverse()).view(values_shape)
 
 
 class _Structure:
@@ -226,6 +235,42 @@ def structure(a: torch.Tensor, batch_rows: bool, batch_cols: bool) -> _Structure
         found = cache[key] = _Structure(a, batch_rows, batch_cols)
     assert isinstance(found, _Structure)
     return found
+
+
+def pattern_positions(t: torch.Tensor) -> torch.Tensor:
+    """For a checked, non-hybrid compressed tensor ``t`` (CSR, CSC, BSR, BSC, batched or not):
+    the flat position in ``t``'s dense form (row-major, shape ``t.shape``) of every stored
+    value, shaped as ``t.values()``: ``dense.reshape(-1)[pattern_positions(t)]`` are
+    ``dense``'s entries at ``t``'s pattern, in ``t``'s values order. Kept with the index
+    data's proof, as :func:`structure`."""
+    cache = checked.proof_cache(t)
+    values_shape = t.values().shape
+    key = ("positions", t.layout, t.shape, values_shape)
+    found = None if cache is None else cache.get(key)
+    if found is not None:
+        assert isinstance(found, torch.Tensor)
+        return found
+    block = t.layout in BLOCK_LAYOUTS
+    r, c = (int(values_shape[-2]), int(values_shape[-1])) if block else (1, 1)
+    row = t.layout in (torch.sparse_csr, torch.sparse_bsr)
+    compressed = t.crow_indices() if row else t.ccol_indices()
+    plain = t.col_indices() if row else t.row_indices()
+    n_batch = compressed.numel() // compressed.shape[-1]
+    compressed, plain = compressed.reshape(n_batch, -1), plain.reshape(n_batch, -1)
+    nnz = plain.shape[1]
+    dev = plain.device
+    lines = torch.repeat_interleave(
+        torch.arange(compressed.shape[1] - 1, device=dev).repeat(n_batch),
+        compressed.diff(dim=1).reshape(-1), output_size=n_batch * nnz)
+    rows, cols = (lines, plain.reshape(-1).long()) if row else (plain.reshape(-1).long(), lines)
+    m, n = int(t.shape[-2]), int(t.shape[-1])
+    start = (torch.arange(n_batch, device=dev).repeat_interleave(nnz) * (m * n)
+             + rows * (r * n) + cols * c)
+    pos = (start[:, None, None] + torch.arange(r, device=dev)[None, :, None] * n
+           + torch.arange(c, device=dev)[None, None, :]).reshape(values_shape)
+    if cache is not None:
+        cache[key] = pos
+    return pos
 
 
 class _BlockProduct(torch.autograd.Function):
@@ -555,6 +600,7 @@ __all__ = [
     "BlockCall",
     "block_call",
     "block_product",
+    "pattern_positions",
     "route",
     "structure",
 ]

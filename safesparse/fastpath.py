@@ -49,6 +49,8 @@ _SWAPPED = {torch.sparse_csr: torch.sparse_csc, torch.sparse_csc: torch.sparse_c
             torch.sparse_bsr: torch.sparse_bsc, torch.sparse_bsc: torch.sparse_bsr}
 _BLOCKED = (torch.sparse_bsr, torch.sparse_bsc)
 _ROW = (torch.sparse_csr, torch.sparse_bsr)
+_CSC = torch.sparse_csc
+_SPARSE_MM = torch.sparse.mm
 _LAYOUT = T.layout.__get__  # type: ignore[attr-defined]
 
 
@@ -210,8 +212,11 @@ def _product(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, .
         return MISS
     a = args[0]
     x = args[1]
-    if type(x) not in _DENSE_TYPES or x.layout is not _STRIDED or _layout(a) in _BLOCKED:
+    lay = _layout(a)
+    if type(x) not in _DENSE_TYPES or x.layout is not _STRIDED or lay in _BLOCKED:
         return MISS
+    if lay is _CSC and func is _SPARSE_MM:
+        return MISS  # torch has no backward for it: ops' product route takes torch.mm
     if _checked(a) is None:
         return MISS
     return _run(func, types, args, {})

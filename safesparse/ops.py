@@ -18,6 +18,7 @@ with ``SafeSparseTensor.classify([funcs], kind)`` or
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ from torch._C import DisableTorchFunctionSubclass
 
 from . import blocks, checked
 from .binding import Product, bind
+from .invariants import COMPRESSED_LAYOUTS
 from .metadata import compressed_members, values_of
 from .tensor import (
     REPAIRS,
@@ -204,6 +206,16 @@ def _product_route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     """
     before = _inputs_checked(args, kwargs)
     p = bind(func, args, kwargs)
+    if (p is not None and not p.extra and func in _SPARSE_FORMS and _is_csc(p.mat1)
+            and isinstance(p.mat2, torch.Tensor) and p.mat2.layout == torch.strided):
+        # torch 2.13 has no backward for torch.sparse.mm / addmm of a CSC matrix and a dense
+        # one ("sparse_addmm_sparse_backward: unsupported combination of layouts"); torch.mm /
+        # torch.addmm compute the same product, with gradients
+        func = _SPARSE_FORMS[func]
+        if func is torch.mm:
+            args, kwargs = (p.mat1, p.mat2), {}
+        else:
+            args, kwargs = (p.input, p.mat1, p.mat2), {"beta": p.beta, "alpha": p.alpha}
     if p is not None and not p.extra:
         target = p.target
         if target is not None and isinstance(target, torch.Tensor) and _is_sparse(target):
@@ -221,6 +233,11 @@ def _product_route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
 
 
 SafeSparseTensor.implements(list(_PRODUCTS), NEW_INDICES)(_product_route)
+_SPARSE_FORMS = {torch.sparse.mm: torch.mm, torch.sparse.addmm: torch.addmm}
+
+
+def _is_csc(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.layout == torch.sparse_csc and t.dim() == 2
 
 
 def _is_sparse(t: torch.Tensor) -> bool:
@@ -313,19 +330,51 @@ def _same_index_data(t: Any, other: Any) -> bool:
             and _is_checked(t) and _is_checked(other))
 
 
+class _OnPattern(threading.local):
+    ids: frozenset[int] = frozenset()
+
+
+_on_pattern = _OnPattern()
+
+
+def on_pattern(params: Any) -> None:
+    """The parameters whose ``add_`` of a dense tensor, in this thread, adds it on their
+    pattern (an optimizer step: :mod:`safesparse.nn` sets them before SGD's step and clears
+    them after); ``()`` clears."""
+    _on_pattern.ids = frozenset(id(p) for p in params)
+
+
+def _dense_on_pattern(t: Any, other: Any) -> bool:
+    """``t.add_(other)`` inside an optimizer step allowed on ``t``'s pattern (see
+    :func:`on_pattern`): ``other`` dense, of ``t``'s shape, ``t`` a checked non-hybrid
+    compressed tensor."""
+    return (id(t) in _on_pattern.ids and isinstance(t, SafeSparseTensor)
+            and isinstance(other, torch.Tensor) and other.layout == torch.strided
+            and other.shape == t.shape and other.device == t.device
+            and t.layout in COMPRESSED_LAYOUTS and t.dense_dim() == 0)
+
+
 @SafeSparseTensor.implements([T.add_, T.__iadd__, T.sub_, T.__isub__], NEW_INDICES)
 def _add_inplace(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``t.add_(g)`` where ``g`` has the same checked index data as ``t`` (an optimizer step
     with a gradient built on the parameter's indices) is a values-only update: ``t`` stays
-    checked. Anything else runs torch's kernel, which builds new index data (validated)."""
+    checked. Inside an SGD step (:func:`on_pattern`), a dense ``g`` is added at ``t``'s
+    stored positions (the masked update of a fixed pattern): values-only too. Anything else
+    runs torch's kernel, which builds new index data (validated)."""
     before = _inputs_checked(args, kwargs)
     t = args[0]
     other: Any = args[1] if len(args) > 1 else kwargs.get("other")
     alpha = args[2] if len(args) > 2 else kwargs.get("alpha", 1)
-    if (before and _same_index_data(t, other) and set(kwargs) <= {"other", "alpha"}
-            and not (torch.is_grad_enabled() and (t.requires_grad or other.requires_grad))):
-        sign = -1 if func in (T.sub_, T.__isub__) else 1
+    plain_args = set(kwargs) <= {"other", "alpha"}
+    no_grad = not (torch.is_grad_enabled() and (t.requires_grad or other.requires_grad))
+    sign = -1 if func in (T.sub_, T.__isub__) else 1
+    if before and plain_args and no_grad and _same_index_data(t, other):
         values_of(t).add_(values_of(other), alpha=sign * alpha)
+        after_inplace(t, keeps_indices=True)
+        return t
+    if before and plain_args and no_grad and _dense_on_pattern(t, other):
+        update = other.reshape(-1)[blocks.pattern_positions(t)]
+        values_of(t).add_(update, alpha=sign * alpha)
         after_inplace(t, keeps_indices=True)
         return t
     ret = func(*args, **kwargs)
