@@ -11,7 +11,8 @@ Importing safesparse also registers a global optimizer step pre-hook
 of the optimizer being stepped. A checked sparse parameter (an ``nn.Parameter`` holding a CSR,
 CSC, BSR or BSC ``SafeSparseTensor``) with a dense gradient is updated on its pattern by
 ``torch.optim.SGD`` (single-tensor implementation: ``foreach`` and ``fused`` off, their default
-for such a parameter; with or without momentum, Nesterov, dampening, weight decay, maximize):
+for such a parameter; with or without momentum, Nesterov, dampening, maximize; weight decay for
+CSR / CSC only, as torch 2.13 cannot add a BSR / BSC tensor to a dense one):
 every ``param.add_(update)`` of the step adds the update's entries at the stored positions, as a
 dense parameter with a fixed mask would. Every other optimizer (Adam, AdamW, RMSprop, Adagrad,
 ...) is refused before it touches anything, with :class:`SparseParameterError` naming what works,
@@ -166,12 +167,16 @@ class SparseParameterError(TypeError):
     """An optimizer was asked to update a sparse-layout parameter it cannot update."""
 
 
-def _sgd_on_pattern(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> bool:
+def _sgd_on_pattern(optimizer: torch.optim.Optimizer, group: dict[str, Any],
+                    p: torch.Tensor) -> bool:
     """Whether this SGD group runs the single-tensor update (``param.add_``) on its
-    parameters, the one this module applies on the pattern."""
+    parameters, the one this module applies on the pattern. Weight decay adds the parameter
+    to the dense gradient (``grad.add(param)``), which torch 2.13 cannot do for a BSR / BSC
+    parameter (an internal assertion): refused for those."""
     return (isinstance(optimizer, torch.optim.SGD) and not group.get("foreach")
             and not group.get("fused") and not group.get("differentiable")
-            and not (isinstance(group.get("lr"), torch.Tensor) and group["lr"].requires_grad))
+            and not (isinstance(group.get("lr"), torch.Tensor) and group["lr"].requires_grad)
+            and not (p.layout in _BLOCK and group.get("weight_decay", 0) != 0))
 
 
 def _refusal(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> SparseParameterError:
@@ -179,13 +184,13 @@ def _refusal(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> SparseParamet
     return SparseParameterError(
         f"{name} cannot update a sparse parameter ({p.layout}, shape {tuple(p.shape)}, "
         f"gradient {p.grad.layout if p.grad is not None else None}): torch 2.13's optimizers "
-        "have no kernels for a sparse-layout parameter (their step would fail inside torch "
-        "with 'INTERNAL ASSERT FAILED' or 'unsupported tensor layout'). Train the values "
+        "have no kernels for a sparse-layout parameter (their step would fail inside torch's "
+        "kernels). Train the values "
         "instead: safesparse.nn.SparseLinear(weight) keeps the pattern as checked buffers and "
         "the nonzero values as one dense nn.Parameter, which every optimizer trains (or keep "
         "values = nn.Parameter(w.values()) and rebuild the weight with ss.sparse_*_tensor; "
-        "docs/models.md). torch.optim.SGD (foreach=False, fused=False) updates a checked "
-        "CSR / CSC / BSR / BSC parameter on its pattern.")
+        "docs/models.md). torch.optim.SGD (foreach=False, fused=False; no weight decay for "
+        "BSR / BSC) updates a checked CSR / CSC / BSR / BSC parameter on its pattern.")
 
 
 def _pre_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -198,7 +203,7 @@ def _pre_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             if not isinstance(p, SafeSparseTensor) or p.grad is None:
                 continue
             dense_grad = p.grad.layout == torch.strided
-            if not _sgd_on_pattern(optimizer, group) or (
+            if not _sgd_on_pattern(optimizer, group, p) or (
                     dense_grad and not _on_pattern_ok(p, p.grad)):
                 raise _refusal(optimizer, p)
             if dense_grad:

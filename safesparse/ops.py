@@ -267,6 +267,8 @@ def _into_dense(func: Any, p: Product, target: torch.Tensor, y: torch.Tensor) ->
 
 def _same_structure(a: torch.Tensor, b: torch.Tensor) -> bool:
     """``a`` and ``b`` (same layout, shape) have equal index data."""
+    ma: tuple[torch.Tensor, ...]
+    mb: tuple[torch.Tensor, ...]
     if a.layout == torch.sparse_coo:
         ma, mb = (a._indices(),), (b._indices(),)
         if a.is_coalesced() != b.is_coalesced():
