@@ -208,6 +208,19 @@ class _Structure:
         self.cols_sorted = not bsr and batch_cols
         self._sides: dict[bool, _Side] = {}
 
+    def block_grad(self, gy: torch.Tensor, x: torch.Tensor, transpose: bool) -> torch.Tensor:
+        """The gradient of the stored block values for ``y = op(A) @ x``, as one batched
+        product of the blocks' rows of the output gradient and of ``x`` (faster than
+        ``sampled_addmm`` for large blocks: see :data:`_BMM_MIN`)."""
+        k = gy.shape[1]
+        if transpose:  # y[C] += V_b^T x[R]: dV_b = x[R] gy[C]^T
+            left = x.reshape(self.n_rows, self.r, k).index_select(0, self.rows)
+            right = gy.reshape(self.n_cols, self.c, k).index_select(0, self.cols)
+        else:  # y[R] += V_b x[C]: dV_b = gy[R] x[C]^T
+            left = gy.reshape(self.n_rows, self.r, k).index_select(0, self.rows)
+            right = x.reshape(self.n_cols, self.c, k).index_select(0, self.cols)
+        return torch.bmm(left, right.mT)
+
     def side(self, transpose: bool) -> _Side:
         """``A`` (``transpose=False``) or ``A^T`` as an element CSR matrix."""
         s = self._sides.get(transpose)
@@ -273,6 +286,13 @@ def pattern_positions(t: torch.Tensor) -> torch.Tensor:
     return pos
 
 
+#: Blocks of at least this many elements get their values' gradient from one batched matmul
+#: (:meth:`_Structure.block_grad`) rather than ``sampled_addmm`` over the element pattern
+#: (CPU, torch 2.13, 64 columns: sampled_addmm ~1.1 ms whatever the blocks; bmm 0.65 ms for
+#: 16 x 16 blocks, 1.6 ms for 8 x 8, 2.7 ms for 4 x 4).
+_BMM_MIN = 144
+
+
 class _BlockProduct(torch.autograd.Function):
     """``y = op(A) @ x`` for block values ``values`` (nnzb, r, c) of ``A`` (``op`` the identity
     or the transpose), ``x`` of shape (n_in * c, k). Backward: ``op(A)^T @ gy`` and the sampled
@@ -300,7 +320,10 @@ class _BlockProduct(torch.autograd.Function):
         gy = gy.contiguous()
         g_values = g_x = g_a = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[2]:
-            g_values = structure.side(transpose).sampled(gy, x, values.shape)
+            if structure.r * structure.c >= _BMM_MIN:
+                g_values = structure.block_grad(gy, x, transpose)
+            else:
+                g_values = structure.side(transpose).sampled(gy, x, values.shape)
         if ctx.needs_input_grad[1]:
             g_x = structure.side(not transpose).product(values, gy)
         if ctx.needs_input_grad[2]:

@@ -574,3 +574,27 @@ def test_pattern_positions_gather_the_stored_entries() -> None:
         assert torch.equal(dense.mT.reshape(-1)[blocks.pattern_positions(view)], view.values())
     csr = ss.validate(rand(4, 5).to_sparse_csr())
     assert torch.equal(csr.to_dense().reshape(-1)[blocks.pattern_positions(csr)], csr.values())
+
+
+@PARAMS
+@pytest.mark.parametrize("batch", [(), (2,)], ids=["2d", "batched"])
+def test_gradcheck_large_blocks(layout: torch.layout, batch: tuple[int, ...]) -> None:
+    """Blocks of at least ``blocks._BMM_MIN`` elements get the values' gradient from one
+    batched matmul instead of ``sampled_addmm``: every orientation, shared and batched
+    operands."""
+    block = (12, 12)
+    assert block[0] * block[1] >= blocks._BMM_MIN
+    a, dense = make(layout, block, batch=batch)
+    compressed, plain = members(a)
+    values = a.values().detach().clone().requires_grad_()
+    build = factory(layout)
+    m, k = dense.shape[-2:]
+    for x in (rand(k, 3), rand(*batch, k, 3)):
+        x.requires_grad_()
+        assert torch.autograd.gradcheck(
+            lambda v, x: build(compressed, plain, v, dense.shape) @ x, (values, x),
+            fast_mode=True)
+    g = rand(*batch, m, 3).requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda v, g: build(compressed, plain, v, dense.shape).mT @ g, (values, g),
+        fast_mode=True)
