@@ -86,16 +86,18 @@ class SparseLinear(nn.Module):
             raise ValueError(
                 f"SparseLinear: weight must be 2-D without dense dims, got shape "
                 f"{tuple(weight.shape)} with {weight.dense_dim()} dense dims")
-        checked = validate(weight.detach())
-        self.layout: torch.layout = checked.layout
-        self.out_features, self.in_features = int(checked.shape[0]), int(checked.shape[1])
-        values = checked.values()
+        # the layer's own copy (a clone of a checked tensor is checked without a validation):
+        # writes to ``weight``'s tensors later do not reach the layer
+        own = validate(weight.detach()).clone()
+        self.layout: torch.layout = own.layout
+        self.out_features, self.in_features = int(own.shape[0]), int(own.shape[1])
+        values = own.values().detach()
         self.blocksize: tuple[int, int] | None = (
             (int(values.shape[-2]), int(values.shape[-1])) if self.layout in _BLOCK else None)
-        compressed, plain = _members(checked)
+        compressed, plain = _members(own)
         self.register_buffer("compressed_indices", compressed)
         self.register_buffer("plain_indices", plain)
-        self.values = nn.Parameter(values.detach().clone())
+        self.values = nn.Parameter(values)
         if bias is True:
             bias = torch.zeros(self.out_features, dtype=values.dtype, device=values.device)
         if isinstance(bias, torch.Tensor):
@@ -105,7 +107,25 @@ class SparseLinear(nn.Module):
             self.bias = nn.Parameter(bias.detach().clone())
         else:
             self.register_parameter("bias", None)
-        self._pattern: SafeSparseTensor | None = checked  # keeps the proof of the buffers
+        # a checked tensor on the buffers keeps their proof alive between calls (a proof lives
+        # as long as some tensor built on its index data); rebuilt when the buffers change
+        self._pattern: SafeSparseTensor = own
+        self._pattern_of = self._buffer_key()
+
+    def _buffer_key(self) -> tuple[int, int, torch.device] | None:
+        c = self.compressed_indices
+        return (c.data_ptr(), self.plain_indices.data_ptr(), c.device)
+
+    def _keep_proof(self) -> None:
+        """(Re)build :attr:`_pattern` on the current buffers (validated once) when they are
+        not the ones it was built on (``module.to(device)``, ``copy.deepcopy``,
+        ``load_state_dict``)."""
+        key = self._buffer_key()
+        if key != self._pattern_of:
+            self._pattern = sparse_compressed_tensor(
+                self.compressed_indices, self.plain_indices, self.values.detach(), self.shape,
+                layout=self.layout)
+            self._pattern_of = key
 
     @property
     def shape(self) -> torch.Size:
@@ -114,6 +134,7 @@ class SparseLinear(nn.Module):
     @property
     def weight(self) -> SafeSparseTensor:
         """The current weight: the checked pattern with the current :attr:`values`."""
+        self._keep_proof()
         out: SafeSparseTensor = sparse_compressed_tensor(
             self.compressed_indices, self.plain_indices, self.values, self.shape,
             layout=self.layout)
@@ -147,10 +168,8 @@ class SparseLinear(nn.Module):
                                      layout=self.layout)  # InvariantError when invalid
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
                                       missing_keys, unexpected_keys, error_msgs)
-        self._pattern = None  # the buffers were written: proven again when next used
-        self._pattern = validate(sparse_compressed_tensor(
-            self.compressed_indices, self.plain_indices, self.values.detach(), self.shape,
-            layout=self.layout))
+        self._pattern_of = None  # the buffers may have been written: proven again now
+        self._keep_proof()
 
 
 def _members(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -321,3 +321,29 @@ def test_a_different_pattern_of_the_same_size_loads() -> None:
     m.load_state_dict(src.state_dict())
     torch.testing.assert_close(m.weight.to_dense(), other)
     assert ss.is_checked(m.weight)
+
+
+def test_indices_are_the_layers_own() -> None:
+    """The layer copies the pattern: a later write to the weight it was built from does not
+    reach it."""
+    d = dense_weight((2, 3))
+    w = ss.validate(d.to_sparse_bsr((2, 3)))
+    m = SparseLinear(w)
+    w.col_indices()[0] = 5
+    assert not torch.equal(m.plain_indices, w.col_indices())
+    torch.testing.assert_close(m.weight.to_dense(), d)
+
+
+def test_copies_and_moves_keep_the_rebuild_free() -> None:
+    """After ``copy.deepcopy`` or ``.double()`` the weight is rebuilt on the new buffers: one
+    validation at most, then none per call."""
+    import copy
+
+    m, d = layer(BSC, (3, 2))
+    for other in (copy.deepcopy(m), copy.deepcopy(m).float()):
+        x = rand(2, IN).to(other.values.dtype)
+        ss.reset_stats()
+        for _ in range(3):
+            other(x)
+        assert ss.stats().validations <= 1 and ss.stats().skipped >= 3
+        torch.testing.assert_close(other.weight.to_dense().double(), d, rtol=1e-6, atol=1e-6)
