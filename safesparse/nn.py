@@ -91,7 +91,9 @@ class SparseLinear(nn.Module):
         own = validate(weight.detach()).clone()
         self.layout: torch.layout = own.layout
         self.out_features, self.in_features = int(own.shape[0]), int(own.shape[1])
-        values = own.values().detach()
+        # values of their own: ``own.values()`` shares ``own``'s version counter, so training
+        # it in place would void the proof of the index buffers at every step
+        values = own.values().detach().clone()
         self.blocksize: tuple[int, int] | None = (
             (int(values.shape[-2]), int(values.shape[-1])) if self.layout in _BLOCK else None)
         compressed, plain = _members(own)
@@ -108,11 +110,14 @@ class SparseLinear(nn.Module):
         else:
             self.register_parameter("bias", None)
         # a checked tensor on the buffers keeps their proof alive between calls (a proof lives
-        # as long as some tensor built on its index data); rebuilt when the buffers change
-        self._pattern: SafeSparseTensor = own
-        self._pattern_of = self._buffer_key()
+        # as long as some tensor built on its index data); rebuilt when the buffers change.
+        # Built on the buffers (proven through ``own``: no O(nnz) check), with the values
+        # parameter, so that ``own`` and its copy of the values can go.
+        self._pattern_of: tuple[int, int, torch.device] | None = None
+        self._keep_proof()
+        del own
 
-    def _buffer_key(self) -> tuple[int, int, torch.device] | None:
+    def _buffer_key(self) -> tuple[int, int, torch.device]:
         c = self.compressed_indices
         return (c.data_ptr(), self.plain_indices.data_ptr(), c.device)
 
@@ -122,7 +127,7 @@ class SparseLinear(nn.Module):
         ``load_state_dict``)."""
         key = self._buffer_key()
         if key != self._pattern_of:
-            self._pattern = sparse_compressed_tensor(
+            self._pattern: SafeSparseTensor = sparse_compressed_tensor(
                 self.compressed_indices, self.plain_indices, self.values.detach(), self.shape,
                 layout=self.layout)
             self._pattern_of = key

@@ -347,3 +347,31 @@ def test_copies_and_moves_keep_the_rebuild_free() -> None:
             other(x)
         assert ss.stats().validations <= 1 and ss.stats().skipped >= 3
         torch.testing.assert_close(other.weight.to_dense().double(), d, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(("layout", "blocksize"), [(CSR, None), (BSR, (4, 4)), (BSC, (3, 2))],
+                         ids=str)
+def test_optimizer_steps_keep_the_proof_and_the_cached_structure(
+        layout: torch.layout, blocksize: tuple[int, int] | None) -> None:
+    """Training the values in place never touches the index buffers' proof: no validation
+    per step, and the block structure kept with the proof survives the steps."""
+    from safesparse import blocks
+
+    checked_weight = ss.validate(sparse(dense_weight(blocksize), layout, blocksize))
+    ss.reset_stats()
+    SparseLinear(checked_weight)
+    assert ss.stats().validations == 0  # a checked clone, rebuilt on its members
+    m, _ = layer(layout, blocksize)
+    ss.reset_stats()
+    opt = torch.optim.Adam(m.parameters(), lr=0.1)
+    x = rand(4, IN)
+    kept = None
+    for _ in range(4):
+        opt.zero_grad()
+        m(x).pow(2).sum().backward()
+        opt.step()
+        if layout != CSR:
+            now = blocks.structure(m.weight, True, True)
+            assert kept is None or now is kept
+            kept = now
+    assert ss.stats().validations == 0
