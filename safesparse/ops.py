@@ -204,7 +204,6 @@ def _product_route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     * products of 2-D CSC tensors torch gets wrong: :func:`_csc_repair`;
     * anything else: torch's kernel, its sparse result validated (``NEW_INDICES``).
     """
-    before = _inputs_checked(args, kwargs)
     p = bind(func, args, kwargs)
     if (p is not None and not p.extra and func in _SPARSE_FORMS and _is_csc(p.mat1)
             and isinstance(p.mat2, torch.Tensor) and p.mat2.layout == torch.strided):
@@ -225,9 +224,11 @@ def _product_route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
             y = blocks.block_product(call)
             return y if target is None else _into_dense(func, p, target, y)
         if target is None:
+            before = _inputs_checked(args, kwargs)  # (before the repair's kernels run)
             repaired = _csc_repair(p)
             if repaired is not None:
                 return wrap_results(func, NEW_INDICES, args, kwargs, repaired, before=before)
+    before = _inputs_checked(args, kwargs)
     ret = func(*args, **kwargs)
     return wrap_results(func, _PRODUCTS[func], args, kwargs, ret, before=before)
 
