@@ -27,6 +27,7 @@ from __future__ import annotations
 from . import _import_torch  # noqa: F401  (first: torch without its NumPy warning)
 from . import blocks as _blocks  # noqa: F401  (BSR / BSC products: mm, matmul, @, addmm)
 from . import debug_mode as _debug_mode  # noqa: F401  (debug mode sees plain tensors)
+from . import nn as nn  # sparse weights in model code (SparseLinear; optimizer steps)
 from . import ops as _ops  # noqa: F401  (fills the op table)
 from . import serialization as _serialization  # noqa: F401  (the name pickled files give)
 from . import transpose as _transpose  # noqa: F401  (zero-copy transposes)

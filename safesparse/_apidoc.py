@@ -57,6 +57,7 @@ SECTIONS: dict[str, str] = {
 PUBLIC_MODULES: dict[str, str] = {
     "safesparse.distributed": "Across processes: safesparse.distributed",
     "safesparse.safetensors": "safetensors checkpoints: safesparse.safetensors",
+    "safesparse.nn": "Sparse weights in model code: safesparse.nn",
 }
 
 #: Names of internal modules that the guides tell users to import, by module; documented in

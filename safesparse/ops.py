@@ -18,13 +18,16 @@ with ``SafeSparseTensor.classify([funcs], kind)`` or
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
 from . import blocks, checked
+from .binding import Product, bind
 from .errors import InvariantError
+from .invariants import COMPRESSED_LAYOUTS
 from .metadata import compressed_members, values_of
 from .tensor import (
     REPAIRS,
@@ -33,6 +36,7 @@ from .tensor import (
     _inputs_checked,
     _is_checked,
     after_inplace,
+    op_name,
     wrap_results,
 )
 from .validation import validate_tensor
@@ -154,68 +158,170 @@ def _as_csr_transpose(t: torch.Tensor) -> torch.Tensor:
         dtype=t.dtype, device=t.device, check_invariants=False)
 
 
-@SafeSparseTensor.implements([torch.sparse.mm], NEW_INDICES)
-def _sparse_mm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """torch 2.13's ``torch.sparse.mm`` of two CSC tensors returns a broken structure with the
-    values lost; here it is computed as ``(b.T @ a.T).T`` through the CSR kernel (the
-    transposes are free), giving the CSC result torch means."""
-    before = _inputs_checked(args, kwargs)
-    a, b = (*args, None, None)[:2]
-    if (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-            and a.layout == b.layout == torch.sparse_csc and a.dim() == b.dim() == 2
-            and not kwargs):
-        product = torch.mm(_as_csr_transpose(b), _as_csr_transpose(a))
-        if product.layout == torch.sparse_csr:
-            ret = torch.sparse_csc_tensor(
-                product.crow_indices(), product.col_indices(), product.values(),
-                (product.shape[1], product.shape[0]), dtype=product.dtype,
-                device=product.device, check_invariants=False)
+def _as_csc(r: torch.Tensor) -> torch.Tensor:
+    """The transpose of a 2-D CSR result, as the CSC tensor on the same storage."""
+    if r.layout != torch.sparse_csr:
+        return r
+    return torch.sparse_csc_tensor(
+        r.crow_indices(), r.col_indices(), r.values(), (r.shape[1], r.shape[0]),
+        dtype=r.dtype, device=r.device, check_invariants=False)
+
+
+def _csc_2d(*ts: Any) -> bool:
+    return all(isinstance(t, torch.Tensor) and t.layout == torch.sparse_csc and t.dim() == 2
+               for t in ts)
+
+
+def _csc_repair(p: Product) -> torch.Tensor | None:
+    """torch 2.13's products of 2-D CSC tensors: ``torch.sparse.mm`` returns a broken structure
+    with the values lost, ``addmm`` with ``input``, ``mat1`` and ``mat2`` all CSC segfaults or
+    returns a wrong result. Here they are computed as transposes through the CSR kernel (the
+    transposes are free): ``a @ b == (b.T @ a.T).T``, ``addmm(c, a, b) == addmm(c.T, b.T,
+    a.T).T``, returned as CSC. None for every other call."""
+    if p.op in ("mm", "matmul") and p.input is None and _csc_2d(p.mat1, p.mat2):
+        return _as_csc(torch.mm(_as_csr_transpose(p.mat2), _as_csr_transpose(p.mat1)))
+    if p.op == "addmm" and _csc_2d(p.input, p.mat1, p.mat2):
+        return _as_csc(torch.addmm(
+            _as_csr_transpose(p.input), _as_csr_transpose(p.mat2),
+            _as_csr_transpose(p.mat1), beta=p.beta, alpha=p.alpha))
+    return None
+
+
+#: The functions of the product route, each with the kind of its sparse result.
+_PRODUCTS: dict[Any, OpKind] = {f: NEW_INDICES for f in blocks.FUNCS}
+_PRODUCTS[T.__rmatmul__] = OpKind.UNKNOWN
+#: The out-of-place function that computes each bound operation.
+_OUT_OF_PLACE = {"mm": torch.mm, "matmul": torch.matmul, "addmm": torch.addmm}
+
+
+def _product_route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Every product function (:data:`safesparse.blocks.FUNCS`: ``mm``, ``matmul``, ``@``,
+    ``addmm`` and ``addmm_``, ``torch.sparse.mm`` / ``addmm``, ``F.linear``), its arguments
+    bound by name (:func:`safesparse.binding.bind`), whatever form the call has.
+
+    * a sparse ``out=`` / in-place target: :func:`_into_sparse` (before any kernel runs);
+    * a BSR / BSC factor with a dense one: the block route (:func:`safesparse.blocks.route`),
+      where torch 2.13 has no CPU kernel; a dense ``out=`` / in-place target receives the
+      result;
+    * products of 2-D CSC tensors torch gets wrong: :func:`_csc_repair`;
+    * anything else: torch's kernel, its sparse result validated (``NEW_INDICES``).
+    """
+    p = bind(func, args, kwargs)
+    if (p is not None and not p.extra and func in _SPARSE_FORMS and _is_csc(p.mat1)
+            and isinstance(p.mat2, torch.Tensor) and p.mat2.layout == torch.strided):
+        # torch 2.13 has no backward for torch.sparse.mm / addmm of a CSC matrix and a dense
+        # one ("sparse_addmm_sparse_backward: unsupported combination of layouts"); torch.mm /
+        # torch.addmm compute the same product, with gradients
+        func = _SPARSE_FORMS[func]
+        if func is torch.mm:
+            args, kwargs = (p.mat1, p.mat2), {}
         else:
-            ret = product
-    else:
-        ret = func(*args, **kwargs)
-    return wrap_results(func, NEW_INDICES, args, kwargs, ret, before=before)
-
-
-def _addmm_operands(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-                    ) -> tuple[Any, Any, Any, Any, Any] | None:
-    """``(input, mat1, mat2, beta, alpha)`` of an addmm call, or None for forms we leave to
-    torch (``out=``, extra positional arguments)."""
-    if len(args) != 3 or set(kwargs) - {"beta", "alpha"}:
-        return None
-    return (*args, kwargs.get("beta", 1), kwargs.get("alpha", 1))
-
-
-def _addmm_route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``torch.addmm`` / ``Tensor.addmm`` / ``torch.sparse.addmm`` with compressed sparse
-    operands. torch 2.13 crashes (segfault) or returns a wrong result when ``input``, ``mat1``
-    and ``mat2`` are all 2-D CSC tensors; here that case is computed as the transpose of
-    ``addmm(input.T, mat2.T, mat1.T)`` through the CSR kernel (the transposes are free) and
-    returned as CSC. Every other combination runs torch's kernel (CPU refuses the other CSC
-    mixes with a clear ``RuntimeError``); sparse results are validated (``NEW_INDICES``).
-    A BSR/BSC ``mat1`` or ``mat2`` with dense other operands takes the block route first
-    (:func:`safesparse.blocks.block_call`), where torch 2.13 has no CPU kernel."""
-    call = blocks.block_call(func, args, kwargs)
-    if call is not None:
-        return blocks.block_product(call)
+            args, kwargs = (p.input, p.mat1, p.mat2), {"beta": p.beta, "alpha": p.alpha}
+    if p is not None and not p.extra:
+        target = p.target
+        if target is not None and isinstance(target, torch.Tensor) and _is_sparse(target):
+            return _into_sparse(func, p, target)
+        call = blocks.route(p)
+        if call is not None:
+            y = blocks.block_product(call)
+            return y if target is None else _into_dense(func, p, target, y)
+        if target is None:
+            before = _inputs_checked(args, kwargs)  # (before the repair's kernels run)
+            repaired = _csc_repair(p)
+            if repaired is not None:
+                return wrap_results(func, NEW_INDICES, args, kwargs, repaired, before=before)
     before = _inputs_checked(args, kwargs)
-    ops = _addmm_operands(func, args, kwargs)
-    if ops is not None:
-        c, a, b, beta, alpha = ops
-        if all(isinstance(x, torch.Tensor) and x.layout == torch.sparse_csc and x.dim() == 2
-               for x in (c, a, b)):
-            r = torch.addmm(_as_csr_transpose(c), _as_csr_transpose(b), _as_csr_transpose(a),
-                            beta=beta, alpha=alpha)
-            ret = torch.sparse_csc_tensor(
-                r.crow_indices(), r.col_indices(), r.values(), (r.shape[1], r.shape[0]),
-                dtype=r.dtype, device=r.device, check_invariants=False)
-            return wrap_results(func, NEW_INDICES, args, kwargs, ret, before=before)
     ret = func(*args, **kwargs)
-    return wrap_results(func, NEW_INDICES, args, kwargs, ret, before=before)
+    return wrap_results(func, _PRODUCTS[func], args, kwargs, ret, before=before)
 
 
-SafeSparseTensor.implements([torch.addmm, T.addmm, torch.sparse.addmm], NEW_INDICES)(
-    _addmm_route)
+SafeSparseTensor.implements(list(_PRODUCTS), NEW_INDICES)(_product_route)
+_SPARSE_FORMS = {torch.sparse.mm: torch.mm, torch.sparse.addmm: torch.addmm}
+
+
+def _is_csc(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.layout == torch.sparse_csc and t.dim() == 2
+
+
+def _is_sparse(t: torch.Tensor) -> bool:
+    return t.layout != torch.strided
+
+
+def _no_autograd(func: Any, p: Product, target: torch.Tensor) -> None:
+    """torch's rule for ``out=`` (and, for sparse targets here, in-place) forms."""
+    if torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad
+            for t in (p.input, p.mat1, p.mat2, target)):
+        form = "in-place" if p.inplace else "out="
+        raise RuntimeError(
+            f"{op_name(func)}(): functions with {form} arguments don't support automatic "
+            "differentiation, but one of the arguments requires grad.")
+
+
+def _into_dense(func: Any, p: Product, target: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The block route's result written into a dense ``out=`` / in-place target."""
+    if not p.inplace:
+        _no_autograd(func, p, target)
+        if target.shape != y.shape:
+            target.resize_(y.shape)
+    target.copy_(y)
+    return target
+
+
+def _same_structure(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` and ``b`` (same layout, shape) have equal index data."""
+    ma: tuple[torch.Tensor, ...]
+    mb: tuple[torch.Tensor, ...]
+    if a.layout == torch.sparse_coo:
+        ma, mb = (a._indices(),), (b._indices(),)
+        if a.is_coalesced() != b.is_coalesced():
+            return False
+    else:
+        ma, mb = compressed_members(a), compressed_members(b)
+    return all(x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
+               for x, y in zip(ma, mb, strict=True))
+
+
+def _into_sparse(func: Any, p: Product, target: torch.Tensor) -> torch.Tensor:
+    """A sparse ``out=`` or in-place target (``c.addmm_(a, b)``, ``torch.addmm(..., out=o)``,
+    ``torch.mm(a, b, out=o)``). torch's kernels write the result's index data into the
+    target's index storage, which other tensors may share (a twin built on the same index
+    tensors, the ``.mT`` view), and its CSC kernels write an invalid structure there. Here,
+    before any kernel runs, the result is computed out of place (through the routes and
+    repairs above, validated); when its index data equals the target's, only the values are
+    written, into the target's values (the target stays checked; no index storage is
+    written). Otherwise it is refused with ``RuntimeError`` naming the out-of-place form
+    (torch 2.13 has no way to give a sparse compressed tensor new index tensors in place:
+    ``t.data = r`` leaves its members as they are). Refused too: a result of another layout
+    or dtype than the target's, and any form where autograd would be needed (torch's rule
+    for ``out=``).
+    """
+    _no_autograd(func, p, target)
+    fresh_func = _OUT_OF_PLACE[p.op]
+    if p.op == "addmm":
+        fresh = _product_route(fresh_func, (p.input, p.mat1, p.mat2),
+                               {"beta": p.beta, "alpha": p.alpha})
+    else:
+        fresh = _product_route(fresh_func, (p.mat1, p.mat2), {})
+    where = "input" if p.inplace else "out="
+    call = f"{fresh_func.__name__}({'input, ' if p.op == 'addmm' else ''}mat1, mat2)"
+    if not (isinstance(fresh, torch.Tensor) and fresh.layout == target.layout
+            and fresh.dtype == target.dtype):
+        got = (f"{fresh.layout}, {fresh.dtype}" if isinstance(fresh, torch.Tensor)
+               else type(fresh).__name__)
+        raise RuntimeError(
+            f"{op_name(func)}: the result ({got}) cannot be written into the {where} tensor "
+            f"({target.layout}, {target.dtype}); use the out-of-place form torch.{call}")
+    if not (fresh.shape == target.shape and _same_structure(fresh, target)):
+        raise RuntimeError(
+            f"{op_name(func)}: the result's sparsity pattern differs from the {where} "
+            f"tensor's; a sparse {where} tensor only receives new values (writing its index "
+            "storage would change every tensor sharing it); use the out-of-place form "
+            f"torch.{call}")
+    values_of(target).copy_(values_of(fresh))
+    if isinstance(target, SafeSparseTensor):
+        after_inplace(target, keeps_indices=True)
+    return target
 
 
 def _same_index_data(t: Any, other: Any) -> bool:
@@ -229,19 +335,51 @@ def _same_index_data(t: Any, other: Any) -> bool:
             and _is_checked(t) and _is_checked(other))
 
 
+class _OnPattern(threading.local):
+    ids: frozenset[int] = frozenset()
+
+
+_on_pattern = _OnPattern()
+
+
+def on_pattern(params: Any) -> None:
+    """The parameters whose ``add_`` of a dense tensor, in this thread, adds it on their
+    pattern (an optimizer step: :mod:`safesparse.nn` sets them before SGD's step and clears
+    them after); ``()`` clears."""
+    _on_pattern.ids = frozenset(id(p) for p in params)
+
+
+def _dense_on_pattern(t: Any, other: Any) -> bool:
+    """``t.add_(other)`` inside an optimizer step allowed on ``t``'s pattern (see
+    :func:`on_pattern`): ``other`` dense, of ``t``'s shape, ``t`` a checked non-hybrid
+    compressed tensor."""
+    return (id(t) in _on_pattern.ids and isinstance(t, SafeSparseTensor)
+            and isinstance(other, torch.Tensor) and other.layout == torch.strided
+            and other.shape == t.shape and other.device == t.device
+            and t.layout in COMPRESSED_LAYOUTS and t.dense_dim() == 0)
+
+
 @SafeSparseTensor.implements([T.add_, T.__iadd__, T.sub_, T.__isub__], NEW_INDICES)
 def _add_inplace(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``t.add_(g)`` where ``g`` has the same checked index data as ``t`` (an optimizer step
     with a gradient built on the parameter's indices) is a values-only update: ``t`` stays
-    checked. Anything else runs torch's kernel, which builds new index data (validated)."""
+    checked. Inside an SGD step (:func:`on_pattern`), a dense ``g`` is added at ``t``'s
+    stored positions (the masked update of a fixed pattern): values-only too. Anything else
+    runs torch's kernel, which builds new index data (validated)."""
     before = _inputs_checked(args, kwargs)
     t = args[0]
     other: Any = args[1] if len(args) > 1 else kwargs.get("other")
     alpha = args[2] if len(args) > 2 else kwargs.get("alpha", 1)
-    if (before and _same_index_data(t, other) and set(kwargs) <= {"other", "alpha"}
-            and not (torch.is_grad_enabled() and (t.requires_grad or other.requires_grad))):
-        sign = -1 if func in (T.sub_, T.__isub__) else 1
+    plain_args = set(kwargs) <= {"other", "alpha"}
+    no_grad = not (torch.is_grad_enabled() and (t.requires_grad or other.requires_grad))
+    sign = -1 if func in (T.sub_, T.__isub__) else 1
+    if before and plain_args and no_grad and _same_index_data(t, other):
         values_of(t).add_(values_of(other), alpha=sign * alpha)
+        after_inplace(t, keeps_indices=True)
+        return t
+    if before and plain_args and no_grad and _dense_on_pattern(t, other):
+        update = other.reshape(-1)[blocks.pattern_positions(t)]
+        values_of(t).add_(update, alpha=sign * alpha)
         after_inplace(t, keeps_indices=True)
         return t
     ret = func(*args, **kwargs)

@@ -339,7 +339,9 @@ def test_route_decision() -> None:
     assert blocks.block_call(torch.mm, (unchecked, x), {}) is None
     assert blocks.block_call(torch.mm, (a, x.float()), {}) is None  # dtypes differ
     assert blocks.block_call(torch.mm, (a, rand(5, 2)), {}) is None  # shapes differ
-    assert blocks.block_call(torch.mm, (a, x), {"out": torch.empty(4, 2)}) is None
+    out_call = blocks.block_call(torch.mm, (a, x), {"out": torch.empty(4, 2)})
+    assert out_call is not None and out_call.a is a  # routed; ops writes the result into out
+    assert blocks.block_call(torch.mm, (a, x), {"out_dtype": torch.float32}) is None
     assert blocks.block_call(torch.addmm, (a, x.mT, x), {}) is None  # sparse input
     csr = ss.validate(dense.to_sparse_csr())
     assert blocks.block_call(torch.mm, (csr, x), {}) is None
@@ -417,3 +419,182 @@ def test_square_bsr_view_with_transposed_values() -> None:
     x = rand(dense.shape[0], 3)
     assert_dense_result(view @ x, dense.mT @ x, torch.float64)
     assert_dense_result(view @ x.requires_grad_(), dense.mT @ x, torch.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Keyword, out= and in-place forms (issue 27, item 6): one binding by name, the same route
+
+
+@PARAMS
+@pytest.mark.parametrize("block", [(2, 3), (2, 2)], ids=["2x3", "2x2"])
+def test_keyword_forms(layout: torch.layout, block: tuple[int, int]) -> None:
+    a, dense = make(layout, block)
+    x = rand(dense.shape[1], 3)
+    y = rand(dense.shape[0], 3, seed=2)
+    xl = rand(3, dense.shape[0], seed=3)
+    ref = dense @ x
+    for got in (torch.mm(a, mat2=x), torch.matmul(a, other=x), torch.matmul(input=a, other=x),
+                a.mm(mat2=x), a.matmul(other=x), torch.mm(input=a, mat2=x)):
+        assert_dense_result(got, ref, torch.float64)
+    assert_dense_result(torch.matmul(xl, other=a), xl @ dense, torch.float64)
+    assert_dense_result(torch.addmm(input=y, mat1=a, mat2=x, beta=0.5),
+                        0.5 * y + ref, torch.float64)
+    assert_dense_result(torch.addmm(y, mat1=a, mat2=x, alpha=2.0), y + 2 * ref, torch.float64)
+    assert_dense_result(y.addmm(mat1=a, mat2=x), y + ref, torch.float64)
+
+
+@PARAMS
+@pytest.mark.parametrize("block", [(2, 3), (2, 2)], ids=["2x3", "2x2"])
+def test_out_and_inplace_forms_with_a_dense_target(layout: torch.layout,
+                                                   block: tuple[int, int]) -> None:
+    a, dense = make(layout, block)
+    x = rand(dense.shape[1], 3)
+    y = rand(dense.shape[0], 3, seed=2)
+    for call, ref in ((lambda o: torch.mm(a, x, out=o), dense @ x),
+                      (lambda o: torch.matmul(a, x, out=o), dense @ x),
+                      (lambda o: torch.addmm(y, a, x, beta=2.0, out=o), 2 * y + dense @ x)):
+        out = torch.empty(dense.shape[0], 3, dtype=torch.float64)
+        assert call(out) is out
+        assert_dense_result(out, ref, torch.float64)
+        resized = torch.empty(0, dtype=torch.float64)
+        call(resized)
+        assert_dense_result(resized, ref, torch.float64)
+    target = y.clone()
+    assert target.addmm_(a, x, alpha=3.0) is target
+    assert_dense_result(target, y + 3 * (dense @ x), torch.float64)
+    target = y.clone()
+    target.addmm_(mat1=a, mat2=x)
+    assert_dense_result(target, y + dense @ x, torch.float64)
+
+
+def test_out_with_autograd_is_refused_as_torch_does() -> None:
+    a, dense = make(BSC, (2, 3))
+    x = rand(dense.shape[1], 3).requires_grad_()
+    out = torch.empty(dense.shape[0], 3, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="automatic differentiation"):
+        torch.mm(a, x, out=out)
+    with torch.no_grad():
+        torch.mm(a, x, out=out)
+    assert_dense_result(out, dense @ x.detach(), torch.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batched block tensors and unbatched operands (issue 27, item 7)
+
+
+@PARAMS
+@pytest.mark.parametrize("block", [(2, 3), (2, 2)], ids=["2x3", "2x2"])
+def test_unbatched_operand_times_batched_block(layout: torch.layout,
+                                               block: tuple[int, int]) -> None:
+    """``x @ A`` with a batched ``A`` and a 1-D / 2-D ``x``: matmul's broadcast (was an
+    internal shape error), with gradients."""
+    a, dense = make(layout, block, batch=(2,), seed=5)
+    m = dense.shape[-2]
+    for x in (rand(3, m), rand(m)):
+        assert_dense_result(x @ a, x @ dense, torch.float64)
+        assert_dense_result(torch.matmul(x, a), torch.matmul(x, dense), torch.float64)
+    compressed, plain = members(a)
+    values = a.values().detach().clone().requires_grad_()
+    x = rand(3, m).requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda v, x: x @ factory(layout)(compressed, plain, v, dense.shape), (values, x),
+        fast_mode=True)
+
+
+def test_batch_shapes_that_do_not_match_give_a_clear_error() -> None:
+    a, dense = make(BSR, (2, 3), batch=(2,))
+    with pytest.raises(RuntimeError, match="batch shapes"):
+        a @ rand(3, dense.shape[-1], 4)
+    with pytest.raises(RuntimeError, match="batch shapes"):
+        rand(3, 4, dense.shape[-2]) @ a
+
+
+# ---------------------------------------------------------------------------------------------
+# The block structure is kept with the index data's proof (issue 25, item 4)
+
+
+@PARAMS
+def test_structure_is_cached_with_the_proof(layout: torch.layout) -> None:
+    a, dense = make(layout, (2, 3))
+    x = rand(dense.shape[1], 2)
+    assert_dense_result(a @ x, dense @ x, torch.float64)
+    first = blocks.structure(a, True, True)
+    assert blocks.structure(a, True, True) is first  # kept: no sort, no rebuild
+    twin = factory(layout)(*members(a), a.values().clone(), a.shape)
+    assert blocks.structure(twin, True, True) is first  # same proven index data
+    assert blocks.structure(a.mT, True, True) is not first  # another layout: its own entry
+
+
+def _alias_writers(a: torch.Tensor) -> list[tuple[str, Callable[[], torch.Tensor]]]:
+    """Every route to a BSC tensor's row indices: its member, the BSR view's member, a twin
+    built on the same index tensors, a view of the member."""
+    return [
+        ("row_indices()", lambda: a.row_indices()),
+        ("mT.col_indices()", lambda: a.mT.col_indices()),
+        ("twin.row_indices()", lambda: ss.sparse_bsc_tensor(
+            a.ccol_indices(), a.row_indices(), a.values(), a.shape).row_indices()),
+        ("row_indices()[:]", lambda: a.row_indices()[:]),
+    ]
+
+
+@pytest.mark.parametrize("writer", range(4), ids=[n for n, _ in _alias_writers(torch.empty(0))])
+def test_write_through_an_alias_invalidates_the_cached_structure(writer: int) -> None:
+    """A BSC tensor's regrouped structure is cached; a write through any alias of its indices
+    drops it with the proof: after a valid write and revalidation the product is the new
+    matrix's (not the stale structure's), an invalid write is refused."""
+    a, dense = make(BSC, (2, 3))
+    x = rand(dense.shape[1], 2)
+    assert_dense_result(a @ x, dense @ x, torch.float64)
+    stale = blocks.structure(a, True, True)
+    stale.side(False)
+    # MASK's block column 1 holds one block, at block row 2: move it to block row 1 (valid)
+    ccol = a.ccol_indices()
+    pos = int(ccol[1])
+    assert int(ccol[2]) - pos == 1 and int(a.row_indices()[pos]) == 2
+    _, alias = _alias_writers(a)[writer]
+    alias()[pos] = 1
+    assert not ss.is_checked(a)
+    moved = dense.clone()
+    moved[2:4, 3:6], moved[4:6, 3:6] = dense[4:6, 3:6], 0
+    assert_dense_result(a @ x, moved @ x, torch.float64)  # revalidated by the guard
+    assert ss.is_checked(a)
+    assert blocks.structure(a, True, True) is not stale
+    alias()[pos] = 7  # out of range: refused before any kernel reads it
+    with pytest.raises(ss.InvariantError):
+        a @ x
+
+
+def test_pattern_positions_gather_the_stored_entries() -> None:
+    for layout, block in ((BSR, (2, 3)), (BSC, (3, 2))):
+        a, dense = make(layout, block, batch=(2,))
+        pos = blocks.pattern_positions(a)
+        assert pos.shape == a.values().shape
+        assert torch.equal(dense.reshape(-1)[pos], a.values())
+        view = a.mT
+        assert torch.equal(dense.mT.reshape(-1)[blocks.pattern_positions(view)], view.values())
+    csr = ss.validate(rand(4, 5).to_sparse_csr())
+    assert torch.equal(csr.to_dense().reshape(-1)[blocks.pattern_positions(csr)], csr.values())
+
+
+@PARAMS
+@pytest.mark.parametrize("batch", [(), (2,)], ids=["2d", "batched"])
+def test_gradcheck_large_blocks(layout: torch.layout, batch: tuple[int, ...]) -> None:
+    """Blocks of at least ``blocks._BMM_MIN`` elements get the values' gradient from one
+    batched matmul instead of ``sampled_addmm``: every orientation, shared and batched
+    operands."""
+    block = (12, 12)
+    assert block[0] * block[1] >= blocks._BMM_MIN
+    a, dense = make(layout, block, batch=batch)
+    compressed, plain = members(a)
+    values = a.values().detach().clone().requires_grad_()
+    build = factory(layout)
+    m, k = dense.shape[-2:]
+    for x in (rand(k, 3), rand(*batch, k, 3)):
+        x.requires_grad_()
+        assert torch.autograd.gradcheck(
+            lambda v, x: build(compressed, plain, v, dense.shape) @ x, (values, x),
+            fast_mode=True)
+    g = rand(*batch, m, 3).requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda v, g: build(compressed, plain, v, dense.shape).mT @ g, (values, g),
+        fast_mode=True)

@@ -120,3 +120,80 @@ def test_no_op_crashes_or_computes_wrongly_on_valid_data(first: str) -> None:
         assert f"sparse.mm {first} {first}" in ok and f"mm {first} dense" in ok
     if first in ("csr", "csc"):
         assert f"addmm {first}(plain) {first} {first}" in ok
+
+
+# ---------------------------------------------------------------------------------------------
+# In-place and out= products with sparse targets (issue 27, item 5)
+
+TARGETS_CHILD = textwrap.dedent('''
+    import json, sys, warnings
+    import torch
+    import safesparse as ss
+    warnings.filterwarnings("ignore")
+    form = sys.argv[1]
+    torch.manual_seed(0)
+
+    def rnd(p=0.4):
+        return ss.validate((torch.randn(5, 5) * (torch.rand(5, 5) < p)).to_sparse_csc())
+
+    c, a, b = rnd(), rnd(), rnd()
+    dense_c = c.to_dense()
+    ref = dense_c + a.to_dense() @ b.to_dense()
+    twin = ss.sparse_csc_tensor(c.ccol_indices(), c.row_indices(), c.values().clone(), c.shape)
+    twin_dense = twin.to_dense()
+    view = c.mT
+    outcome = {}
+    try:
+        if form == "addmm_":
+            r = c.addmm_(a, b)
+        elif form == "addmm_kw":
+            r = c.addmm_(mat1=a, mat2=b)
+        elif form == "out":
+            r = torch.addmm(c, a, b, out=twin)
+        elif form == "input_kw":
+            r = torch.addmm(input=c, mat1=a, mat2=b)
+        elif form == "same_pattern":
+            full = ss.validate(torch.ones(5, 5).to_sparse_csc())
+            full_twin = ss.sparse_csc_tensor(full.ccol_indices(), full.row_indices(),
+                                             full.values().clone(), full.shape)
+            r = full.addmm_(a, b)
+            ref = torch.ones(5, 5) + a.to_dense() @ b.to_dense()
+            ss.validate(full_twin)
+            outcome["twin"] = bool(torch.equal(full_twin.to_dense(), torch.ones(5, 5)))
+            twin_dense = twin.to_dense()
+        outcome["result"] = bool(torch.allclose(r.to_dense(), ref, atol=1e-5))
+        outcome["checked"] = ss.is_checked(r)
+    except RuntimeError as err:
+        outcome["refused"] = str(err).splitlines()[0]
+    for name, t, want in (("twin", twin, twin_dense), ("view", view, dense_c.mT),
+                          ("c", c, dense_c)):
+        if form in ("addmm_", "addmm_kw") and name != "twin" and "refused" not in outcome:
+            continue
+        if form == "out" and name == "twin" and "refused" not in outcome:
+            continue
+        ss.validate(t)  # InvariantError if its index storage was written
+        outcome[name] = outcome.get(name, True) and bool(torch.equal(t.to_dense(), want))
+    print(json.dumps(outcome), flush=True)
+''')
+
+
+@pytest.mark.parametrize("form", ["addmm_", "addmm_kw", "out", "input_kw", "same_pattern"])
+def test_sparse_targets_never_get_index_writes(form: str) -> None:
+    """``c.addmm_(a, b)`` and ``torch.addmm(..., out=o)`` on CSC tensors used to run torch's
+    broken CSC kernel, writing an invalid structure into index storage that a twin and the
+    ``.mT`` view share. Now: the result is computed out of place first; only values are
+    written when the pattern is the same, otherwise refused naming the out-of-place form;
+    every tensor sharing the index storage keeps its (valid) data. ``torch.addmm(input=...,
+    mat1=..., mat2=...)`` takes the CSC repair like the positional form."""
+    done = subprocess.run(
+        [sys.executable, "-c", TARGETS_CHILD, form], capture_output=True, text=True,
+        timeout=300, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    if form in ("input_kw", "same_pattern"):
+        assert outcome["result"] is True and outcome["checked"] is True
+    else:
+        assert "pattern differs" in outcome["refused"] and "torch.addmm" in outcome["refused"]
+    shared = {k: v for k, v in outcome.items() if k in ("twin", "view", "c")}
+    assert shared and all(v is True for v in shared.values()), outcome
