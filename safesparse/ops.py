@@ -172,13 +172,15 @@ def _csc_2d(*ts: Any) -> bool:
                for t in ts)
 
 
-def _csc_repair(p: Product) -> torch.Tensor | None:
+def _csc_repair(func: Any, p: Product) -> torch.Tensor | None:
     """torch 2.13's products of 2-D CSC tensors: ``torch.sparse.mm`` returns a broken structure
     with the values lost, ``addmm`` with ``input``, ``mat1`` and ``mat2`` all CSC segfaults or
     returns a wrong result. Here they are computed as transposes through the CSR kernel (the
     transposes are free): ``a @ b == (b.T @ a.T).T``, ``addmm(c, a, b) == addmm(c.T, b.T,
-    a.T).T``, returned as CSC. None for every other call."""
-    if p.op in ("mm", "matmul") and p.input is None and _csc_2d(p.mat1, p.mat2):
+    a.T).T``, returned as CSC. None for every other call (``torch.mm`` / ``@`` of two CSC
+    tensors is right in torch, and returns CSR: its result is validated as any other)."""
+    if (func is torch.sparse.mm and p.op in ("mm", "matmul") and p.input is None
+            and _csc_2d(p.mat1, p.mat2)):
         return _as_csc(torch.mm(_as_csr_transpose(p.mat2), _as_csr_transpose(p.mat1)))
     if p.op == "addmm" and _csc_2d(p.input, p.mat1, p.mat2):
         return _as_csc(torch.addmm(
@@ -227,7 +229,7 @@ def _product_route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
             return y if target is None else _into_dense(func, p, target, y)
         if target is None:
             before = _inputs_checked(args, kwargs)  # (before the repair's kernels run)
-            repaired = _csc_repair(p)
+            repaired = _csc_repair(func, p)
             if repaired is not None:
                 return wrap_results(func, NEW_INDICES, args, kwargs, repaired, before=before)
     before = _inputs_checked(args, kwargs)

@@ -289,3 +289,16 @@ def test_data_assignment_torch_cannot_do_is_refused_not_trusted() -> None:
     c = ss.sparse_coo_tensor([[0, 1]], [1.0, 2.0], (2,))
     c.data = c.double()  # (COO swaps its members: consistent, and checked)
     assert ss.is_checked(c) and c._values().dtype == torch.float64
+
+
+def test_mm_of_two_csc_tensors_keeps_torchs_layout() -> None:
+    """``torch.mm`` / ``@`` of two CSC tensors is right in torch and returns CSR (the repair is
+    for ``torch.sparse.mm``, whose CSC result torch breaks)."""
+    dense = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0], [4.0, 0.0, 5.0]])
+    a, b = ss.validate(dense.to_sparse_csc()), ss.validate(dense.T.to_sparse_csc())
+    plain = torch.mm(ss.unwrap(a), ss.unwrap(b))
+    for out in (torch.mm(a, b), a @ b):
+        assert out.layout == plain.layout == torch.sparse_csr and ss.is_checked(out)
+        assert torch.equal(out.to_dense(), dense @ dense.T)
+    fixed = torch.sparse.mm(a, b)
+    assert fixed.layout == torch.sparse_csc and torch.equal(fixed.to_dense(), dense @ dense.T)
