@@ -102,6 +102,7 @@ from typing import Any, Final
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
+from .debug import is_debug
 from .memory import (
     IndexKey,
     IndexState,
@@ -633,9 +634,10 @@ def proof_cache(t: torch.Tensor) -> dict[Hashable, Any] | None:
     :func:`clear_cache`), so a later call gets a new, empty one. None when ``t`` is not checked
     now, or its index data cannot be watched (volatile): compute afresh then.
 
-    Only what depends on the index data and the geometry may be cached (never values)."""
+    Only what depends on the index data and the geometry may be cached (never values). In
+    debug mode, which trusts no remembered state, there is no cache (None)."""
     rec = record(t)
-    if rec is None or rec.ver < 0 or not holds(rec):
+    if rec is None or rec.ver < 0 or not holds(rec) or is_debug():
         return None
     state = share(rec)
     if state is None:

@@ -464,3 +464,12 @@ def test_proof_cache_is_shared_on_proven_data_and_dropped_with_the_proof() -> No
     unchecked = ss.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([0, 1]),
                                      torch.ones(2), (2, 2), check_invariants=False)
     assert checked.proof_cache(unchecked) is None
+
+
+def test_no_proof_cache_in_debug_mode() -> None:
+    from safesparse import checked
+
+    a = ss.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([0, 1]), torch.ones(2), (2, 2))
+    assert checked.proof_cache(a) is not None
+    with ss.debug():
+        assert checked.proof_cache(a) is None  # debug mode trusts no remembered state
