@@ -134,6 +134,65 @@ def test_a_file_rewritten_in_place_never_leaves_a_checked_tensor_invalid(
     assert proc.stdout.strip().splitlines()[-1] == "[1.0, 2.0, 3.0]"
 
 
+@pytest.mark.parametrize("route", ["safetensors", "ss.load mmap", "enforce torch.load mmap"])
+def test_large_members_are_loaded_on_private_copies(route: str, tmp_path: Path) -> None:
+    """Members over files.owned.HUGE_FROM take the huge-page copy, not clone(): the same
+    guarantee (a rewrite of the file changes nothing the checked tensor reads)."""
+    pytest.importorskip("safetensors")
+    proc = _child(f"""
+        import torch, safesparse as ss
+        from safesparse.files.owned import HUGE_FROM
+        from safesparse.safetensors import save_file, load_file
+        n = HUGE_FROM // 8 + 1000                     # int64 column indices past the threshold
+        crow, col = torch.arange(n + 1), torch.arange(n)
+        good = ss.sparse_csr_tensor(crow, col, torch.ones(n), (n, n))
+        bad_col = col.clone(); bad_col[-1] = 10**9
+        route = {route!r}
+        if route == "safetensors":
+            save_file({{"w": good}}, "model.st")
+            loaded = load_file("model.st")["w"]
+            bad = ss.sparse_csr_tensor(crow, bad_col, torch.ones(n), (n, n),
+                                       check_invariants=False)
+            with open("model.st", "r+b") as f:            # rewritten in place, same offsets
+                data = f.read()
+                key = col.numpy().tobytes()
+                at = data.index(key)
+                f.seek(at); f.write(bad_col.numpy().tobytes())
+        else:
+            torch.save({{"w": ss.unwrap(good)}}, "model.pt")
+            if route == "ss.load mmap":
+                loaded = ss.load("model.pt", mmap=True)["w"]
+            else:
+                with ss.enforce():
+                    loaded = torch.load("model.pt", mmap=True)["w"]
+            with open("model.pt", "r+b") as f:
+                data = f.read()
+                at = data.index(col.numpy().tobytes())
+                f.seek(at); f.write(bad_col.numpy().tobytes())
+        assert ss.is_checked(loaded)
+        col_now = ss.unwrap(loaded).col_indices()
+        assert int(col_now[-1]) == n - 1, int(col_now[-1])
+        print(float((loaded @ torch.ones(n, 1)).sum()))
+    """, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == f"{float(2 ** 21 // 8 + 1000)}"
+
+
+def test_own_copy_is_equal_and_shares_no_memory() -> None:
+    from safesparse.files.owned import HUGE_FROM, own_copy
+
+    for n in (0, 7, HUGE_FROM // 8 + 3):
+        src = torch.arange(n, dtype=torch.int64)
+        out = own_copy(src)
+        assert out.dtype == src.dtype and out.shape == src.shape and torch.equal(out, src)
+        if n:
+            assert out.data_ptr() != src.data_ptr()
+            src[0] = -1
+            assert int(out[0]) == 0
+    wide = torch.arange(2 * (HUGE_FROM // 8), dtype=torch.int64).view(2, -1)
+    assert torch.equal(own_copy(wide), wide) and own_copy(wide).shape == wide.shape
+
+
 # ---------------------------------------------------------------------------------------------
 # Keyword arguments reach the guard
 

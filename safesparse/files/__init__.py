@@ -13,6 +13,7 @@ Where things are
 * :mod:`~safesparse.files.safetensors`: safetensors files, no pickle at all (public as
   :mod:`safesparse.safetensors`);
 * :mod:`~safesparse.files.atomic`: writing a file whole or not at all.
+* :mod:`~safesparse.files.owned`: the loaders' copy of index members off a file mapping.
 
 A checkpoint is untrusted input. ``torch.load`` rebuilds every sparse tensor in a file with
 ``torch._utils._rebuild_sparse_tensor``, which calls ``torch.sparse_coo_tensor`` /

@@ -50,6 +50,7 @@ from ..invariants import SPARSE_LAYOUTS
 from ..metadata import members
 from ..tensor import SafeSparseTensor, is_checked, unwrap, validate
 from .atomic import replacing
+from .owned import own_copy
 from .results import Found, LoadResult, PathKey
 from .session import SparseRecord
 
@@ -276,10 +277,10 @@ def _build(key: str, layout: torch.layout, size: tuple[int, ...], coalesced: boo
            parts: tuple[torch.Tensor, ...]) -> SafeSparseTensor | SparseRecord:
     """The checked tensor, or the record of the invariant its members break (nothing built).
 
-    The index members are copied first: the file's tensors map the file, which another
-    process can rewrite under a checked tensor (a deploy copying a new model over it); a copy
-    is small next to the values, which stay mapped (SPEC 4)."""
-    parts = (*(m.clone() for m in parts[:-1]), parts[-1])
+    The index members are copied first (:func:`~safesparse.files.owned.own_copy`): the file's
+    tensors map the file, which another process can rewrite under a checked tensor (a deploy
+    copying a new model over it); the values stay mapped (SPEC 4)."""
+    parts = (*(own_copy(m) for m in parts[:-1]), parts[-1])
     try:
         if layout == torch.sparse_coo:
             return sparse_coo_tensor(parts[0], parts[1], size, is_coalesced=coalesced)

@@ -34,6 +34,7 @@ from ..factories import (
 from ..invariants import SPARSE_LAYOUTS
 from ..metadata import members
 from ..tensor import SafeSparseTensor, is_checked, validate
+from .owned import own_copy
 
 # Members of tensors that were not built
 
@@ -425,12 +426,12 @@ class _LoadMode(TorchFunctionMode):
 
         if self.session.own_indices:  # (mmap=True) validated and kept on copies
             n = 1 if layout == torch.sparse_coo else 2
-            args = (*(a.clone() if isinstance(a, torch.Tensor) else a for a in args[:n]),
+            args = (*(own_copy(a) if isinstance(a, torch.Tensor) else a for a in args[:n]),
                     *args[n:])
             for name in ("indices", "compressed_indices", "plain_indices", "crow_indices",
                          "col_indices", "ccol_indices", "row_indices"):
                 if isinstance(kwargs.get(name), torch.Tensor):
-                    kwargs[name] = kwargs[name].clone()
+                    kwargs[name] = own_copy(kwargs[name])
 
         def build() -> SafeSparseTensor:
             with _trusted():
@@ -471,11 +472,11 @@ def _on_copied_indices(t: torch.Tensor) -> torch.Tensor:
     """``t`` (plain) rebuilt, unvalidated, on copies of its index members; values shared."""
     if t.layout == torch.sparse_coo:
         return _originals.sparse_coo_tensor(
-            t._indices().clone(), t._values(), t.shape, check_invariants=False,
+            own_copy(t._indices()), t._values(), t.shape, check_invariants=False,
             is_coalesced=t.is_coalesced())
     compressed, plain, values = members(t)
     return _originals.sparse_compressed_tensor(
-        compressed.clone(), plain.clone(), values, t.shape, layout=t.layout,
+        own_copy(compressed), own_copy(plain), values, t.shape, layout=t.layout,
         dtype=values.dtype, device=values.device, check_invariants=False)
 
 

@@ -20,6 +20,7 @@ from ..factories import (
 from ..invariants import SPARSE_LAYOUTS
 from ..metadata import compressed_members
 from ..tensor import SafeSparseTensor, is_checked, unwrap
+from .owned import own_copy
 from .results import Found, LoadResult, Path, PathKey, path_str
 from .session import (
     SparseRecord,
@@ -328,11 +329,11 @@ def _with_own_indices(t: SafeSparseTensor) -> SafeSparseTensor:
         plain = unwrap(t).detach()
         values = _members_of(plain)[-1]
         if plain.layout == torch.sparse_coo:
-            out = sparse_coo_tensor(plain._indices().clone(), values, tuple(plain.shape),
+            out = sparse_coo_tensor(own_copy(plain._indices()), values, tuple(plain.shape),
                                     is_coalesced=plain.is_coalesced())
         else:
             compressed, plain_idx = compressed_members(plain)
-            out = sparse_compressed_tensor(compressed.clone(), plain_idx.clone(), values,
+            out = sparse_compressed_tensor(own_copy(compressed), own_copy(plain_idx), values,
                                            tuple(plain.shape), layout=plain.layout)
     if leaf_grad:
         out.requires_grad_(True)
