@@ -35,6 +35,7 @@ import torch
 from .checked import UNCHECKED, Record, holds
 from .debug import is_debug
 from .metadata import _UNSUPPORTED_VALUE_DTYPES, SUPPORTED_DEVICE_TYPES
+from .optable import VALUES_ONLY
 
 __all__ = ["FAST", "MISS", "Fallback", "Handler"]
 
@@ -234,17 +235,6 @@ def _sparse_mm(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any,
     if _checked(a) is None:
         return MISS
     return _run(func, types, args, {})
-
-
-#: Zero-preserving elementwise ops torch applies to the values of a sparse tensor alone (f(0)
-#: is 0, so the index data of the result is the input's); the op table (ops.py) lists the same.
-VALUES_ONLY = (
-    "abs", "absolute", "angle", "arcsin", "arcsinh", "arctan", "arctanh", "asin", "asinh",
-    "atan", "atanh", "ceil", "conj_physical", "deg2rad", "erf", "erfinv", "expm1", "fix",
-    "floor", "frac", "isinf", "isnan", "isneginf", "isposinf", "log1p", "nan_to_num", "neg",
-    "negative", "positive", "rad2deg", "relu", "round", "sgn", "sign", "signbit", "sin", "sinh",
-    "sqrt", "square", "tan", "tanh", "trunc",
-)
 
 
 def _table() -> dict[Callable[..., Any], Handler]:

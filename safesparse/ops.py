@@ -29,6 +29,7 @@ from .binding import Product, bind
 from .errors import InvariantError
 from .invariants import COMPRESSED_LAYOUTS
 from .metadata import compressed_members, values_of
+from .optable import VALUES_ONLY
 from .tensor import (
     REPAIRS,
     OpKind,
@@ -62,17 +63,6 @@ def scalar_else_new(args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpKind:
     """Multiplying/dividing by a scalar keeps the indices; with a tensor, torch builds new ones."""
     other = args[1] if len(args) > 1 else kwargs.get("other")
     return PRESERVING if _is_scalar(other) else NEW_INDICES
-
-
-#: Zero-preserving elementwise ops torch applies to the values of a sparse tensor alone (f(0) is
-#: 0, so the index data of the result is the input's): function, method and in-place forms.
-VALUES_ONLY = (
-    "abs", "absolute", "angle", "arcsin", "arcsinh", "arctan", "arctanh", "asin", "asinh",
-    "atan", "atanh", "ceil", "conj_physical", "deg2rad", "erf", "erfinv", "expm1", "fix",
-    "floor", "frac", "isinf", "isnan", "isneginf", "isposinf", "log1p", "nan_to_num", "neg",
-    "negative", "positive", "rad2deg", "relu", "round", "sgn", "sign", "signbit", "sin", "sinh",
-    "sqrt", "square", "tan", "tanh", "trunc",
-)
 
 
 def _forms(names: tuple[str, ...]) -> list[Any]:

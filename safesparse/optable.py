@@ -17,6 +17,7 @@ import torch
 __all__ = [
     "INDEX_ACCESSORS",
     "INSPECTION",
+    "VALUES_ONLY",
     "Classifier",
     "Handler",
     "OpEntry",
@@ -113,3 +114,15 @@ def op_name(func: Callable[..., Any]) -> str:
     if name in ("__get__", "__set__"):  # a property: name the descriptor, not its accessor
         name = getattr(getattr(func, "__self__", None), "__name__", name)
     return name
+
+
+#: Zero-preserving elementwise ops torch applies to the values of a sparse tensor alone (f(0) is
+#: 0, so the index data of the result is the input's): function, method and in-place forms.
+#: The op table (ops.py) lists them as preserving; the fast path (fastpath.py) takes them.
+VALUES_ONLY = (
+    "abs", "absolute", "angle", "arcsin", "arcsinh", "arctan", "arctanh", "asin", "asinh",
+    "atan", "atanh", "ceil", "conj_physical", "deg2rad", "erf", "erfinv", "expm1", "fix",
+    "floor", "frac", "isinf", "isnan", "isneginf", "isposinf", "log1p", "nan_to_num", "neg",
+    "negative", "positive", "rad2deg", "relu", "round", "sgn", "sign", "signbit", "sin", "sinh",
+    "sqrt", "square", "tan", "tanh", "trunc",
+)
