@@ -31,8 +31,6 @@ from .checked import VOLATILE, Record, attach, claim, holds, plain_members
 from .debug import is_debug
 from .memory import Spans, watchable_spans
 from .metadata import (
-    INT32_MAX,
-    INT64_MAX,
     CompressedMeta,
     CooMeta,
     _accept_compressed_metadata,
@@ -40,14 +38,12 @@ from .metadata import (
 )
 from .tensor import SafeSparseTensor, retype
 from .validation import (
+    _native_accepts,
     _native_coo_accepts,
     check_compressed_indices,
     check_coo_indices,
     native_coo_ok,
-    native_enabled,
 )
-
-_native_enabled = native_enabled
 
 __all__ = ["compressed", "coo", "fast_compressed", "fast_coo", "final_size", "unchecked"]
 
@@ -207,32 +203,17 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
         return compressed(c, p, v, meta)
     vc = c._version
     vp = p._version
-    # torch's own checked constructor (its checker is validation.py's native path; one call
-    # builds and checks, as torch's factory does), behind its preconditions, inlined: the
-    # metadata stage made the members contiguous and on one device; the offsets pre-check
-    # keeps its checker within the plain indices
-    nnz = meta.nnz
-    plain = None
-    if (v.is_cpu and _native_enabled() and min(shape) > 0
-            and meta.n_plain + nnz < (INT32_MAX if c.dtype is torch.int32 else INT64_MAX)):
-        if c.dim() == 1 and len(c) <= 32:
-            offsets = c.tolist()
-            inside = min(offsets) >= 0 and max(offsets) <= nnz
-        else:
-            lo, hi = torch.aminmax(c)
-            inside = lo.item() >= 0 and hi.item() <= nnz  # (CPU: no sync)
-        if inside:
-            try:
-                plain = build(c, p, v, shape, check_invariants=True)
-            except Exception:  # refused: the vectorised path decides (located error) below
-                plain = None
-    if plain is None:
+    # torch's native checker (validation.py's native path, behind its preconditions and the
+    # offsets pre-check), then torch's unchecked constructor. Not torch's factory with
+    # check_invariants=True: it sets torch's process-wide invariant-check flag for the call and
+    # restores what it saw, so two threads in it at once can leave the flag on for good
+    # (every later torch factory validating, torch.load's post-load check enabled)
+    if not _native_accepts(meta, c, p, v):
         check_compressed_indices(meta, c, p)  # raises, located; or accepts what torch refused
     checked.count("validations")
     if c._version != vc or p._version != vp:
         return compressed(c, p, v, meta)  # written meanwhile: the general way decides
-    if plain is None:
-        plain = build(c, p, v, shape, check_invariants=False)
+    plain = build(c, p, v, shape, check_invariants=False)
     if plain.is_inference():
         return _volatile(plain, geom)
     # m0: an alias sharing the new tensor's counter; m1: the caller's plain member itself,

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, settings
 
 # Make ``import safesparse`` and ``import strategies`` work without an installed package.
@@ -62,10 +63,20 @@ settings.load_profile(_profile_name())
 
 @pytest.fixture(autouse=True)
 def _fresh_safesparse_state() -> Iterator[None]:
-    """Every test starts with an empty validation cache and zeroed counters."""
+    """Every test starts with an empty validation cache and zeroed counters, and leaves torch's
+    process-wide invariant-check flag as it found it (a test that leaks it changes what every
+    later test sees: torch then validates in its own factories and in torch.load)."""
     ss.clear_cache()
     ss.reset_stats()
+    flag = torch.sparse.check_sparse_tensor_invariants.is_enabled()
     yield
+    now = torch.sparse.check_sparse_tensor_invariants.is_enabled()
+    if now != flag:
+        if flag:
+            torch.sparse.check_sparse_tensor_invariants.enable()
+        else:
+            torch.sparse.check_sparse_tensor_invariants.disable()
+        pytest.fail(f"torch's sparse invariant-check flag was {flag}, the test left it {now}")
 
 
 #: Test modules that mostly start other processes (Python children, distributed workers, mypy)

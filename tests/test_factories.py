@@ -558,3 +558,25 @@ def test_values_write_then_validate_succeeds() -> None:
     assert ss.validate(t) is t
     assert ss.is_checked(t)
     assert t.to_dense()[0, 0] == 100.0
+
+
+def test_factories_in_threads_leave_torch_s_invariant_flag_alone() -> None:
+    """torch's factory with check_invariants=True sets torch's process-wide flag for the call
+    and restores what it saw: two threads in it at once can leave the flag on for good. The
+    factories validate without it (torch's checker is called directly)."""
+    import threading
+
+    assert not torch.sparse.check_sparse_tensor_invariants.is_enabled()
+    crow, col, vals = torch.tensor([0, 1, 2]), torch.tensor([0, 1]), torch.ones(2)
+
+    def build() -> None:
+        for _ in range(5000):
+            ss.sparse_csr_tensor(crow.clone(), col.clone(), vals, (2, 2))
+            ss.sparse_bsc_tensor(crow.clone(), col.clone(), torch.ones(2, 1, 1), (2, 2))
+
+    threads = [threading.Thread(target=build) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not torch.sparse.check_sparse_tensor_invariants.is_enabled()
