@@ -36,6 +36,7 @@ from .tensor import (
     SafeSparseTensor,
     _inputs_checked,
     _is_checked,
+    _is_sparse,
     after_inplace,
     op_name,
     wrap_results,
@@ -199,7 +200,7 @@ def _product_route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     * anything else: torch's kernel, its sparse result validated (``NEW_INDICES``).
     """
     p = bind(func, args, kwargs)
-    if (p is not None and not p.extra and func in _SPARSE_FORMS and _is_csc(p.mat1)
+    if (p is not None and not p.extra and func in _SPARSE_FORMS and _csc_2d(p.mat1)
             and isinstance(p.mat2, torch.Tensor) and p.mat2.layout == torch.strided):
         # torch 2.13 has no backward for torch.sparse.mm / addmm of a CSC matrix and a dense
         # one ("sparse_addmm_sparse_backward: unsupported combination of layouts"); torch.mm /
@@ -211,7 +212,7 @@ def _product_route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
             args, kwargs = (p.input, p.mat1, p.mat2), {"beta": p.beta, "alpha": p.alpha}
     if p is not None and not p.extra:
         target = p.target
-        if target is not None and isinstance(target, torch.Tensor) and _is_sparse(target):
+        if _is_sparse(target):
             return _into_sparse(func, p, target)
         call = blocks.route(p)
         if call is not None:
@@ -229,14 +230,6 @@ def _product_route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
 
 SafeSparseTensor.implements(list(_PRODUCTS), NEW_INDICES)(_product_route)
 _SPARSE_FORMS = {torch.sparse.mm: torch.mm, torch.sparse.addmm: torch.addmm}
-
-
-def _is_csc(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and t.layout == torch.sparse_csc and t.dim() == 2
-
-
-def _is_sparse(t: torch.Tensor) -> bool:
-    return t.layout != torch.strided
 
 
 def _no_autograd(func: Any, p: Product, target: torch.Tensor) -> None:

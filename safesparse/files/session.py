@@ -33,7 +33,7 @@ from ..factories import (
 )
 from ..invariants import SPARSE_LAYOUTS
 from ..metadata import members
-from ..tensor import SafeSparseTensor, is_checked, validate
+from ..tensor import SafeSparseTensor, _is_sparse, is_checked, validate
 from .owned import own_copy
 
 # Members of tensors that were not built
@@ -372,10 +372,6 @@ def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int, *names: str) -> 
     if len(args) > i:
         return args[i]
     return next((kwargs[n] for n in names if n in kwargs), None)
-
-
-def _is_sparse(x: Any) -> bool:
-    return isinstance(x, torch.Tensor) and x.layout in SPARSE_LAYOUTS
 
 
 class _LoadMode(TorchFunctionMode):
