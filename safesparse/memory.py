@@ -279,7 +279,7 @@ class _Range:
 
     __slots__ = ("cdata", "device", "end", "ref", "start", "state")
 
-    def __init__(self, storage: torch.UntypedStorage, device: int, start: int,
+    def __init__(self, storage: torch.UntypedStorage, device: int | None, start: int,
                  end: int, state: IndexState) -> None:
         self.ref = StorageWeakRef(storage)  # type: ignore[no-untyped-call]
         self.cdata: int = self.ref.cdata
@@ -304,13 +304,13 @@ class _Registry:
     """Ranges per device, sorted by start (``_lock`` held for every access)."""
 
     def __init__(self) -> None:
-        self.starts: dict[int, list[int]] = {}
-        self.items: dict[int, list[_Range]] = {}
-        self.longest: dict[int, int] = {}
+        self.starts: dict[int | None, list[int]] = {}
+        self.items: dict[int | None, list[_Range]] = {}
+        self.longest: dict[int | None, int] = {}
         self.count = 0
         self.sweep_at = 256
 
-    def overlapping(self, device: int, start: int, end: int) -> list[_Range]:
+    def overlapping(self, device: int | None, start: int, end: int) -> list[_Range]:
         starts = self.starts.get(device)
         if not starts:
             return []
@@ -378,10 +378,10 @@ _lock = threading.RLock()
 _empty: weakref.WeakValueDictionary[IndexKey, IndexState] = weakref.WeakValueDictionary()
 
 
-#: ``(device, start, end)``: the device as ``get_device()`` gives it (-1: the CPU; an index
-#: for an accelerator; two accelerators with one index only ever share a state, never a proof:
-#: proofs name the device)
-Span = tuple[int, int, int]
+#: ``(device, start, end)``: the device as the storage's ``get_device()`` gives it (None: the
+#: CPU; an index for an accelerator; two accelerators with one index only ever share a state,
+#: never a proof: proofs name the device)
+Span = tuple[int | None, int, int]
 Spans = tuple[Span, ...]
 
 
