@@ -25,7 +25,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from . import debug
-from .tensor import _INSPECTION, SafeSparseTensor, _validate_inputs, sparse_inputs
+from .optable import INSPECTION
+from .tensor import SafeSparseTensor, _validate_inputs, sparse_inputs
 
 __all__ = ["DebugMode"]
 
@@ -41,7 +42,7 @@ class DebugMode(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        if func not in _INSPECTION and debug.is_debug():
+        if func not in INSPECTION and debug.is_debug():
             inputs = sparse_inputs(tuple(args), kwargs)
             if inputs and not any(isinstance(x, SafeSparseTensor) for x in inputs):
                 _validate_inputs(func, tuple(args), kwargs)  # (a SafeSparseTensor does it)

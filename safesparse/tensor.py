@@ -59,9 +59,6 @@ compressed_geometry = checked.compressed_geometry
 _T = torch.Tensor
 #: Runs a torch function with subclass dispatch off and returns its raw result (torch's C impl).
 _run_plain: Callable[..., Any] = torch._C._disabled_torch_function_impl
-_INSPECTION = INSPECTION
-_INDEX_ACCESSORS = INDEX_ACCESSORS
-
 
 #: Getters a SafeSparseTensor reads without the ``__torch_function__`` round trip.
 _FAST_GETTERS = ("layout", "is_sparse", "is_sparse_csr", "shape", "dtype", "device", "ndim",
@@ -165,10 +162,10 @@ class SafeSparseTensor(torch.Tensor):
                 ret = fast(cls, func, types, args, _fast_fallback)
                 if ret is not MISS:
                     return ret
-            if func in _INSPECTION:
+            if func in INSPECTION:
                 # Metadata and member accessors: no sparse result, no kernel over index data.
                 ret = _run_plain(func, types, args, kwargs or {})
-                if func in _INDEX_ACCESSORS and isinstance(args[0], SafeSparseTensor):
+                if func in INDEX_ACCESSORS and isinstance(args[0], SafeSparseTensor):
                     checked.hand_out(args[0], ret)  # it shares args[0]'s counter
                 return ret
             return general(cls._OPS.get(func), func, tuple(args), kwargs or {})
