@@ -163,6 +163,23 @@ class _Side:
         return s.index_select(0, self.inverse()).view(values_shape)
 
 
+def _coordinates(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """Where each stored block (element, for CSR/CSC) of the compressed tensor ``t`` sits, in
+    stored order: its block row and block column within its batch (int64, flat over the
+    batches), the number of batches and the stored blocks per batch."""
+    row = t.layout in (torch.sparse_csr, torch.sparse_bsr)
+    compressed = t.crow_indices() if row else t.ccol_indices()
+    plain = t.col_indices() if row else t.row_indices()
+    n_batch = compressed.numel() // compressed.shape[-1]
+    compressed, plain = compressed.reshape(n_batch, -1), plain.reshape(n_batch, -1)
+    nnz = plain.shape[1]
+    lines = torch.repeat_interleave(
+        torch.arange(compressed.shape[1] - 1, device=plain.device).repeat(n_batch),
+        compressed.diff(dim=1).reshape(-1), output_size=n_batch * nnz)
+    across = plain.reshape(-1).long()
+    return (lines, across, n_batch, nnz) if row else (across, lines, n_batch, nnz)
+
+
 class _Structure:
     """A (batched) BSR or BSC tensor's block structure, both orientations built lazily.
 
@@ -174,25 +191,9 @@ class _Structure:
 
     def __init__(self, a: torch.Tensor, batch_rows: bool, batch_cols: bool) -> None:
         r, c = a.values().shape[-2:]
-        batch = a.dim() - 2
-        n_batch = 1
-        for s in a.shape[:batch]:
-            n_batch *= s
-        compressed = (a.crow_indices() if a.layout == torch.sparse_bsr
-                      else a.ccol_indices()).reshape(n_batch, -1)
-        plain = (a.col_indices() if a.layout == torch.sparse_bsr
-                 else a.row_indices()).reshape(n_batch, -1)
-        nnzb = plain.shape[1]
+        rows, cols, n_batch, nnzb = _coordinates(a)
         n_rows, n_cols = a.shape[-2] // r, a.shape[-1] // c
-        n_compressed = compressed.shape[1] - 1
-        dev = plain.device
-        lines = torch.repeat_interleave(
-            torch.arange(n_compressed, device=dev).repeat(n_batch),
-            compressed.diff(dim=1).reshape(-1), output_size=n_batch * nnzb)
-        if a.layout == torch.sparse_bsr:
-            rows, cols = lines, plain.reshape(-1).long()
-        else:
-            rows, cols = plain.reshape(-1).long(), lines
+        dev = rows.device
         batch_rows, batch_cols = (batch_rows or n_batch == 1), (batch_cols or n_batch == 1)
         if n_batch > 1:
             batch_of = torch.arange(n_batch, device=dev).repeat_interleave(nnzb)
@@ -265,17 +266,8 @@ def pattern_positions(t: torch.Tensor) -> torch.Tensor:
         return found
     block = t.layout in BLOCK_LAYOUTS
     r, c = (int(values_shape[-2]), int(values_shape[-1])) if block else (1, 1)
-    row = t.layout in (torch.sparse_csr, torch.sparse_bsr)
-    compressed = t.crow_indices() if row else t.ccol_indices()
-    plain = t.col_indices() if row else t.row_indices()
-    n_batch = compressed.numel() // compressed.shape[-1]
-    compressed, plain = compressed.reshape(n_batch, -1), plain.reshape(n_batch, -1)
-    nnz = plain.shape[1]
-    dev = plain.device
-    lines = torch.repeat_interleave(
-        torch.arange(compressed.shape[1] - 1, device=dev).repeat(n_batch),
-        compressed.diff(dim=1).reshape(-1), output_size=n_batch * nnz)
-    rows, cols = (lines, plain.reshape(-1).long()) if row else (plain.reshape(-1).long(), lines)
+    rows, cols, n_batch, nnz = _coordinates(t)
+    dev = rows.device
     m, n = int(t.shape[-2]), int(t.shape[-1])
     start = (torch.arange(n_batch, device=dev).repeat_interleave(nnz) * (m * n)
              + rows * (r * n) + cols * c)
