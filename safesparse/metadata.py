@@ -12,6 +12,7 @@ The O(nnz) index stage is :mod:`safesparse.validation`; the location of a violat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 from typing import Final, NamedTuple
 
 import torch
@@ -250,25 +251,46 @@ def _accept_compressed_metadata(
     pshape = plain.shape
     vshape = values.shape
     m = len(cshape) - 1
-    size = tuple(size)
+    if type(size) is not tuple:
+        size = tuple(size)
     if m < 0 or len(pshape) != m + 1 or len(size) < m + 2:
         return None
     nnz = pshape[m]
+    rows = size[m]
+    cols = size[m + 1]
+    plain2d = len(size) == m + 2  # (no dense dims: the common case, without slicing)
     if info.blocked:
         if len(vshape) < m + 3:
             return None
         b0 = vshape[m + 1]
         b1 = vshape[m + 2]
-        if b0 <= 0 or b1 <= 0:
+        if b0 <= 0 or b1 <= 0 or rows % b0 or cols % b1:
             return None
+        block = (b0, b1)
+        if plain2d:
+            values_ok = len(vshape) == m + 3 and vshape[m] == nnz
+        else:
+            values_ok = vshape[m:] == (nnz, b0, b1, *size[m + 2:])
     else:
         b0 = b1 = 1
-    rows = size[m]
-    cols = size[m + 1]
-    if rows % b0 or cols % b1 or min(size) < 0:
+        block = _UNIT_BLOCK
+        if plain2d:
+            values_ok = len(vshape) == m + 1 and vshape[m] == nnz
+        else:
+            values_ok = vshape[m:] == (nnz, *size[m + 2:])
+    if not values_ok:
         return None
-    if numel_overflows(size):
-        return None
+    # every extent >= 0 and the numel within int64 (0 < product <= max: no partial product of
+    # extents >= 1 exceeds it; otherwise numel_overflows multiplies in torch's order)
+    if plain2d and not m:
+        numel = rows * cols
+        if rows < 0 or cols < 0 or ((numel <= 0 or numel > INT64_MAX)
+                                    and numel_overflows(size)):
+            return None
+    else:
+        numel = prod(size)
+        if min(size) < 0 or ((numel <= 0 or numel > INT64_MAX) and numel_overflows(size)):
+            return None
     if info.row_compressed:
         nc, npl = rows // b0, cols // b1
     else:
@@ -279,9 +301,7 @@ def _accept_compressed_metadata(
             return None
     else:
         batch = ()
-    dense = size[m + 2:]
-    if cshape[m] != nc + 1 or vshape != ((*batch, nnz, b0, b1, *dense) if info.blocked
-                                         else (*batch, nnz, *dense)):
+    if cshape[m] != nc + 1:
         return None
     # stricter than 3.5-3.7 (fully contiguous members): anything else takes the ordered stages;
     # a contiguous member has unit last stride unless its last dim has size 0 or 1
@@ -300,10 +320,12 @@ def _accept_compressed_metadata(
         if (not values.is_cuda or (device is not None and device != dev)
                 or compressed.device != dev or plain.device != dev):
             return None
-    return tuple.__new__(CompressedMeta, (info, size, batch, (b0, b1), dense, nc, npl, nnz))
+    return tuple.__new__(CompressedMeta, (info, size, batch, block,
+                                          () if plain2d else size[m + 2:], nc, npl, nnz))
 
 
 _INT64 = torch.int64
+_UNIT_BLOCK: Final = (1, 1)
 _INT32 = torch.int32
 _STRIDED = torch.strided
 

@@ -92,17 +92,18 @@ def native_compressed_ok(meta: CompressedMeta, compressed: torch.Tensor, plain: 
     block, no empty dense dim), members fully contiguous, and ``n_plain + nnz`` below the index
     dtype's maximum, so no difference of two compressed offsets can wrap around in its arithmetic.
     """
+    return (compressed.is_contiguous() and plain.is_contiguous()
+            and _native_ok_contiguous(meta, compressed, values))
+
+
+def _native_ok_contiguous(meta: CompressedMeta, compressed: torch.Tensor,
+                          values: torch.Tensor) -> bool:
+    """:func:`native_compressed_ok` for members known to be fully contiguous."""
     # min(size) > 0 also excludes zero-size blocks: 3.1 allows a zero block dim only with a
     # zero sparse extent
-    return (
-        _native_enabled
-        and values.is_cpu
-        and compressed.is_contiguous()
-        and plain.is_contiguous()
-        and min(meta.size) > 0
-        and meta.n_plain + meta.nnz < (INT32_MAX if compressed.dtype == torch.int32
-                                       else INT64_MAX)
-    )
+    return (_native_enabled and values.is_cpu and min(meta.size) > 0
+            and meta.n_plain + meta.nnz < (INT32_MAX if compressed.dtype is torch.int32
+                                           else INT64_MAX))
 
 
 def _native_accepts(meta: CompressedMeta, compressed: torch.Tensor, plain: torch.Tensor,
@@ -110,20 +111,19 @@ def _native_accepts(meta: CompressedMeta, compressed: torch.Tensor, plain: torch
     """torch's native checker accepted the index data, run only where it may run
     (:func:`native_compressed_ok`, :func:`_offsets_in_bounds`); False: the vectorised path
     decides (and reports)."""
-    info, size, _, _, _, _, n_plain, nnz = meta
-    if not (_native_enabled and values.is_cpu and min(size) > 0
-            and n_plain + nnz < (INT32_MAX if compressed.dtype is torch.int32 else INT64_MAX)
-            and compressed.is_contiguous() and plain.is_contiguous()):
-        return False
-    if compressed.dim() == 1 and len(compressed) <= 32:
-        # (CPU only) a short list is cheaper than aten ops; never empty (n_compressed + 1)
-        offsets = compressed.tolist()
-        if min(offsets) < 0 or max(offsets) > nnz:
-            return False
-    elif compressed.numel() and not _offsets_in_bounds(meta, compressed):
+    return (compressed.is_contiguous() and plain.is_contiguous()
+            and native_accepts_contiguous(meta, compressed, plain, values))
+
+
+def native_accepts_contiguous(meta: CompressedMeta, compressed: torch.Tensor,
+                              plain: torch.Tensor, values: torch.Tensor) -> bool:
+    """:func:`_native_accepts` for members known to be fully contiguous (the factories' fast
+    path: :func:`safesparse.metadata._accept_compressed_metadata` accepts no other)."""
+    if not (_native_ok_contiguous(meta, compressed, values)
+            and _offsets_in_bounds(meta, compressed)):
         return False
     try:
-        _VALIDATE(compressed, plain, values, size, info.layout)
+        _VALIDATE(compressed, plain, values, meta.size, meta.info.layout)
     except Exception:  # rejected: the vectorised path decides and reports
         return False
     return True
@@ -137,10 +137,15 @@ def _offsets_in_bounds(meta: CompressedMeta, compressed: torch.Tensor) -> bool:
     checker reads the plain indices of each line *before* it has checked the offsets of the
     later lines, so offsets outside that range make it read outside the plain indices (a
     segfault, e.g. BSR crow ``[0, 3, -1, 2, 0]`` with no plain index at all)."""
+    if not meta.batch and meta.n_compressed < 32:
+        # (the native path is CPU-only) a short list is cheaper than aten ops; one offset at
+        # least (n_compressed + 1)
+        offsets = compressed.tolist()
+        return bool(min(offsets) >= 0 and max(offsets) <= meta.nnz)
     n = compressed.numel()
-    if n == 0:
-        return True
-    if n <= 32:  # (the native path is CPU-only) a short list is cheaper than aten ops
+    if n <= 32:
+        if not n:
+            return True
         offsets = compressed.view(-1).tolist()
         return bool(min(offsets) >= 0 and max(offsets) <= meta.nnz)
     lo, hi = torch.aminmax(compressed)
