@@ -29,7 +29,7 @@ from . import _originals, checked
 from ._compile import bind
 from .checked import VOLATILE, Record, attach, claim, holds, plain_members
 from .debug import is_debug
-from .memory import Spans, watchable_spans
+from .memory import watchable_spans
 from .metadata import (
     CompressedMeta,
     CooMeta,
@@ -38,7 +38,7 @@ from .metadata import (
 )
 from .tensor import SafeSparseTensor, retype
 from .validation import (
-    _native_accepts,
+    native_accepts_contiguous,
     _native_coo_accepts,
     check_compressed_indices,
     check_coo_indices,
@@ -113,14 +113,16 @@ _CHANGING = ("safesparse: the index data kept changing while it was validated (a
 
 
 def _private(plain: torch.Tensor, geom: Hashable, extra: tuple[tuple[torch.Tensor, int], ...],
-             spans: Spans) -> SafeSparseTensor:
-    """``plain``, built on index memory no state covers and just validated, retyped with a
-    private record: its own counter and the caller's tensors' (``extra``, at the versions
-    validation read)."""
+             rec: Record) -> SafeSparseTensor | None:
+    """``plain``, built on index memory no state covered when ``rec`` was announced and just
+    validated, retyped with ``rec`` settled as its private record: its own counter and the
+    caller's tensors' (``extra``, at the versions validation read). None when a racing
+    registration shared ``rec`` meanwhile (:func:`checked.settle`): the caller registers."""
     if plain.is_inference():
         return _volatile(plain, geom)
     m0, m1 = plain_members(plain)
-    rec = checked.private_record(m0, m1, m0._version, geom, extra, spans)
+    if not checked.settle(rec, m0, m1, m0._version, geom, extra):
+        return None
     plain.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
     plain.__dict__["_ss"] = rec
     return plain  # type: ignore[return-value]
@@ -199,7 +201,10 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
             return built  # type: ignore[return-value]
         return compressed(c, p, v, meta)
     spans = watchable_spans((c, p))
-    if not spans or checked.memory_seen(spans):  # (no memory at all: a state per view key)
+    if not spans:  # (no memory at all: a state per view key; or memory never cached)
+        return compressed(c, p, v, meta)
+    pending = checked.announce(spans, c, p)
+    if pending is None:  # memory a state or another first validation may cover
         return compressed(c, p, v, meta)
     vc = c._version
     vp = p._version
@@ -208,7 +213,7 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
     # check_invariants=True: it sets torch's process-wide invariant-check flag for the call and
     # restores what it saw, so two threads in it at once can leave the flag on for good
     # (every later torch factory validating, torch.load's post-load check enabled)
-    if not _native_accepts(meta, c, p, v):
+    if not native_accepts_contiguous(meta, c, p, v):
         check_compressed_indices(meta, c, p)  # raises, located; or accepts what torch refused
     checked.count("validations")
     if c._version != vc or p._version != vp:
@@ -219,9 +224,10 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
     # m0: an alias sharing the new tensor's counter; m1: the caller's plain member itself,
     # which is the new tensor's member (its data pointer tells a move)
     m0 = plain.crow_indices() if meta.info.row_compressed else plain.ccol_indices()
-    rec = checked.private_record(m0, p, m0._version, geom, ((c, vc), (p, vp)), spans)
+    if not checked.settle(pending, m0, p, m0._version, geom, ((c, vc), (p, vp))):
+        return compressed(c, p, v, meta)  # a racing registration met it: register
     plain.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
-    plain.__dict__["_ss"] = rec
+    plain.__dict__["_ss"] = pending
     return plain  # type: ignore[return-value]
 
 
@@ -241,7 +247,10 @@ def fast_coo(idx: Any, v: Any, size: Any, dtype: torch.dtype | None, device: Any
     if claim(idx) is not None:
         return coo(idx, v, meta, is_coalesced)
     spans = watchable_spans((idx,))
-    if not spans or checked.memory_seen(spans):
+    if not spans:
+        return coo(idx, v, meta, is_coalesced)
+    pending = checked.announce(spans, idx, None)
+    if pending is None:
         return coo(idx, v, meta, is_coalesced)
     coalesced = bool(is_coalesced)
     vi = idx._version
@@ -257,7 +266,8 @@ def fast_coo(idx: Any, v: Any, size: Any, dtype: torch.dtype | None, device: Any
     flag = plain.is_coalesced()
     if flag and not coalesced and meta.nnz > 1:
         return unchecked(plain, (idx,))
-    return _private(plain, ("coo", shape[: meta.sparse_dim], flag), ((idx, vi),), spans)
+    out = _private(plain, ("coo", shape[: meta.sparse_dim], flag), ((idx, vi),), pending)
+    return coo(idx, v, meta, is_coalesced) if out is None else out
 
 
 # the factories call build.fast_* by attribute: bound here, never traced by torch.compile
@@ -289,7 +299,8 @@ def compressed(c: torch.Tensor, p: torch.Tensor, v: torch.Tensor, meta: Compress
         checked.count("validations")
         return _volatile(build(c, p, v, meta.size, check_invariants=False, **extra),
                          checked.compressed_geometry(meta.n_compressed, meta.n_plain))
-    if spans and not checked.memory_seen(spans):
+    pending = checked.announce(spans, c, p) if spans else None
+    if pending is not None:
         # memory no state covers: a private record (checked.py), no registration
         for _ in range(_ATTEMPTS):
             vc, vp = c._version, p._version
@@ -300,8 +311,11 @@ def compressed(c: torch.Tensor, p: torch.Tensor, v: torch.Tensor, meta: Compress
         else:
             raise RuntimeError(_CHANGING)
         geom = checked.compressed_geometry(meta.n_compressed, meta.n_plain)
-        return _private(build(c, p, v, meta.size, check_invariants=False, **extra), geom,
-                        ((c, vc), (p, vp)), spans)
+        out = _private(build(c, p, v, meta.size, check_invariants=False, **extra), geom,
+                       ((c, vc), (p, vp)), pending)
+        if out is not None:
+            return out
+        estimate = False  # (resolved: a racing registration met the record; register)
     key = _key((c, p))
     state = checked.register((c, p), key)
     known = _watch_callers(state, (c, p)) and not estimate and not debug
@@ -354,7 +368,8 @@ def coo(idx: torch.Tensor, v: torch.Tensor, meta: CooMeta, is_coalesced: bool | 
         plain = build(meta.size)
         return _volatile(plain, checked.coo_geometry(meta.size[: meta.sparse_dim],
                                                      plain.is_coalesced()))
-    if spans and not checked.memory_seen(spans):
+    pending = checked.announce(spans, idx, None) if spans else None
+    if pending is not None:
         for _ in range(_ATTEMPTS):
             vi = idx._version
             meta = check_coo_indices(meta, idx, is_coalesced=coalesced, estimate=estimate,
@@ -369,8 +384,12 @@ def coo(idx: torch.Tensor, v: torch.Tensor, meta: CooMeta, is_coalesced: bool | 
         flag = plain.is_coalesced()
         if flag and not coalesced and meta.nnz > 1:
             return unchecked(plain, (idx,))
-        return _private(plain, checked.coo_geometry(meta.size[: meta.sparse_dim], flag),
-                        ((idx, vi),), spans)
+        out = _private(plain, checked.coo_geometry(meta.size[: meta.sparse_dim], flag),
+                       ((idx, vi),), pending)
+        if out is not None:
+            return out
+        estimate = False  # (resolved: a racing registration met the record; register)
+        sparse = tuple(meta.size[: meta.sparse_dim])
     key = _key((idx,))
     state = checked.register((idx,), key)
     known = _watch_callers(state, (idx,)) and not estimate and not debug

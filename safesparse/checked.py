@@ -360,15 +360,25 @@ def share(rec: Record) -> IndexState | None:
 # A factory's first validation of index memory no state covers gives its result a *private*
 # record: its own counter plus the caller's index tensors' counters (``extra``), checked in
 # :func:`holds` without a state. The record is *pending*: listed with the memory ranges of its
-# members, not registered. Every registry lookup (:func:`register`) first shares the pending
-# records whose ranges overlap the memory looked up, so a tensor built or adopted later on that
-# memory finds their counters as if they had been registered at birth; records that died before
-# any lookup touched their memory never cost a registration. The list is short and scanned
-# (a lookup compares its memory with each entry): past :data:`_PENDING_MAX` entries, the live
-# ones are all shared (registered), so many live first validations cost what eager
-# registration costs, amortised, and a scan never meets more than that many. A pending record
-# holds its members and the caller's tensors, so its memory cannot be freed (and its address
-# reused) while it is listed.
+# members, not registered. Every registry lookup (:func:`register`) shares the pending records
+# whose ranges overlap the memory looked up, so a tensor built or adopted later on that memory
+# finds their counters as if they had been registered at birth; records that died before any
+# lookup touched their memory never cost a registration. The list is short and scanned (a
+# lookup compares its memory with each entry): past :data:`_PENDING_MAX` entries, the live ones
+# are all shared (registered), so many live first validations cost what eager registration
+# costs, amortised, and a scan never meets more than that many. A pending record holds its
+# members and the caller's tensors, so its memory cannot be freed (and its address reused)
+# while it is listed.
+#
+# Racing first validations (another thread builds or adopts on the same memory while this one
+# validates, with the GIL released by torch's checker): the record is listed *before* the
+# lookup (:func:`announce`: list, then look) and a registration looks at the list *after* it
+# inserted its ranges (:func:`register`: insert, then share the pending records on its
+# memory). Under the GIL's sequential order, of two such calls the second to look sees the
+# other: two announcements see each other's record (one at least), or a registration shares the
+# announced record, or the announcement finds the registered range. A record shared before it
+# was settled holds no proof (its counter was UNCHECKED when shared): :func:`settle` refuses it
+# and the factory takes the registering path, which validates under the state.
 
 _PENDING_MAX = 16
 #: (a deque: appends and pops are atomic, so a birth takes no lock; _flush takes the lock
@@ -377,16 +387,40 @@ _pending: collections.deque[tuple[Spans, weakref.ref[Record]]] = collections.deq
 _pending_lock = threading.Lock()
 
 
-def private_record(m0: torch.Tensor, m1: torch.Tensor | None, ver: int, geom: Hashable,
-                   extra: tuple[tuple[torch.Tensor, int], ...],
-                   spans: Spans) -> Record:
-    """A pending private record (see above) for a tensor built on proven index data."""
-    rec = Record(m0, m1, ver, geom)
-    rec.extra = extra
+def announce(spans: Spans, m0: torch.Tensor, m1: torch.Tensor | None) -> Record | None:
+    """Open a first validation of the index memory ``spans`` (the caller's index tensors
+    ``m0``/``m1``): a pending record, unchecked, is listed, *then* the states and the other
+    pending records are looked at (see above). Returns the record, to :func:`settle` once the
+    tensor is built on proven data; None when memory overlapping ``spans`` may be covered (the
+    caller takes the registering path; the listed record dies with the call)."""
+    rec = Record(m0, m1, UNCHECKED, None)
     _pending.append((spans, weakref.ref(rec)))
+    if pending_overlaps(spans, rec) or overlaps_registered(spans):
+        return None
+    return rec
+
+
+def settle(rec: Record, m0: torch.Tensor, m1: torch.Tensor | None, ver: int, geom: Hashable,
+           extra: tuple[tuple[torch.Tensor, int], ...]) -> bool:
+    """Close an announced first validation: ``rec`` becomes the private record of the tensor just
+    built on proven index data (members ``m0``/``m1``, sharing its counter, at ``ver``; the
+    caller's index tensors ``extra`` at the versions validation read). False when a registration
+    shared ``rec`` meanwhile (a racing build or adoption on the same memory): the caller takes
+    the registering path."""
+    with _share_lock:  # (share() sets rec.state under it: settled or shared, never both)
+        if rec.state is not None:
+            return False
+        rec.m0 = m0
+        rec.p0 = m0.data_ptr()
+        rec.m1 = m1
+        rec.p1 = 0 if m1 is None else m1.data_ptr()
+        rec.geom = geom
+        rec.extra = extra
+        rec.gen = _generation
+        rec.ver = ver
     if len(_pending) > _PENDING_MAX:
         _flush(None)
-    return rec
+    return True
 
 
 def _unpend(rec: Record) -> None:
@@ -423,24 +457,21 @@ def _flush(spans: Spans | None) -> None:
         share(rec)
 
 
-def pending_overlaps(spans: Spans) -> bool:
-    """Whether a live pending record overlaps ``spans`` (dead entries are dropped)."""
+def pending_overlaps(spans: Spans, own: Record | None = None) -> bool:
+    """Whether a live pending record other than ``own`` overlaps ``spans`` (dead entries are
+    dropped)."""
     if not _pending:
         return False
     with _pending_lock:
         hit = False
         for _ in range(len(_pending)):
             entry = _pending.popleft()
-            if entry[1]() is None:
+            rec = entry[1]()
+            if rec is None:
                 continue
             _pending.append(entry)
-            hit = hit or _overlap(entry[0], spans)
+            hit = hit or (rec is not own and _overlap(entry[0], spans))
         return hit
-
-
-def memory_seen(spans: Spans) -> bool:
-    """Whether a state or a pending private record may cover memory overlapping ``spans``."""
-    return pending_overlaps(spans) or overlaps_registered(spans)
 
 
 def register(members: Sequence[torch.Tensor], key: IndexKey | None = None) -> IndexState:
@@ -448,7 +479,13 @@ def register(members: Sequence[torch.Tensor], key: IndexKey | None = None) -> In
     sharing the pending records that overlap it."""
     if _pending:
         _flush(spans_of(members))
-    return _register(members, key)
+    state = _register(members, key)
+    if _pending:
+        # first validations announced while this registered (see above): their records are
+        # shared now, on this memory's state
+        _flush(spans_of(members))
+        state = resolve(state)  # type: ignore[assignment]
+    return state
 
 
 def shared_record(members: tuple[torch.Tensor, torch.Tensor | None], state: IndexState,

@@ -392,16 +392,19 @@ def spans_of(members: Sequence[torch.Tensor]) -> tuple[Span, ...]:
         st = m.untyped_storage()
         start = st.data_ptr()
         if start:
-            out.append((st.get_device(), start, start + max(st.nbytes(), 1)))
+            d = m.get_device()  # (as in watchable_spans)
+            out.append((None if d < 0 else d, start, start + (st.nbytes() or 1)))
     return tuple(out)
 
 
 def overlaps_registered(spans: Sequence[Span]) -> bool:
     """Whether the registry holds a range overlapping ``spans`` (stale ones included: the
     caller then takes the registering path, which sorts them out)."""
+    if not _registry.count:
+        # (read without the lock: a registration racing with this call could as well come
+        # right after it, and checked.py's protocol for racing first validations covers both)
+        return False
     with _lock:
-        if not _registry.count:
-            return False
         for dev, start, end in spans:  # noqa: SIM110  (no generator on the hot path)
             if _registry.overlapping(dev, start, end):
                 return True
@@ -553,11 +556,14 @@ def watchable_spans(members: Sequence[torch.Tensor]) -> tuple[Span, ...] | None:
         if m.is_inference():
             return None
         st = m.untyped_storage()
-        if st.is_shared() or st.filename is not None:
+        if st.is_shared() or st._get_filename() is not None:
             return None
         start = st.data_ptr()
         if start:
-            out.append((st.get_device(), start, start + max(st.nbytes(), 1)))
+            # the tensor's get_device() (a C call) is its storage's index, -1 for the CPU
+            # (where the storage's, a Python property building a device object, says None)
+            d = m.get_device()
+            out.append((None if d < 0 else d, start, start + (st.nbytes() or 1)))
     return tuple(out)
 
 

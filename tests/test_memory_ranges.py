@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -285,3 +286,94 @@ def test_many_live_first_validations_stay_sound() -> None:
     assert not ss.is_checked(built[14]) and not ss.is_checked(twins[2])
     assert all(ss.is_checked(t) for i, t in enumerate(built) if i != 14)
     assert all(ss.is_checked(t) for i, t in enumerate(twins) if i != 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# First validations racing on one memory (another thread builds while this one validates)
+
+
+def _while_validating(monkeypatch: pytest.MonkeyPatch, during: Any) -> list[BaseException]:
+    """Run ``during()`` once, inside the next index validation (the moment another thread,
+    with the GIL released by torch's checker, would run); returns the list its error goes to
+    (the validation would swallow it)."""
+    from safesparse import validation
+
+    real = validation._VALIDATE
+    pending = [during]
+    errors: list[BaseException] = []
+
+    def hooked(*args: Any) -> None:
+        if pending:
+            try:
+                pending.pop()()
+            except BaseException as err:  # noqa: BLE001  (reported by the test)
+                errors.append(err)
+        real(*args)
+
+    monkeypatch.setattr(validation, "_VALIDATE", hooked)
+    real_coo = torch._validate_sparse_coo_tensor_args
+
+    def hooked_coo(*args: Any) -> None:
+        if pending:
+            try:
+                pending.pop()()
+            except BaseException as err:  # noqa: BLE001  (reported by the test)
+                errors.append(err)
+        real_coo(*args)
+
+    monkeypatch.setattr(torch, "_validate_sparse_coo_tensor_args", hooked_coo)
+    return errors
+
+
+@pytest.mark.parametrize("second", ["factory", "validate"])
+def test_a_build_racing_with_a_first_validation_on_the_same_memory(
+    monkeypatch: pytest.MonkeyPatch, second: str,
+) -> None:
+    """Two first validations of one memory through two storages, the second while the first
+    validates: the first must not stay checked once the second tensor's index tensor writes.
+    (The first used to look for states before it validated and list itself after: neither saw
+    the other.)"""
+    crow = np.array([0, 1, 2, 3])
+    col = np.array([0, 1, 2])
+    c2, p2 = torch.from_numpy(crow), torch.from_numpy(col)  # the second thread's tensors
+    other: list[ss.SafeSparseTensor] = []
+
+    def build_second() -> None:
+        if second == "factory":
+            other.append(_csr_on(c2, p2))
+        else:  # an adoption: ss.validate of a plain tensor on that memory
+            plain = torch.sparse_csr_tensor(c2, p2, torch.ones(3), (3, 3), check_invariants=False)
+            other.append(ss.validate(plain))
+
+    errors = _while_validating(monkeypatch, build_second)
+    first = _csr_on(torch.from_numpy(crow), torch.from_numpy(col))
+    assert not errors
+    (second_t,) = other
+    assert ss.is_checked(second_t)
+    if second == "factory":
+        p2[2] = 7  # a write through the index tensor the second thread built from
+    else:
+        second_t.col_indices()[2] = 7  # a write through a member it handed out
+    assert not ss.is_checked(second_t)
+    assert not ss.is_checked(first)
+    with pytest.raises(ss.InvariantError):
+        first @ torch.ones(3, 1)
+
+
+def test_a_coo_build_racing_with_a_first_validation_on_the_same_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same race for COO's first validation (torch's COO checker)."""
+    edges = np.array([[0, 1, 2], [1, 2, 0]])
+    idx2 = torch.from_numpy(edges)
+    other: list[ss.SafeSparseTensor] = []
+    errors = _while_validating(
+        monkeypatch, lambda: other.append(ss.sparse_coo_tensor(idx2, torch.ones(3), (3, 3))))
+    first = ss.sparse_coo_tensor(torch.from_numpy(edges), torch.ones(3), (3, 3))
+    assert not errors
+    (second_t,) = other
+    idx2[1, 2] = 9  # a write through the index tensor the second call built from
+    assert not ss.is_checked(second_t)
+    assert not ss.is_checked(first)
+    with pytest.raises(ss.InvariantError):
+        first.coalesce()
