@@ -216,9 +216,9 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
     if not native_accepts_contiguous(meta, c, p, v):
         check_compressed_indices(meta, c, p)  # raises, located; or accepts what torch refused
     checked.count("validations")
+    plain = build(c, p, v, shape, check_invariants=False)
     if c._version != vc or p._version != vp:
         return compressed(c, p, v, meta)  # written meanwhile: the general way decides
-    plain = build(c, p, v, shape, check_invariants=False)
     if plain.is_inference():
         return _volatile(plain, geom)
     # m0: an alias sharing the new tensor's counter; m1: the caller's plain member itself,
@@ -258,10 +258,10 @@ def fast_coo(idx: Any, v: Any, size: Any, dtype: torch.dtype | None, device: Any
             and _native_coo_accepts(meta, idx, v, is_coalesced=coalesced)):
         check_coo_indices(meta, idx, is_coalesced=coalesced)  # the vectorised path: located
     checked.count("validations")
-    if idx._version != vi:
-        return coo(idx, v, meta, is_coalesced)  # written meanwhile: the general way decides
     plain = _originals.sparse_coo_tensor(idx, v, shape, check_invariants=False,
                                          is_coalesced=is_coalesced)
+    if idx._version != vi:
+        return coo(idx, v, meta, is_coalesced)  # written meanwhile: the general way decides
     # the coalesced flag torch gave it: the validated one, or (nnz <= 1) trivially true
     flag = plain.is_coalesced()
     if flag and not coalesced and meta.nnz > 1:
@@ -311,11 +311,12 @@ def compressed(c: torch.Tensor, p: torch.Tensor, v: torch.Tensor, meta: Compress
         else:
             raise RuntimeError(_CHANGING)
         geom = checked.compressed_geometry(meta.n_compressed, meta.n_plain)
-        out = _private(build(c, p, v, meta.size, check_invariants=False, **extra), geom,
-                       ((c, vc), (p, vp)), pending)
-        if out is not None:
-            return out
-        estimate = False  # (resolved: a racing registration met the record; register)
+        plain = build(c, p, v, meta.size, check_invariants=False, **extra)
+        if c._version == vc and p._version == vp:  # (else written meanwhile: register)
+            out = _private(plain, geom, ((c, vc), (p, vp)), pending)
+            if out is not None:
+                return out
+        estimate = False  # (resolved; a racing write or registration met it: register)
     key = _key((c, p))
     state = checked.register((c, p), key)
     known = _watch_callers(state, (c, p)) and not estimate and not debug
@@ -384,11 +385,12 @@ def coo(idx: torch.Tensor, v: torch.Tensor, meta: CooMeta, is_coalesced: bool | 
         flag = plain.is_coalesced()
         if flag and not coalesced and meta.nnz > 1:
             return unchecked(plain, (idx,))
-        out = _private(plain, checked.coo_geometry(meta.size[: meta.sparse_dim], flag),
-                       ((idx, vi),), pending)
-        if out is not None:
-            return out
-        estimate = False  # (resolved: a racing registration met the record; register)
+        if idx._version == vi:  # (else written meanwhile: register)
+            out = _private(plain, checked.coo_geometry(meta.size[: meta.sparse_dim], flag),
+                           ((idx, vi),), pending)
+            if out is not None:
+                return out
+        estimate = False  # (resolved; a racing write or registration met it: register)
         sparse = tuple(meta.size[: meta.sparse_dim])
     key = _key((idx,))
     state = checked.register((idx,), key)

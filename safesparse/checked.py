@@ -394,8 +394,12 @@ def announce(spans: Spans, m0: torch.Tensor, m1: torch.Tensor | None) -> Record 
     tensor is built on proven data; None when memory overlapping ``spans`` may be covered (the
     caller takes the registering path; the listed record dies with the call)."""
     rec = Record(m0, m1, UNCHECKED, None)
-    _pending.append((spans, weakref.ref(rec)))
-    if pending_overlaps(spans, rec) or overlaps_registered(spans):
+    entry = (spans, weakref.ref(rec))
+    with _pending_lock:  # (a scan rotates the list: only under the lock is every entry in it)
+        _pending.append(entry)
+        if len(_pending) > 1 and _others_overlap(spans, rec):
+            return None
+    if overlaps_registered(spans):
         return None
     return rec
 
@@ -412,8 +416,9 @@ def settle(rec: Record, m0: torch.Tensor, m1: torch.Tensor | None, ver: int, geo
             return False
         rec.m0 = m0
         rec.p0 = m0.data_ptr()
-        rec.m1 = m1
-        rec.p1 = 0 if m1 is None else m1.data_ptr()
+        if m1 is not rec.m1:
+            rec.m1 = m1
+            rec.p1 = 0 if m1 is None else m1.data_ptr()
         rec.geom = geom
         rec.extra = extra
         rec.gen = _generation
@@ -457,21 +462,18 @@ def _flush(spans: Spans | None) -> None:
         share(rec)
 
 
-def pending_overlaps(spans: Spans, own: Record | None = None) -> bool:
+def _others_overlap(spans: Spans, own: Record) -> bool:
     """Whether a live pending record other than ``own`` overlaps ``spans`` (dead entries are
-    dropped)."""
-    if not _pending:
-        return False
-    with _pending_lock:
-        hit = False
-        for _ in range(len(_pending)):
-            entry = _pending.popleft()
-            rec = entry[1]()
-            if rec is None:
-                continue
-            _pending.append(entry)
-            hit = hit or (rec is not own and _overlap(entry[0], spans))
-        return hit
+    dropped). ``_pending_lock`` held."""
+    hit = False
+    for _ in range(len(_pending)):
+        entry = _pending.popleft()
+        rec = entry[1]()
+        if rec is None:
+            continue
+        _pending.append(entry)
+        hit = hit or (rec is not own and _overlap(entry[0], spans))
+    return hit
 
 
 def register(members: Sequence[torch.Tensor], key: IndexKey | None = None) -> IndexState:
@@ -480,12 +482,11 @@ def register(members: Sequence[torch.Tensor], key: IndexKey | None = None) -> In
     if _pending:
         _flush(spans_of(members))
     state = _register(members, key)
-    if _pending:
-        # first validations announced while this registered (see above): their records are
-        # shared now, on this memory's state
-        _flush(spans_of(members))
-        state = resolve(state)  # type: ignore[assignment]
-    return state
+    # first validations announced while this registered (see above): their records are shared
+    # now, on this memory's state (under the lock, never skipped on a glance at the list: a
+    # scan in another thread can hold its one entry out of it for a moment)
+    _flush(spans_of(members))
+    return resolve(state)  # type: ignore[return-value]
 
 
 def shared_record(members: tuple[torch.Tensor, torch.Tensor | None], state: IndexState,

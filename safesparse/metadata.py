@@ -504,41 +504,48 @@ def check_coo_metadata(
 ) -> CooMeta:
     """Check ids 1.x-4.x of a COO tensor (``size=None``: sparse extents resolved later)."""
     lay = torch.sparse_coo
-    if indices.dtype != torch.int64:
+    if indices.dtype is not _INT64:
         raise fail(lay, "1.1", f"got {indices.dtype}", dtype=str(indices.dtype))
-    if values.dtype in _UNSUPPORTED_VALUE_DTYPES or (dtype is not None and values.dtype != dtype):
-        raise fail(lay, "1.2", f"values are {values.dtype}"
+    vdt = values.dtype
+    if vdt in _UNSUPPORTED_VALUE_DTYPES or (dtype is not None and vdt != dtype):
+        raise fail(lay, "1.2", f"values are {vdt}"
                     + (f", requested {dtype}" if dtype is not None else ""))
-    if indices.layout != torch.strided:
+    if indices.layout is not _STRIDED:
         raise fail(lay, "2.1", f"indices have layout {indices.layout}")
-    if values.layout != torch.strided:
+    if values.layout is not _STRIDED:
         raise fail(lay, "2.2", f"values have layout {values.layout}")
-    if indices.dim() != 2:
-        raise fail(lay, "3.1", f"indices have {indices.dim()} dims")
-    s, nnz = _shape(indices)
-    if size is None:
-        size = (0,) * s + _shape(values)[1:]
+    ishape = indices.shape
+    if len(ishape) != 2:
+        raise fail(lay, "3.1", f"indices have {len(ishape)} dims")
+    s, nnz = ishape
+    vshape = tuple(values.shape)
+    size = tuple((0,) * s + vshape[1:]) if size is None else tuple(size)
     if s > len(size):  # S = 0 is allowed, as in torch (one value per entry, no index data)
-        raise fail(lay, "3.2", f"sparse_dim {s} with size {tuple(size)}", size=tuple(size))
-    if values.dim() < 1 or values.shape[0] != nnz:
+        raise fail(lay, "3.2", f"sparse_dim {s} with size {size}", size=size)
+    if not vshape or vshape[0] != nnz:
         raise fail(lay, "3.3", f"indices shape {(s, nnz)} but values hold "
-                    f"{values.shape[0] if values.dim() else 0} entries")
-    expected_v = (nnz, *tuple(size[s:]))
-    if _shape(values) != expected_v:
-        raise fail(lay, "3.4", f"values shape {_shape(values)}, expected {expected_v}",
-                    shape=_shape(values))
-    dev = device if device is not None else values.device
-    if dev.type not in SUPPORTED_DEVICE_TYPES:
-        raise fail(lay, "4.1", f"got device {dev}", device=str(dev))
-    if indices.device != dev or values.device != dev:
-        raise fail(lay, "4.2", f"indices on {indices.device}, values on {values.device}")
-    check_coo_size(tuple(size))
-    return CooMeta(tuple(size), s, nnz)
+                    f"{vshape[0] if vshape else 0} entries")
+    if vshape[1:] != size[s:]:
+        expected_v = (nnz, *size[s:])
+        raise fail(lay, "3.4", f"values shape {vshape}, expected {expected_v}", shape=vshape)
+    if device is None and values.is_cpu:  # (device objects are slow to make: flags tell)
+        if not indices.is_cpu:
+            raise fail(lay, "4.2", f"indices on {indices.device}, values on {values.device}")
+    else:
+        dev = device if device is not None else values.device
+        if dev.type not in SUPPORTED_DEVICE_TYPES:
+            raise fail(lay, "4.1", f"got device {dev}", device=str(dev))
+        if indices.device != dev or values.device != dev:
+            raise fail(lay, "4.2", f"indices on {indices.device}, values on {values.device}")
+    check_coo_size(size)
+    return tuple.__new__(CooMeta, (size, s, nnz))
 
 
 def check_coo_size(size: Size) -> None:
     """COO 3.2 beyond the dim count: a size torch can represent (non-negative, numel fits)."""
-    if any(x < 0 for x in size) or numel_overflows(size):
+    numel = prod(size)  # (extents >= 0 and 0 < numel <= max: no partial product over)
+    if min(size, default=0) < 0 or ((numel <= 0 or numel > INT64_MAX)
+                                    and numel_overflows(size)):
         raise fail(torch.sparse_coo, "3.2", f"size {size} is negative or has more than "
                     "2**63 - 1 elements", size=size)
 
