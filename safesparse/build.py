@@ -38,10 +38,10 @@ from .metadata import (
 )
 from .tensor import SafeSparseTensor, retype
 from .validation import (
-    native_accepts_contiguous,
     _native_coo_accepts,
     check_compressed_indices,
     check_coo_indices,
+    native_accepts_contiguous,
     native_coo_ok,
 )
 

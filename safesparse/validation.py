@@ -101,9 +101,9 @@ def _native_ok_contiguous(meta: CompressedMeta, compressed: torch.Tensor,
     """:func:`native_compressed_ok` for members known to be fully contiguous."""
     # min(size) > 0 also excludes zero-size blocks: 3.1 allows a zero block dim only with a
     # zero sparse extent
-    return (_native_enabled and values.is_cpu and min(meta.size) > 0
-            and meta.n_plain + meta.nnz < (INT32_MAX if compressed.dtype is torch.int32
-                                           else INT64_MAX))
+    _, size, _, _, _, _, n_plain, nnz = meta
+    return (_native_enabled and values.is_cpu and min(size) > 0
+            and n_plain + nnz < (INT32_MAX if compressed.dtype is _INT32 else INT64_MAX))
 
 
 def _native_accepts(meta: CompressedMeta, compressed: torch.Tensor, plain: torch.Tensor,
@@ -130,6 +130,7 @@ def native_accepts_contiguous(meta: CompressedMeta, compressed: torch.Tensor,
 
 
 _VALIDATE = torch._validate_sparse_compressed_tensor_args
+_INT32 = torch.int32
 
 
 def _offsets_in_bounds(meta: CompressedMeta, compressed: torch.Tensor) -> bool:
@@ -137,19 +138,20 @@ def _offsets_in_bounds(meta: CompressedMeta, compressed: torch.Tensor) -> bool:
     checker reads the plain indices of each line *before* it has checked the offsets of the
     later lines, so offsets outside that range make it read outside the plain indices (a
     segfault, e.g. BSR crow ``[0, 3, -1, 2, 0]`` with no plain index at all)."""
-    if not meta.batch and meta.n_compressed < 32:
+    _, _, batch, _, _, nc, _, nnz = meta
+    if not batch and nc < 32:
         # (the native path is CPU-only) a short list is cheaper than aten ops; one offset at
         # least (n_compressed + 1)
         offsets = compressed.tolist()
-        return bool(min(offsets) >= 0 and max(offsets) <= meta.nnz)
+        return bool(min(offsets) >= 0 and max(offsets) <= nnz)
     n = compressed.numel()
     if n <= 32:
         if not n:
             return True
         offsets = compressed.view(-1).tolist()
-        return bool(min(offsets) >= 0 and max(offsets) <= meta.nnz)
+        return bool(min(offsets) >= 0 and max(offsets) <= nnz)
     lo, hi = torch.aminmax(compressed)
-    return bool(lo.item() >= 0 and hi.item() <= meta.nnz)  # (CPU: an item is no sync)
+    return bool(lo.item() >= 0 and hi.item() <= nnz)  # (CPU: an item is no sync)
 
 
 def native_coo_ok(meta: CooMeta, indices: torch.Tensor, values: torch.Tensor, *,
