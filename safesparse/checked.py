@@ -73,7 +73,10 @@ The shortcuts, and why each is sound
    a later build or adoption on that memory finds their counters exactly as if they had been
    registered at birth; and every route by which a private record's own counter can write its
    memory (a hand-out, unwrap, the general path) shares it first. A pending record holds its
-   members, so its memory cannot be freed and reused while it is listed.
+   members, so its memory cannot be freed and reused while it is listed. It is listed *before*
+   the call looks for states and other pending records, and a registration looks at the list
+   after inserting its ranges, so calls racing on one memory in two threads always meet (see
+   the section on private records: :func:`announce`, :func:`settle`).
 6. *Lock-free reads of a shared state.* Each read is atomic under the GIL, and a proof is only
    added under the lock with every watch at its recorded version, so seeing the proof with
    every version unmoved means it holds. A state whose watch dicts change during the read is
@@ -239,7 +242,7 @@ class Record:
         self.key: IndexKey = ()
         self.seen = -1
         #: a *private* record's other counters: ``(tensor, version at the proof)`` for the
-        #: caller's index tensors (see :func:`private_record`); () once shared
+        #: caller's index tensors (see :func:`announce`, :func:`settle`); () once shared
         self.extra: tuple[tuple[torch.Tensor, int], ...] = ()
 
     def set_checked(self, ver: int, geom: Hashable) -> None:
