@@ -198,14 +198,19 @@ def coo_geometry(sparse_size: Sequence[int], coalesced: bool) -> Hashable:
 
 
 def geometry_of(t: torch.Tensor) -> Hashable:
-    """What, beyond the index tensors themselves, their validity depends on."""
+    """What, beyond the index tensors themselves, their validity depends on. None when the
+    members do not even have the dims a geometry is read from (a member reshaped in place,
+    ``crow.unsqueeze_(0)``): no proof is about that, and validation names the broken id."""
     with DisableTorchFunctionSubclass():
         if t.layout is _COO:
             return coo_geometry(t.shape[: t.sparse_dim()], t.is_coalesced())
         compressed = t.crow_indices() if t.layout in _ROW_COMPRESSED else t.ccol_indices()
         m = compressed.dim() - 1
         vshape = t.values().shape
-        b0, b1 = (vshape[m + 1], vshape[m + 2]) if t.layout in _BLOCKED else (1, 1)
+        blocked = t.layout in _BLOCKED
+        if m < 0 or t.dim() < m + 2 or len(vshape) < m + (3 if blocked else 1):
+            return None
+        b0, b1 = (vshape[m + 1], vshape[m + 2]) if blocked else (1, 1)
         rows, cols = t.shape[m], t.shape[m + 1]
         extent, block = (cols, b1) if t.layout in _ROW_COMPRESSED else (rows, b0)
         return compressed_geometry(compressed.shape[-1] - 1, extent // block if block else 0)

@@ -419,3 +419,21 @@ def test_inplace_unknown_op_drops_the_state(layout: torch.layout) -> None:
     assert ss.is_checked(t)
     t.zero_()  # not in the table: whatever it did, t is no longer trusted
     assert not ss.is_checked(t)
+
+
+@pytest.mark.parametrize("member", ["compressed", "plain"])
+@pytest.mark.parametrize("layout", ["csr", "bsr"])
+def test_member_reshaped_in_place_gives_the_invariant_id(member: str, layout: str) -> None:
+    """The caller's index tensor is the tensor's member: reshaping it in place
+    (``unsqueeze_``) changes the tensor's member dims. The next op names the broken id; it
+    used to fail with an IndexError while reading the tensor's geometry."""
+    crow, col = torch.tensor([0, 1, 2]), torch.tensor([0, 1])
+    if layout == "csr":
+        t = ss.sparse_csr_tensor(crow, col, torch.ones(2), (2, 2))
+    else:
+        t = ss.sparse_bsr_tensor(crow, col, torch.ones(2, 1, 1), (2, 2))
+    (crow if member == "compressed" else col).unsqueeze_(0)
+    assert not ss.is_checked(t)
+    with pytest.raises(ss.InvariantError) as info:
+        t * 2
+    assert info.value.invariant == ("3.2" if member == "compressed" else "3.3")
