@@ -298,30 +298,24 @@ def _while_validating(monkeypatch: pytest.MonkeyPatch, during: Any) -> list[Base
     (the validation would swallow it)."""
     from safesparse import validation
 
-    real = validation._VALIDATE
     pending = [during]
     errors: list[BaseException] = []
 
-    def hooked(*args: Any) -> None:
-        if pending:
-            try:
-                pending.pop()()
-            except BaseException as err:
-                errors.append(err)
-        real(*args)
+    def hook(real: Any) -> Any:
+        def hooked(*args: Any) -> None:
+            if pending:
+                try:
+                    pending.pop()()
+                except BaseException as err:
+                    errors.append(err)
+            real(*args)
 
-    monkeypatch.setattr(validation, "_VALIDATE", hooked)
-    real_coo = torch._validate_sparse_coo_tensor_args
+        return hooked
 
-    def hooked_coo(*args: Any) -> None:
-        if pending:
-            try:
-                pending.pop()()
-            except BaseException as err:
-                errors.append(err)
-        real_coo(*args)
-
-    monkeypatch.setattr(torch, "_validate_sparse_coo_tensor_args", hooked_coo)
+    # torch's compressed checker (as validation.py holds it) and its COO checker
+    monkeypatch.setattr(validation, "_VALIDATE", hook(validation._VALIDATE))
+    monkeypatch.setattr(torch, "_validate_sparse_coo_tensor_args",
+                        hook(torch._validate_sparse_coo_tensor_args))
     return errors
 
 
