@@ -389,11 +389,9 @@ def spans_of(members: Sequence[torch.Tensor]) -> tuple[Span, ...]:
     """``(device, start, end)`` of the storages with memory of ``members``."""
     out = []
     for m in members:
-        st = m.untyped_storage()
-        start = st.data_ptr()
-        if start:
-            d = m.get_device()  # (as in watchable_spans)
-            out.append((None if d < 0 else d, start, start + (st.nbytes() or 1)))
+        span = _span(m, m.untyped_storage())
+        if span is not None:
+            out.append(span)
     return tuple(out)
 
 
@@ -556,21 +554,32 @@ def watchable_spans(members: Sequence[torch.Tensor]) -> tuple[Span, ...] | None:
         if m.is_inference():
             return None
         st = m.untyped_storage()
-        if st.is_shared() or st._get_filename() is not None:
+        if _foreign_storage(st):
             return None
-        start = st.data_ptr()
-        if start:
-            # the tensor's get_device() (a C call) is its storage's index, -1 for the CPU
-            # (where the storage's, a Python property building a device object, says None)
-            d = m.get_device()
-            out.append((None if d < 0 else d, start, start + (st.nbytes() or 1)))
+        span = _span(m, st)
+        if span is not None:
+            out.append(span)
     return tuple(out)
 
 
-def _foreign(m: torch.Tensor) -> bool:
+def _span(m: torch.Tensor, st: torch.UntypedStorage) -> Span | None:
+    """The span of ``m``'s storage ``st``; None without memory."""
+    start = st.data_ptr()
+    if not start:
+        return None
+    # the tensor's get_device() (a C call) is its storage's index, -1 for the CPU (where the
+    # storage's, a Python property building a device object, says None)
+    d = m.get_device()
+    return (None if d < 0 else d, start, start + (st.nbytes() or 1))
+
+
+def _foreign_storage(st: torch.UntypedStorage) -> bool:
     """Memory another process or a file can change: shared memory, a file mapping."""
-    st = m.untyped_storage()
-    return bool(st.is_shared() or st.filename is not None)
+    return bool(st.is_shared() or st._get_filename() is not None)
+
+
+def _foreign(m: torch.Tensor) -> bool:
+    return _foreign_storage(m.untyped_storage())
 
 
 def foreign(tensors: Iterable[torch.Tensor]) -> bool:

@@ -38,6 +38,9 @@ INT32_MAX: Final = 2**31 - 1
 
 def numel_overflows(size: Size) -> bool:
     """Whether torch's numel (multiplied dim by dim, in order) overflows int64 for ``size``."""
+    total = prod(size)
+    if total and -INT64_MAX <= total <= INT64_MAX:
+        return False  # (no zero extent: no partial product is larger in size than the total)
     n = 1
     for extent in size:
         n *= extent
@@ -280,17 +283,8 @@ def _accept_compressed_metadata(
             values_ok = vshape[m:] == (nnz, *size[m + 2:])
     if not values_ok:
         return None
-    # every extent >= 0 and the numel within int64 (0 < product <= max: no partial product of
-    # extents >= 1 exceeds it; otherwise numel_overflows multiplies in torch's order)
-    if plain2d and not m:
-        numel = rows * cols
-        if rows < 0 or cols < 0 or ((numel <= 0 or numel > INT64_MAX)
-                                    and numel_overflows(size)):
-            return None
-    else:
-        numel = prod(size)
-        if min(size) < 0 or ((numel <= 0 or numel > INT64_MAX) and numel_overflows(size)):
-            return None
+    if min(size) < 0 or numel_overflows(size):
+        return None
     if info.row_compressed:
         nc, npl = rows // b0, cols // b1
     else:
@@ -543,9 +537,7 @@ def check_coo_metadata(
 
 def check_coo_size(size: Size) -> None:
     """COO 3.2 beyond the dim count: a size torch can represent (non-negative, numel fits)."""
-    numel = prod(size)  # (extents >= 0 and 0 < numel <= max: no partial product over)
-    if min(size, default=0) < 0 or ((numel <= 0 or numel > INT64_MAX)
-                                    and numel_overflows(size)):
+    if any(x < 0 for x in size) or numel_overflows(size):
         raise fail(torch.sparse_coo, "3.2", f"size {size} is negative or has more than "
                     "2**63 - 1 elements", size=size)
 

@@ -139,16 +139,11 @@ def _offsets_in_bounds(meta: CompressedMeta, compressed: torch.Tensor) -> bool:
     later lines, so offsets outside that range make it read outside the plain indices (a
     segfault, e.g. BSR crow ``[0, 3, -1, 2, 0]`` with no plain index at all)."""
     _, _, batch, _, _, nc, _, nnz = meta
-    if not batch and nc < 32:
-        # (the native path is CPU-only) a short list is cheaper than aten ops; one offset at
-        # least (n_compressed + 1)
-        offsets = compressed.tolist()
-        return bool(min(offsets) >= 0 and max(offsets) <= nnz)
-    n = compressed.numel()
-    if n <= 32:
+    n = compressed.numel() if batch else nc + 1
+    if n <= 32:  # (the native path is CPU-only) a short list is cheaper than aten ops
         if not n:
             return True
-        offsets = compressed.view(-1).tolist()
+        offsets = (compressed.view(-1) if batch else compressed).tolist()
         return bool(min(offsets) >= 0 and max(offsets) <= nnz)
     lo, hi = torch.aminmax(compressed)
     return bool(lo.item() >= 0 and hi.item() <= nnz)  # (CPU: an item is no sync)
