@@ -67,8 +67,10 @@ from .metadata import (
 #: is never much slower than the vectorised path (CSR int64 2**17: 0.23 vs 0.29 ms; 2**20: both
 #: ~1 ms; 1e7: 32 vs 34-133 ms) and far more robust on a busy machine (one pass, no chain of
 #: parallel regions), so it runs at every size; for COO the vectorised path wins from ~2**15
-#: (uncoalesced 2**15: native 81 µs, vectorised 51 µs; coalesced 1e7: 0.4-0.6x torch's).
-NATIVE_MAX_NNZ_COO: dict[bool, int] = {True: 1 << 15, False: 1 << 14}
+#: when coalesced (2**16: native 0.3-0.7 ms, vectorised 0.16 ms; 1e7: 0.2-0.6x torch's) and
+#: from ~2**16 when not (each on fresh clones, 2 sparse dims: 2**15 native 26 µs, vectorised
+#: 40 µs; 2**16 47 vs 49 µs; 2**17 88 vs 76 µs; 2**20 0.96 vs 0.87 ms).
+NATIVE_MAX_NNZ_COO: dict[bool, int] = {True: 1 << 15, False: 1 << 16}
 _native_enabled = True
 
 
@@ -123,13 +125,17 @@ def native_accepts_contiguous(meta: CompressedMeta, compressed: torch.Tensor,
             and _offsets_in_bounds(meta, compressed)):
         return False
     try:
-        _VALIDATE(compressed, plain, values, meta.size, meta.info.layout)
+        _VALIDATE(meta.info.row_compressed, compressed, plain, meta.n_compressed, meta.n_plain,
+                  meta.nnz)
     except Exception:  # rejected: the vectorised path decides and reports
         return False
     return True
 
 
-_VALIDATE = torch._validate_sparse_compressed_tensor_args
+#: torch's index kernel alone (what its checker runs after its metadata checks, which the
+#: complete metadata stage has already done): 5.1-5.6 of the compressed and plain indices
+#: against the compressed and plain extents (blocks for BSR/BSC) and nnz
+_VALIDATE = torch._validate_compressed_sparse_indices
 _INT32 = torch.int32
 
 
@@ -139,11 +145,15 @@ def _offsets_in_bounds(meta: CompressedMeta, compressed: torch.Tensor) -> bool:
     later lines, so offsets outside that range make it read outside the plain indices (a
     segfault, e.g. BSR crow ``[0, 3, -1, 2, 0]`` with no plain index at all)."""
     _, _, batch, _, _, nc, _, nnz = meta
-    n = compressed.numel() if batch else nc + 1
-    if n <= 32:  # (the native path is CPU-only) a short list is cheaper than aten ops
-        if not n:
-            return True
-        offsets = (compressed.view(-1) if batch else compressed).tolist()
+    # (the native path is CPU-only) a short list is cheaper than aten ops; every dim is
+    # non-empty here (native_compressed_ok), so no list is empty
+    if not batch:
+        if nc < 32:
+            offsets = compressed.tolist()
+            return bool(min(offsets) >= 0 and max(offsets) <= nnz)
+    elif len(batch) == 1 and batch[0] * (nc + 1) <= 64:
+        # (a view(-1) alone costs more than this whole check; the flat list is at most 64 long)
+        offsets = sum(compressed.tolist(), [])
         return bool(min(offsets) >= 0 and max(offsets) <= nnz)
     lo, hi = torch.aminmax(compressed)
     return bool(lo.item() >= 0 and hi.item() <= nnz)  # (CPU: an item is no sync)
