@@ -66,11 +66,14 @@ from .metadata import (
 #: (torch 2.13, 2 threads, benchmarks/ validate group): for compressed layouts torch's checker
 #: is never much slower than the vectorised path (CSR int64 2**17: 0.23 vs 0.29 ms; 2**20: both
 #: ~1 ms; 1e7: 32 vs 34-133 ms) and far more robust on a busy machine (one pass, no chain of
-#: parallel regions), so it runs at every size; for COO the vectorised path wins from ~2**15
-#: when coalesced (2**16: native 0.3-0.7 ms, vectorised 0.16 ms; 1e7: 0.2-0.6x torch's) and
-#: from ~2**16 when not (each on fresh clones, 2 sparse dims: 2**15 native 26 µs, vectorised
-#: 40 µs; 2**16 47 vs 49 µs; 2**17 88 vs 76 µs; 2**20 0.96 vs 0.87 ms).
-NATIVE_MAX_NNZ_COO: dict[bool, int] = {True: 1 << 15, False: 1 << 16}
+#: parallel regions), so it runs at every size. For COO the vectorised path wins from ~2**15
+#: when the indices are marked coalesced (2**16: native 0.3-0.7 ms, vectorised 0.16 ms; 1e7:
+#: 0.2-0.6x torch's). Unmarked, torch checks bounds only, in one pass without temporaries, and
+#: through the public factory on fresh clones it stays ahead up to ~2**19 (6e4 nnz: 56 vs
+#: 150 µs; 2e5: 155 vs 376 µs; 5e5: 352 vs 392 µs; 1e6: 829 vs 774 µs), where the vectorised
+#: path's large temporaries make it vary with the allocator's state (alone on reused memory it
+#: is faster from ~2**16).
+NATIVE_MAX_NNZ_COO: dict[bool, int] = {True: 1 << 15, False: 1 << 19}
 _native_enabled = True
 
 
@@ -124,9 +127,9 @@ def native_accepts_contiguous(meta: CompressedMeta, compressed: torch.Tensor,
     if not (_native_ok_contiguous(meta, compressed, values)
             and _offsets_in_bounds(meta, compressed)):
         return False
+    info, _, _, _, _, nc, n_plain, nnz = meta
     try:
-        _VALIDATE(meta.info.row_compressed, compressed, plain, meta.n_compressed, meta.n_plain,
-                  meta.nnz)
+        _VALIDATE(info.row_compressed, compressed, plain, nc, n_plain, nnz)
     except Exception:  # rejected: the vectorised path decides and reports
         return False
     return True
@@ -145,15 +148,15 @@ def _offsets_in_bounds(meta: CompressedMeta, compressed: torch.Tensor) -> bool:
     later lines, so offsets outside that range make it read outside the plain indices (a
     segfault, e.g. BSR crow ``[0, 3, -1, 2, 0]`` with no plain index at all)."""
     _, _, batch, _, _, nc, _, nnz = meta
-    # (the native path is CPU-only) a short list is cheaper than aten ops; every dim is
-    # non-empty here (native_compressed_ok), so no list is empty
+    # (the native path is CPU-only) up to ~40 offsets a list is cheaper than aminmax and two
+    # items (1.4 µs); every dim is non-empty here (native_compressed_ok): no list is empty
     if not batch:
         if nc < 32:
             offsets = compressed.tolist()
             return bool(min(offsets) >= 0 and max(offsets) <= nnz)
-    elif len(batch) == 1 and batch[0] * (nc + 1) <= 64:
-        # (a view(-1) alone costs more than this whole check; the flat list is at most 64 long)
-        offsets = sum(compressed.tolist(), [])
+    elif len(batch) == 1 and batch[0] * (nc + 1) <= 32:
+        # (a view(-1) alone costs 0.7 µs)
+        offsets = sum(compressed.tolist(), [])  # noqa: RUF017  (at most 32 offsets)
         return bool(min(offsets) >= 0 and max(offsets) <= nnz)
     lo, hi = torch.aminmax(compressed)
     return bool(lo.item() >= 0 and hi.item() <= nnz)  # (CPU: an item is no sync)
