@@ -208,7 +208,7 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
         return compressed(c, p, v, meta)
     vc = c._version
     vp = p._version
-    # torch's native checker (validation.py's native path, behind its preconditions and the
+    # torch's index kernel (validation.py's native path, behind its preconditions and the
     # offsets pre-check), then torch's unchecked constructor. Not torch's factory with
     # check_invariants=True: it sets torch's process-wide invariant-check flag for the call and
     # restores what it saw, so two threads in it at once can leave the flag on for good
