@@ -68,11 +68,11 @@ from .metadata import (
 #: ~1 ms; 1e7: 32 vs 34-133 ms) and far more robust on a busy machine (one pass, no chain of
 #: parallel regions), so it runs at every size. For COO the vectorised path wins from ~2**15
 #: when the indices are marked coalesced (fresh clones, 2 sparse dims: 1e5 native 247 µs,
-#: vectorised 224 µs; 1e6 2.66 vs 1.64 ms; 1e7 0.5x torch's). Unmarked, torch checks bounds only, in one pass without temporaries, and
-#: through the public factory on fresh clones it stays ahead up to ~2**19 (6e4 nnz: 56 vs
-#: 150 µs; 2e5: 155 vs 376 µs; 5e5: 352 vs 392 µs; 1e6: 829 vs 774 µs), where the vectorised
-#: path's large temporaries make it vary with the allocator's state (alone on reused memory it
-#: is faster from ~2**16).
+#: vectorised 224 µs; 1e6 2.66 vs 1.64 ms; 1e7 0.5x torch's). Unmarked, torch checks bounds
+#: only, in one pass without temporaries, and through the public factory on fresh clones it
+#: stays ahead up to ~2**19 (6e4 nnz: 56 vs 150 µs; 2e5: 155 vs 376 µs; 5e5: 352 vs 392 µs;
+#: 1e6: 829 vs 774 µs), where the vectorised path's large temporaries make it vary with the
+#: allocator's state (alone on reused memory it is faster from ~2**16).
 NATIVE_MAX_NNZ_COO: dict[bool, int] = {True: 1 << 15, False: 1 << 19}
 _native_enabled = True
 
