@@ -149,14 +149,11 @@ def _offsets_in_bounds(meta: CompressedMeta, compressed: torch.Tensor) -> bool:
     segfault, e.g. BSR crow ``[0, 3, -1, 2, 0]`` with no plain index at all)."""
     _, _, batch, _, _, nc, _, nnz = meta
     # (the native path is CPU-only) up to ~40 offsets a list is cheaper than aminmax and two
-    # items (1.4 µs); every dim is non-empty here (native_compressed_ok): no list is empty
-    if not batch:
-        if nc < 32:
-            offsets = compressed.tolist()
-            return bool(min(offsets) >= 0 and max(offsets) <= nnz)
-    elif len(batch) == 1 and batch[0] * (nc + 1) <= 32:
-        # (a view(-1) alone costs 0.7 µs)
-        offsets = sum(compressed.tolist(), [])  # noqa: RUF017  (at most 32 offsets)
+    # items (1.4 µs); every dim is non-empty here (native_compressed_ok): no list is empty.
+    # One batch dim at most: a nested list is flattened in Python (a view(-1) costs 0.7 µs)
+    if len(batch) <= 1 and (batch[0] if batch else 1) * (nc + 1) <= 32:
+        lines = compressed.tolist()
+        offsets = sum(lines, []) if batch else lines  # noqa: RUF017  (at most 32 offsets)
         return bool(min(offsets) >= 0 and max(offsets) <= nnz)
     lo, hi = torch.aminmax(compressed)
     return bool(lo.item() >= 0 and hi.item() <= nnz)  # (CPU: an item is no sync)
