@@ -27,7 +27,7 @@ import torch
 
 from . import _originals, checked
 from ._compile import bind
-from .checked import VOLATILE, Record, attach, claim, holds, plain_members
+from .checked import VOLATILE, Record, attach, claim, plain_members
 from .debug import is_debug
 from .memory import watchable_spans
 from .metadata import (
@@ -66,10 +66,13 @@ def _extra(requires_grad: bool, pin_memory: bool) -> dict[str, Any]:
     return out
 
 
-def _at(m: torch.Tensor | None, x: torch.Tensor) -> bool:
-    """``x`` is at ``m``'s view: data pointer, shape, strides."""
-    return (m is not None and x.data_ptr() == m.data_ptr() and x.shape == m.shape
-            and x.stride() == m.stride())
+def _own(x: torch.Tensor) -> torch.Tensor:
+    """A member for torch's constructor that only the built tensor holds: a detached alias of
+    the caller's tensor (same memory and counter), so that ``.data =`` on the caller's tensor
+    (``col.data = col[:1]``, ``nn.Module._apply``) changes that tensor, never the built one
+    (torch keeps the tensors it is given as the members themselves). Values that require grad
+    get a view instead, which keeps them in the autograd graph."""
+    return x.view_as(x) if x.requires_grad else x.detach()
 
 
 def _key(members: Sequence[torch.Tensor]) -> checked.IndexKey:
@@ -86,6 +89,20 @@ def _finish(plain: torch.Tensor, state: checked.IndexState, key: checked.IndexKe
         return _volatile(plain, geom)
     m0, m1 = plain_members(plain)
     rec = checked.shared_record((m0, m1), state, key, m0._version, geom)
+    plain.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
+    plain.__dict__["_ss"] = rec
+    return plain  # type: ignore[return-value]
+
+
+def _rebuilt(plain: torch.Tensor, r: Record, nnz: int = 0) -> SafeSparseTensor:
+    """``plain``, built on the index data ``r`` proves (:func:`checked.vouch` accepted the
+    members), retyped with a record on ``r``'s state; COO with the coalesced flag torch gave
+    it (``nnz``: its stored entries)."""
+    geom = checked.geometry_of(plain)
+    if plain.is_inference():
+        return _volatile(plain, geom)
+    m0, m1 = plain_members(plain)
+    rec = checked.rebuilt(r, m0, m1, m0._version, geom, nnz)
     plain.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
     plain.__dict__["_ss"] = rec
     return plain  # type: ignore[return-value]
@@ -181,25 +198,23 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
         return None
     geom = ("compressed", meta.n_compressed, meta.n_plain)
     build = _BUILD[layout]
-    r = claim(c)
-    if r is not None:
-        # members handed out by r, in their roles (the pointers), unwritten and unreshaped
-        # since (every in-place write or reshape of a member moves r's counter: holds)
-        if (claim(p) is r and r.geom == geom and c.data_ptr() == r.p0
-                and p.data_ptr() == r.p1 and holds(r)):
-            state = checked.share(r)
-            assert state is not None  # (a record that handed out members is shared)
-            checked.count("skipped")
-            built = build(c, p, v, shape, check_invariants=False)
-            if built.is_inference():
-                return _volatile(built, geom)
-            # m1: the handed-out member itself (the new tensor's member memory, its view)
-            m0 = built.crow_indices() if meta.info.row_compressed else built.ccol_indices()
-            rec = checked.shared_record((m0, p), state, r.key, m0._version, geom)
-            built.__class__ = SafeSparseTensor
-            built.__dict__["_ss"] = rec
-            return built  # type: ignore[return-value]
-        return compressed(c, p, v, meta)
+    if claim(c) is not None:
+        # members a checked tensor handed out: proven through its record (checked.proves:
+        # the same objects at the proven views, unwritten since, the same geometry)
+        r = checked.vouch(c, p, (geom,))
+        if r is None:
+            return compressed(c, p, v, meta)
+        checked.count("skipped")
+        pd = p.detach()
+        built = build(c.detach(), pd, _own(v), shape, check_invariants=False)
+        if built.is_inference():
+            return _volatile(built, geom)
+        # m1: the new tensor's own plain member (a detached alias of the handed-out one)
+        m0 = built.crow_indices() if meta.info.row_compressed else built.ccol_indices()
+        rec = checked.rebuilt(r, m0, pd, m0._version)
+        built.__class__ = SafeSparseTensor
+        built.__dict__["_ss"] = rec
+        return built  # type: ignore[return-value]
     spans = watchable_spans((c, p))
     if not spans:  # (no memory at all: a state per view key; or memory never cached)
         return compressed(c, p, v, meta)
@@ -216,15 +231,18 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
     if not native_accepts_contiguous(meta, c, p, v):
         check_compressed_indices(meta, c, p)  # raises, located; or accepts what torch refused
     checked.count("validations")
-    plain = build(c, p, v, shape, check_invariants=False)
+    cd = c.detach()
+    pd = p.detach()
+    plain = build(cd, pd, _own(v), shape, check_invariants=False)
     if c._version != vc or p._version != vp:
         return compressed(c, p, v, meta)  # written meanwhile: the general way decides
     if plain.is_inference():
         return _volatile(plain, geom)
-    # m0: an alias sharing the new tensor's counter; m1: the caller's plain member itself,
-    # which is the new tensor's member (its data pointer tells a move)
+    # m0: an alias sharing the new tensor's counter; m1: the new tensor's own plain member (a
+    # detached alias of the caller's, sharing its counter), whose data pointer tells a move;
+    # the caller's counters are watched through the detached aliases
     m0 = plain.crow_indices() if meta.info.row_compressed else plain.ccol_indices()
-    if not checked.settle(pending, m0, p, m0._version, geom, ((c, vc), (p, vp))):
+    if not checked.settle(pending, m0, pd, m0._version, geom, ((cd, vc), (pd, vp))):
         return compressed(c, p, v, meta)  # a racing registration met it: register
     plain.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
     plain.__dict__["_ss"] = pending
@@ -258,7 +276,7 @@ def fast_coo(idx: Any, v: Any, size: Any, dtype: torch.dtype | None, device: Any
             and _native_coo_accepts(meta, idx, v, is_coalesced=coalesced)):
         check_coo_indices(meta, idx, is_coalesced=coalesced)  # the vectorised path: located
     checked.count("validations")
-    plain = _originals.sparse_coo_tensor(idx, v, shape, check_invariants=False,
+    plain = _originals.sparse_coo_tensor(idx.detach(), _own(v), shape, check_invariants=False,
                                          is_coalesced=is_coalesced)
     if idx._version != vi:
         return coo(idx, v, meta, is_coalesced)  # written meanwhile: the general way decides
@@ -285,19 +303,19 @@ def compressed(c: torch.Tensor, p: torch.Tensor, v: torch.Tensor, meta: Compress
     build = _BUILD[meta.info.layout]
     debug = is_debug()
     if not estimate and not debug:
-        r = claim(c)
-        if (r is not None and claim(p) is r and r.geom == geom and _at(r.m0, c)
-                and _at(r.m1, p) and holds(r)):
-            state = checked.share(r)
-            assert state is not None  # (a record that handed out members is shared)
+        r = checked.vouch(c, p, (geom,)) if claim(c) is not None else None
+        if r is not None:
             checked.count("skipped")
-            return _finish(build(c, p, v, meta.size, check_invariants=False, **extra), state,
-                           r.key, geom)
+            return _rebuilt(build(c.detach(), p.detach(), _own(v), meta.size,
+                                  check_invariants=False, **extra), r)
+    # torch builds on detached aliases (see _own), validation reads the caller's tensors (the
+    # same memory and view) and watches their counters
+    cd, pd, vd = c.detach(), p.detach(), _own(v)
     spans = watchable_spans((c, p))
     if spans is None:
         meta = check_compressed_indices(meta, c, p, estimate=estimate, values=v)
         checked.count("validations")
-        return _volatile(build(c, p, v, meta.size, check_invariants=False, **extra),
+        return _volatile(build(cd, pd, vd, meta.size, check_invariants=False, **extra),
                          checked.compressed_geometry(meta.n_compressed, meta.n_plain))
     pending = checked.announce(spans, c, p) if spans else None
     if pending is not None:
@@ -311,9 +329,9 @@ def compressed(c: torch.Tensor, p: torch.Tensor, v: torch.Tensor, meta: Compress
         else:
             raise RuntimeError(_CHANGING)
         geom = checked.compressed_geometry(meta.n_compressed, meta.n_plain)
-        plain = build(c, p, v, meta.size, check_invariants=False, **extra)
+        plain = build(cd, pd, vd, meta.size, check_invariants=False, **extra)
         if c._version == vc and p._version == vp:  # (else written meanwhile: register)
-            out = _private(plain, geom, ((c, vc), (p, vp)), pending)
+            out = _private(plain, geom, ((cd, vc), (pd, vp)), pending)
             if out is not None:
                 return out
         estimate = False  # (resolved; a racing write or registration met it: register)
@@ -332,7 +350,7 @@ def compressed(c: torch.Tensor, p: torch.Tensor, v: torch.Tensor, meta: Compress
                 break
         else:
             raise RuntimeError(_CHANGING)
-    return _finish(build(c, p, v, meta.size, check_invariants=False, **extra), state, key, geom)
+    return _finish(build(cd, pd, vd, meta.size, check_invariants=False, **extra), state, key, geom)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,20 +366,19 @@ def coo(idx: torch.Tensor, v: torch.Tensor, meta: CooMeta, is_coalesced: bool | 
     extra = _extra(requires_grad, pin_memory)
     debug = is_debug()
 
+    own_idx, own_v = idx.detach(), _own(v)  # (see _own)
+
     def build(size: Sequence[int]) -> torch.Tensor:
-        return _originals.sparse_coo_tensor(idx, v, size, check_invariants=False,
+        return _originals.sparse_coo_tensor(own_idx, own_v, size, check_invariants=False,
                                             is_coalesced=is_coalesced, **extra)
 
     sparse = tuple(meta.size[: meta.sparse_dim])
-    if not estimate and not debug:
-        r = claim(idx)
-        if (r is not None and r.m1 is None and _at(r.m0, idx) and holds(r)
-                and r.geom in (checked.coo_geometry(sparse, coalesced),
-                               checked.coo_geometry(sparse, True))):
-            state = checked.share(r)
-            assert state is not None
+    if not estimate and not debug and claim(idx) is not None:
+        r = checked.vouch(idx, None, (checked.coo_geometry(sparse, coalesced),
+                                      checked.coo_geometry(sparse, True)))
+        if r is not None:
             checked.count("skipped")
-            return _finish_coo(build(meta.size), state, r.key, sparse, meta.nnz)
+            return _rebuilt(build(meta.size), r, meta.nnz)
     spans = watchable_spans((idx,))
     if spans is None:
         meta = check_coo_indices(meta, idx, is_coalesced=coalesced, estimate=estimate, values=v)
@@ -414,17 +431,10 @@ def coo(idx: torch.Tensor, v: torch.Tensor, meta: CooMeta, is_coalesced: bool | 
 
 def _finish_coo(plain: torch.Tensor, state: checked.IndexState, key: checked.IndexKey,
                 sparse: tuple[int, ...], nnz: int) -> SafeSparseTensor:
-    """As :func:`_finish`, with the geometry of the coalesced flag torch gave ``plain``: an
-    index set proven coalesced is proven uncoalesced too, and one of at most one entry is
-    trivially coalesced (torch marks such a tensor coalesced)."""
-    flag = plain.is_coalesced()
-    geom = checked.coo_geometry(sparse, flag)
-    with state.lock:
-        proven = state.proven
-        if (key, geom) not in proven:
-            other = (key, checked.coo_geometry(sparse, not flag))
-            if other in proven and (not flag or nnz <= 1):
-                proven.add((key, geom))
+    """As :func:`_finish`, with the geometry of the coalesced flag torch gave ``plain``
+    (:func:`checked.implied_coo`)."""
+    geom = checked.coo_geometry(sparse, plain.is_coalesced())
+    checked.implied_coo(state, key, geom, nnz)
     return _finish(plain, state, key, geom)
 
 

@@ -264,8 +264,8 @@ class Record:
 
 
 def holds(r: Record) -> bool:
-    """The rule: ``r``'s proof holds now (see the module docstring). Never for volatile
-    records (those are validated by the caller)."""
+    """:func:`proves` for ``r``'s own tensors: ``r``'s proof holds now (see the module
+    docstring). Never for volatile records (those are validated by the caller)."""
     ver = r.ver
     if ver < 0:  # (inference tensors, which volatile records hold, have no counter to read)
         return False
@@ -283,6 +283,72 @@ def holds(r: Record) -> bool:
                 return False
         return r.gen == _generation  # (clear_cache voids states; sole records by generation)
     return _shared_holds(r, st)
+
+
+def proves(r: Record, m0: torch.Tensor, m1: torch.Tensor | None,
+           geometries: tuple[Hashable, ...]) -> bool:
+    """The one question every module asks before it trusts index data: does ``r``'s proof hold
+    now for the index tensors ``m0`` / ``m1`` (compressed and plain; COO: indices and None),
+    presented in the roles of ``r``'s members, as a tensor of one of ``geometries``?
+
+    Why a True answer is sound. A proof names everything the validity of the data depends on:
+
+    * *the members' objects*: ``r.m0`` / ``r.m1`` are aliases that only ``r`` (and the tensors
+      carrying it) hold, and the tensor they describe was built on detached aliases of the
+      caller's index tensors (build.py), so no outside object can swap, shrink or move its
+      members (``col.data = col[:1]``, ``nn.Module._apply``): ``.data =`` on the caller's
+      tensor changes that tensor only;
+    * *the memory*: ``r.m0`` / ``r.m1`` hold their storages, so an equal data pointer is the
+      same live memory (it cannot have been freed and reused);
+    * *the view*: ``m0`` / ``m1`` must have ``r``'s members' data pointer, shape, strides,
+      dtype and device: a tensor presented as a member whose shape or memory changed without a
+      counter moving (``.data =`` on a handed-out member) is not the proven one;
+    * *the counters*: :func:`holds`: the record's own counter unmoved and, for a shared record,
+      every counter that can write the memory (the state's watches) unmoved, or for a private
+      one the caller's index tensors' counters (``extra``) unmoved, and no
+      :func:`clear_cache` since;
+    * *the geometry*: ``(n_compressed, n_plain)`` (COO: sparse size and coalesced flag) is the
+      proven one; the metadata stage checked everything else about the new tensor in O(1).
+
+    Every other module asks this function (or :func:`holds`, its form for a record's own
+    tensors, :func:`vouch` for members a record handed out) and never compares a record's
+    fields itself."""
+    if r.geom not in geometries:
+        return False
+    if not _same_view(r.m0, m0):
+        return False
+    r1 = r.m1
+    if r1 is None or m1 is None:
+        if r1 is not m1:
+            return False
+    elif not _same_view(r1, m1):
+        return False
+    return holds(r)
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``b`` is at ``a``'s view of the same memory (``a`` holds that memory alive)."""
+    return a is b or (b.data_ptr() == a.data_ptr() and b.shape == a.shape
+                      and b.stride() == a.stride() and b.dtype == a.dtype
+                      and b.get_device() == a.get_device())
+
+
+def vouch(m0: torch.Tensor, m1: torch.Tensor | None,
+          geometries: tuple[Hashable, ...]) -> Record | None:
+    """The record that proves ``m0`` / ``m1`` (index tensors a checked tensor handed out, each
+    carrying its record: see :func:`hand_out`) for one of ``geometries`` now, or None. A
+    rebuild on such members needs no O(nnz) check (shortcut 4)."""
+    r = claims.get(m0)
+    if r is None or (m1 is not None and claims.get(m1) is not r):
+        return None
+    return r if proves(r, m0, m1, geometries) else None
+
+
+def confirm(compressed: torch.Tensor, plain: torch.Tensor, geometry: Hashable) -> bool:
+    """Whether ``compressed`` / ``plain`` are index members a checked tensor handed out, still
+    proven for ``geometry`` (:func:`vouch`): the O(1) run-time check of model code's
+    operators."""
+    return vouch(compressed, plain, (geometry,)) is not None
 
 
 def _shared_holds(r: Record, st: IndexState) -> bool:
@@ -306,6 +372,68 @@ def _shared_holds(r: Record, st: IndexState) -> bool:
     except RuntimeError:  # a watch dict changed size while we read it
         with st.lock:
             return (r.key, r.geom) in st.proven and st._holds()
+
+
+def is_volatile(r: Record) -> bool:
+    """Whether ``r``'s index memory cannot be watched: its tensor is validated whenever asked."""
+    return r.ver == VOLATILE
+
+
+def proven_geometry(t: torch.Tensor) -> Hashable:
+    """The geometry ``t``'s proof is for when ``t`` carries a proof (its index data and
+    extents are unchanged since, or the proof does not hold and nothing is trusted on it),
+    else the geometry read from ``t`` (:func:`geometry_of`)."""
+    rec = record(t)
+    if rec is not None and rec.ver >= 0:
+        return rec.geom
+    return geometry_of(t)
+
+
+def born(r: Record, m0: torch.Tensor, m1: torch.Tensor | None,
+         coalesced: bool | None) -> Record | None:
+    """A sole record for the result of a copying op on ``r``'s checked tensor (shortcut 1),
+    whose index members are ``m0`` / ``m1`` (aliases sharing the result's counter) and, for
+    COO, whose coalesced flag is ``coalesced``; checked if ``r`` still holds after the op.
+    None when the result's index memory is not fresh (the input's, or empty) or its flag is
+    not the proven one: the caller wraps it the general way (joined by memory range)."""
+    if coalesced is not None and coalesced != r.geom[2]:  # type: ignore[index]
+        return None
+    p0 = m0.data_ptr()
+    if p0 == r.p0 or p0 == 0 or (m1 is not None and (m1.data_ptr() == r.p1
+                                                    or m1.data_ptr() == 0)):
+        return None
+    return Record(m0, m1, m0._version if holds(r) else UNCHECKED, r.geom)
+
+
+def rebuilt(r: Record, m0: torch.Tensor, m1: torch.Tensor | None, ver: int,
+            geom: Hashable = None, nnz: int = 0) -> Record:
+    """A record for a tensor built on the index data ``r`` proves (a rebuild that
+    :func:`vouch` accepted), on ``r``'s state and view; ``geom``: the new tensor's geometry
+    (None: ``r``'s). A COO geometry other than ``r``'s is proven only where ``r``'s implies it
+    (:func:`implied_coo`); else the record is unchecked (validated at its first use)."""
+    state = share(r)
+    assert state is not None  # (a record that handed out members is shared)
+    if geom is None or geom == r.geom:
+        return shared_record((m0, m1), state, r.key, ver, r.geom)
+    implied_coo(state, r.key, geom, nnz)
+    rec = shared_record((m0, m1), state, r.key, UNCHECKED, geom)
+    if state.is_proven((r.key, geom)):
+        rec.set_checked(ver, geom)
+    return rec
+
+
+def implied_coo(state: IndexState, key: IndexKey, geom: Hashable, nnz: int) -> None:
+    """Add to ``state`` the COO proof ``(key, geom)`` where another proof of the same view
+    implies it: indices proven coalesced are valid uncoalesced, and at most one entry is
+    trivially coalesced (torch marks such a tensor coalesced)."""
+    sparse: tuple[int, ...] = geom[1]  # type: ignore[index]
+    flag: bool = geom[2]  # type: ignore[index]
+    with state.lock:
+        proven = state.proven
+        if (key, geom) not in proven:
+            other = (key, coo_geometry(sparse, not flag))
+            if other in proven and (not flag or nnz <= 1):
+                proven.add((key, geom))
 
 
 def record(t: torch.Tensor) -> Record | None:
@@ -594,6 +722,16 @@ def mark_derived(rec: Record, geometry: Hashable) -> bool:
     if ok:
         rec.set_checked(ver, geometry)
     return ok
+
+
+def known(rec: Record, geometry: Hashable, watched: bool) -> bool:
+    """Whether ``rec``'s index data is already proven for ``geometry`` on its state (a cache
+    hit: no O(nnz) check needed) and no write through ``rec``'s own counter can have been
+    missed (``watched``: the record saw every write through its counter; else nothing wrote
+    through its members yet)."""
+    state = state_of(rec)
+    return (state is not None and state.is_proven((rec.key, geometry))
+            and (watched or all(m._version == 0 for m in rec.members())))
 
 
 def mark_known(rec: Record, geometry: Hashable) -> bool:

@@ -32,7 +32,7 @@ from typing import Any, Final
 
 import torch
 
-from .checked import UNCHECKED, Record, holds
+from .checked import Record, born, holds
 from .debug import is_debug
 from .metadata import _UNSUPPORTED_VALUE_DTYPES, SUPPORTED_DEVICE_TYPES
 from .optable import VALUES_ONLY
@@ -90,20 +90,19 @@ def _born(cls: type, a: Any, r: Record, ret: Any, move: bool, func: Callable[...
                  or ret.device.type not in SUPPORTED_DEVICE_TYPES):
         return fallback(func, args, ret)  # 1.5 / 4.1 are decided there
     lay = ret.layout
+    coalesced = None
     if lay is _COO:
         m0, m1 = ret._indices(), None
-        if ret.is_coalesced() != r.geom[2]:  # type: ignore[index]
-            return fallback(func, args, ret)
+        coalesced = ret.is_coalesced()
     elif lay in _ROW:
         m0, m1 = ret.crow_indices(), ret.col_indices()
     else:
         m0, m1 = ret.ccol_indices(), ret.row_indices()
-    p0 = m0.data_ptr()
-    if p0 == r.p0 or p0 == 0 or (m1 is not None and (m1.data_ptr() == r.p1
-                                                    or m1.data_ptr() == 0)):
-        return fallback(func, args, ret)  # not fresh (or empty): joined by memory range
-    ok = holds(r)  # the input after the op: a write while torch copied it is never blessed
-    rec = Record(m0, m1, m0._version if ok else UNCHECKED, r.geom)
+    # checked.born: None when not fresh (or empty): joined by memory range; checked only if
+    # the input still holds after the op (a write while torch copied it is never blessed)
+    rec = born(r, m0, m1, coalesced)
+    if rec is None:
+        return fallback(func, args, ret)
     ret.__class__ = cls
     ret.__dict__["_ss"] = rec
     return ret

@@ -28,7 +28,7 @@ from torch._C import DisableTorchFunctionSubclass
 
 from . import checked
 from ._compile import bind, not_traced, surface
-from .checked import VOLATILE, Record, holds
+from .checked import Record, holds
 from .debug import is_debug
 from .errors import InvariantError
 from .fastpath import FAST, MISS
@@ -281,7 +281,7 @@ def general(entry: OpEntry | None, func: Callable[..., Any], args: tuple[Any, ..
             # the op (or its implementation) may build a tensor with a counter of its own on
             # x's index memory: x's record must be found by memory range from now on
             rec = checked.record(x)
-            if rec is not None and rec.state is None:
+            if rec is not None:
                 checked.share(rec)
         if entry is not None and entry.impl is not None:
             return entry.impl(func, args, kwargs)
@@ -383,16 +383,14 @@ def unwrap(t: torch.Tensor) -> torch.Tensor:
     """
     if not isinstance(t, SafeSparseTensor):
         return t
-    rec = checked.record(t)
-    if rec is not None:
-        checked.share(rec)  # the plain tensor can build tensors with counters of their own
     if t.requires_grad:
         with DisableTorchFunctionSubclass():
             out: torch.Tensor = _ToPlain.apply(t)  # type: ignore[no-untyped-call]
     else:
         out = torch.Tensor._make_subclass(torch.Tensor, t, False)
-    if rec is not None and rec.ver != VOLATILE:
-        checked.claims.set(out, rec)  # it shares t's counter: keeps the watch alive
+    # shared first (the plain tensor can build tensors with counters of their own); it shares
+    # t's counter, and carries t's record to keep the watch alive
+    checked.hand_out(t, out)
     return out
 
 
@@ -415,7 +413,7 @@ def _is_checked(t: torch.Tensor) -> bool:
         return False
     if holds(rec):
         return True
-    return rec.ver == VOLATILE and _revalidates(t)
+    return checked.is_volatile(rec) and _revalidates(t)
 
 
 @not_traced
@@ -504,9 +502,7 @@ def validate_into(out: SafeSparseTensor, debug: bool = False, op: str | None = N
     rec = checked.current(out)
     watched = watched and rec is old  # a record made just now saw no earlier write
     geometry = geometry_of(out)
-    state = checked.state_of(rec)
-    if (not debug and state is not None and state.is_proven((rec.key, geometry))
-            and (watched or all(m._version == 0 for m in rec.members()))):
+    if not debug and checked.known(rec, geometry, watched):
         # Proven index data, and no write through out's own counter that the proof missed.
         validate_tensor(out, check_indices=False)  # metadata is O(1)
         checked.count("skipped")
@@ -601,11 +597,12 @@ def _guard_plain(func: Callable[..., Any], name: str, x: torch.Tensor) -> None:
     ``x`` (sharing its members and counter) while ``x``'s members are the ones validated."""
     seen = _guarded.get(x)
     if seen is not None:
+        # x's members now are the ones validated (the same views of the same memory, for the
+        # same geometry), and that proof holds (checked.proves)
         rec = checked.record(seen)
-        if (rec is not None and _is_checked(seen)
-                and tuple(m.data_ptr() for m in rec.members())
-                == tuple(m.data_ptr() for m in index_members(x))
-                and seen.shape == x.shape and seen.layout == x.layout):
+        m0, m1 = checked.plain_members(x)
+        if (rec is not None and seen.shape == x.shape and seen.layout == x.layout
+                and checked.proves(rec, m0, m1, (geometry_of(x),))):
             checked.count("skipped")
             return
     out = wrap(x)
@@ -733,9 +730,7 @@ def _geometry(args: tuple[Any, ...], out: torch.Tensor) -> Hashable:
     first = args[0] if args else None
     if (isinstance(first, SafeSparseTensor) and first.layout == out.layout != torch.sparse_coo
             and first.shape == out.shape):
-        rec = checked.record(first)
-        if rec is not None and rec.ver >= 0:
-            return rec.geom
+        return checked.proven_geometry(first)
     return geometry_of(out)
 
 

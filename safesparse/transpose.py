@@ -24,7 +24,7 @@ from torch._C import DisableTorchFunctionSubclass
 
 from . import _originals, checked
 from .metadata import LAYOUTS, compressed_members
-from .tensor import OpKind, SafeSparseTensor, geometry_of, wrap_results
+from .tensor import OpKind, SafeSparseTensor, wrap_results
 
 T = torch.Tensor
 
@@ -71,8 +71,7 @@ def _finish(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
             out: torch.Tensor) -> Any:
     # The swapped tensor has the input's index structure and extents: the same geometry (the
     # one its checked input was proven for, or computed).
-    rec = checked.record(args[0])
-    geometry = rec.geom if rec is not None and rec.ver >= 0 else geometry_of(args[0])
+    geometry = checked.proven_geometry(args[0])
     return wrap_results(func, OpKind.PRESERVING, args, kwargs, out, geometry, views=True)
 
 

@@ -424,16 +424,22 @@ def test_inplace_unknown_op_drops_the_state(layout: torch.layout) -> None:
 @pytest.mark.parametrize("member", ["compressed", "plain"])
 @pytest.mark.parametrize("layout", ["csr", "bsr"])
 def test_member_reshaped_in_place_gives_the_invariant_id(member: str, layout: str) -> None:
-    """The caller's index tensor is the tensor's member: reshaping it in place
-    (``unsqueeze_``) changes the tensor's member dims. The next op names the broken id; it
-    used to fail with an IndexError while reading the tensor's geometry."""
+    """torch keeps the index tensors it is given as the members of its own tensor: reshaping
+    one in place (``unsqueeze_``) changes the member dims of a plain tensor built on it, and
+    of its adoption. The next op names the broken id; it used to fail with an IndexError while
+    reading the tensor's geometry. A safe factory's tensor is built on detached aliases: the
+    same reshape leaves it whole (validated again, still valid)."""
     crow, col = torch.tensor([0, 1, 2]), torch.tensor([0, 1])
-    if layout == "csr":
-        t = ss.sparse_csr_tensor(crow, col, torch.ones(2), (2, 2))
-    else:
-        t = ss.sparse_bsr_tensor(crow, col, torch.ones(2, 1, 1), (2, 2))
+    build = torch.sparse_csr_tensor if layout == "csr" else torch.sparse_bsr_tensor
+    values = torch.ones(2) if layout == "csr" else torch.ones(2, 1, 1)
+    safe = (ss.sparse_csr_tensor if layout == "csr" else ss.sparse_bsr_tensor)(
+        crow, col, values, (2, 2))
+    t = ss.validate(build(crow, col, values, (2, 2), check_invariants=False))
     (crow if member == "compressed" else col).unsqueeze_(0)
     assert not ss.is_checked(t)
     with pytest.raises(ss.InvariantError) as info:
         t * 2
     assert info.value.invariant == ("3.2" if member == "compressed" else "3.3")
+    assert not ss.is_checked(safe)  # the caller's counter moved: validated again, and valid
+    assert torch.equal((safe * 2).to_dense(), 2 * torch.eye(2))
+    assert ss.is_checked(safe) and safe.crow_indices().dim() == 1
