@@ -293,7 +293,7 @@ def load(previous: Callable[..., Any]) -> Callable[..., Any]:
         extra = bound.arguments.pop("pickle_load_args", {})
         _local.loading = getattr(_local, "loading", 0) + 1
         try:
-            return files.load(f, **bound.arguments, **extra)
+            return files.load_as("torch.load", f, **bound.arguments, **extra)
         finally:
             _local.loading -= 1
 

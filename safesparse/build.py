@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import torch
 
-from . import _originals, checked
+from . import _originals, checked, validation
 from ._compile import bind
 from .checked import VOLATILE, Record, attach, claim, plain_members
 from .debug import is_debug
@@ -194,7 +194,7 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
     if shape is None:
         return None
     meta = _accept_compressed_metadata(c, p, v, shape, layout, None, None)
-    if meta is None or is_debug():
+    if meta is None or is_debug() or validation._forked:  # (a forked child: validation.py)
         return None
     geom = ("compressed", meta.n_compressed, meta.n_plain)
     build = _BUILD[layout]
@@ -259,7 +259,7 @@ def fast_coo(idx: Any, v: Any, size: Any, dtype: torch.dtype | None, device: Any
             or idx.dtype is not torch.int64 or not v.dim()):
         return None
     shape = final_size(size)
-    if shape is None or is_debug():
+    if shape is None or is_debug() or validation._forked:  # (a forked child: validation.py)
         return None
     meta = check_coo_metadata(idx, v, shape)
     if claim(idx) is not None:

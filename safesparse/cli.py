@@ -91,7 +91,7 @@ class TensorReport:
     @property
     def verdict(self) -> str:
         if not self.valid:
-            return f"INVALID {self.message}"
+            return "INVALID " + "; ".join((self.message or "").splitlines())
         if self.aliased_with:
             return (f"ALIASED index storage shared with {', '.join(self.aliased_with)} "
                     "(ss.load gives it a copy of its own)")

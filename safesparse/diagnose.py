@@ -83,7 +83,8 @@ def diagnose_compressed(
                 else f"{cn}[{i + 1}] - {cn}[{i}] = {hi} - {lo} = {hi - lo}, n_plain = {n_plain}")
         case = "outside" if counts_ok else "negative" if hi < lo else ""
         words: dict[str, object] = {"index": i, "count": hi - lo, "n_plain": n_plain,
-                                     "position": i + 1, "offset": hi, "nnz": meta.nnz}
+                                     "position": i + 1, "offset": hi, "nnz": meta.nnz,
+                                     "previous": lo, "value": hi}
         return _fail(lay, "5.3", f"{_where(meta, b)}{info.line} {i}: {what}", words, case,
                      batch=_batch_index(meta, b), **{info.line.replace(" ", "_"): i},
                      position=i + 1, value=hi - lo)

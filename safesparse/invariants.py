@@ -159,14 +159,13 @@ COMPRESSED: Final[dict[str, Invariant]] = _table(
         "5.2": {"": "{cname} must end with the number of stored entries, {nnz}, not {value}"},
         "5.3": {
             "": "{line} {index} holds {count} entries, but a {line} has only {n_others}",
-            "negative": "{line} {index} would hold {count} entries: {cname} never decreases",
+            "negative": "{cname} decreases at {line} {index}: {previous} then {value}",
             "outside": "{cname}[{position}] = {offset} lies outside the {nnz} stored entries",
         },
         "5.4": {"": "{other} {value} is negative (indices count from 0)"},
         "5.5": {"": "{other} {value} is out of range for {n_others}"},
         "5.6": {
-            "": "{other} {value} comes after {other} {previous} in {line} {index}: "
-                "each {line} lists its {others} in increasing order",
+            "": "{other} {value} comes after {other} {previous} in {line} {index}",
             "duplicate": "{other} {value} appears twice in {line} {index}",
         },
     },
@@ -367,7 +366,7 @@ _EXAMPLES: Final[dict[tuple[Family, str, str], dict[str, object]]] = {
     ("compressed", "5.1", ""): {"value": 1},
     ("compressed", "5.2", ""): {"value": 5, "nnz": 4},
     ("compressed", "5.3", ""): {"index": 2, "count": 4, "n_plain": 3},
-    ("compressed", "5.3", "negative"): {"index": 2, "count": -1},
+    ("compressed", "5.3", "negative"): {"index": 2, "previous": 7, "value": 5},
     ("compressed", "5.3", "outside"): {"position": 3, "offset": 7, "nnz": 4},
     ("compressed", "5.4", ""): {"value": -1},
     ("compressed", "5.5", ""): {"value": 1000000000, "n_plain": 3},

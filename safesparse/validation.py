@@ -17,7 +17,13 @@ Nothing here calls a torch sparse kernel: all work is on the strided member tens
 
 from __future__ import annotations
 
+import functools
 import math
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import torch
 
@@ -46,6 +52,69 @@ from .metadata import (
     fail,
     numel_overflows,
 )
+
+# --------------------------------------------------------------------------------------------
+# Forked children
+#
+# In a process started by fork() after its parent ran a parallel region of torch's OpenMP
+# thread pool, any parallel region hangs for good (GNU OpenMP keeps the parent's pool state).
+# torch's COO checker opens one at every size, and the vectorised path's ops above torch's
+# grain size: plain torch never runs either by default, so a child that builds sparse tensors
+# would hang only because safesparse validates them. In a forked child the index stage runs
+# with torch's intra-op threads set to one (every parallel region runs inline; restored after),
+# and the factories leave their native fast path to the general one, which does so.
+
+_forked = False
+_serial_lock = threading.Lock()
+_serial_depth = 0
+_serial_saved = 1
+
+
+def _after_fork_in_child() -> None:
+    global _forked, _serial_lock, _serial_depth
+    _forked = True
+    _serial_lock = threading.Lock()  # (a lock held by another parent thread stays held)
+    _serial_depth = 0
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def in_forked_child() -> bool:
+    """Whether this process was started by ``fork()`` from one that imported safesparse."""
+    return _forked
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    global _serial_depth, _serial_saved
+    with _serial_lock:
+        if _serial_depth == 0:
+            _serial_saved = torch.get_num_threads()
+            torch.set_num_threads(1)
+        _serial_depth += 1
+    try:
+        yield
+    finally:
+        with _serial_lock:
+            _serial_depth -= 1
+            if _serial_depth == 0:
+                torch.set_num_threads(_serial_saved)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def fork_safe(fn: _F) -> _F:
+    """``fn`` (an index stage) runs single-threaded in a forked child (see above)."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if _forked:
+            with _one_thread():
+                return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+    return wrapper  # type: ignore[return-value]
+
 
 # --------------------------------------------------------------------------------------------
 # Native path: torch's own C++ checker, on CPU, where it is the faster one
@@ -199,6 +268,7 @@ def _estimate_plain_extent(c: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return est
 
 
+@fork_safe
 def check_compressed_indices(
     meta: CompressedMeta, compressed: torch.Tensor, plain: torch.Tensor, *,
     estimate: bool = False, values: torch.Tensor | None = None,
@@ -246,6 +316,7 @@ def _with_plain_extent(meta: CompressedMeta, extent: int) -> CompressedMeta:
                           meta.n_compressed, extent, meta.nnz)
 
 
+@fork_safe
 def check_coo_indices(
     meta: CooMeta, indices: torch.Tensor, *, is_coalesced: bool, estimate: bool = False,
     values: torch.Tensor | None = None,
@@ -333,6 +404,7 @@ def validate_coo(
     return meta
 
 
+@fork_safe
 def validate_tensor(t: torch.Tensor, *, check_indices: bool = True) -> None:
     """Validate every invariant of an existing torch sparse tensor (any sparse layout);
     ``check_indices=False``: the O(1) metadata invariants only (index data known valid). The
@@ -354,6 +426,8 @@ __all__ = [
     "NATIVE_MAX_NNZ_COO",
     "check_compressed_indices",
     "check_coo_indices",
+    "fork_safe",
+    "in_forked_child",
     "native_compressed_ok",
     "native_coo_ok",
     "native_enabled",

@@ -83,8 +83,9 @@ def test_invalid_file_exits_1_and_names_invariant_and_location(files: dict[str, 
     assert code == 1
     bad = next(line for line in out.splitlines() if "decoder.weight" in line)
     assert bad.split()[:5] == ["['decoder.weight']", "CSR", "(3,", "3)", "nnz"]
-    assert "INVALID [CSR 5.5] plain indices are < n_plain: column 1000000000 is out of range " \
-           "for 3 columns (row 1, position 1: col_indices[1] = 1000000000, n_plain = 3)" in bad
+    assert "INVALID [CSR 5.5] column 1000000000 is out of range for 3 columns (row 1, " \
+           "position 1: col_indices[1] = 1000000000, n_plain = 3); invariant: plain indices " \
+           "are < n_plain; to repair: " in bad
     ok = next(line for line in out.splitlines() if "['ok']" in line)
     assert ok.rstrip().endswith("OK")
     assert out.splitlines()[-1].endswith("(1 valid, 1 invalid), 0 dense tensors, 0 unreadable")

@@ -312,6 +312,8 @@ def coo_table() -> list[tuple[torch.layout, str, str, Callable[[Members], Any]]]
 
 
 TABLE = compressed_table() + coo_table()
+#: The longest first line a refusal may have (what is wrong and where; issue 33).
+FIRST_LINE_MAX = 200
 
 # Rows that currently fail: (id, description) -> reason. The lead removes an entry with the fix.
 KNOWN_BUGS: dict[tuple[str, str], str] = {}
@@ -339,6 +341,10 @@ def test_corruption_is_refused_with_its_id(
     assert (err.layout, err.invariant) == (layout, iid), str(err)
     assert str(err).startswith(f"[{layout_id(layout)} {iid}] ")
     assert ss.CATALOG["coo" if layout == COO else "compressed"][iid].text in str(err)
+    # the first line says what and where, short; the repair hint (if any) on the last line
+    first, *rest = str(err).splitlines()
+    assert len(first) <= FIRST_LINE_MAX, first
+    assert (rest[-1] == f"to repair: {err.hint}") if err.hint else "to repair" not in str(err)
     assert not torch_spy, f"refused input reached a torch sparse constructor: {torch_spy}"
 
 

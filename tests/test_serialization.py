@@ -231,12 +231,15 @@ def test_load_error_names_the_key_path(obj: Any, path: str, tmp_path: Path) -> N
             return type(x)(fill(v) for v in x)
         return x
 
+    file = saved(tmp_path, fill(obj))
     with pytest.raises(ss.InvariantError) as info:
-        ss.load(saved(tmp_path, fill(obj)))
+        ss.load(file)
     err = info.value
     assert err.invariant == "5.5" and err.layout == CSR and err.path == path
     assert str(err).startswith("[CSR 5.5]")
-    assert str(err).endswith(f"(at {path}); to repair: {err.hint}")
+    assert str(err).splitlines()[0].endswith(f"(at {path}) (loaded by ss.load from "
+                                             f"{str(file)!r})")
+    assert str(err).endswith(f"\nto repair: {err.hint}")
     assert "col_indices[1] = 1000000000" in str(err)
 
 

@@ -100,7 +100,7 @@ tuples and sets becomes the plain torch tensor, so the file names no safesparse 
 from __future__ import annotations
 
 from . import pickling as _pickling  # noqa: F401  (SafeSparseTensor.__reduce_ex__)
-from .load import load, load_and_validate
+from .load import load, load_and_validate, load_as
 from .results import Found, LoadResult, PathKey, path_str
 from .save import save, unwrap_all
 from .session import OnSparse, SparseRecord
@@ -113,6 +113,7 @@ __all__ = [
     "SparseRecord",
     "load",
     "load_and_validate",
+    "load_as",
     "path_str",
     "save",
     "unwrap_all",

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..errors import source_name
 from . import safetensors as _safetensors
 from .atomic import is_path
 from .results import Found, LoadResult
@@ -23,7 +24,7 @@ from .session import (
 )
 from .walk import _Walk
 
-__all__ = ["load", "load_and_validate"]
+__all__ = ["load", "load_and_validate", "load_as"]
 
 
 #: torch's own loader, as it was when safesparse was imported (enforce mode wraps torch.load).
@@ -120,11 +121,18 @@ def load(f: Any, **kwargs: Any) -> Any:
             and an unsupported global), as with ``torch.load``.
     """
     kwargs.setdefault("weights_only", True)
+    return load_as("ss.load", f, **kwargs)
+
+
+def load_as(loader: str, f: Any, **kwargs: Any) -> Any:
+    """:func:`load` with ``kwargs`` as given (no ``weights_only`` default), for ``loader``
+    (``"ss.load"``, ``"torch.load"`` in enforce mode), which a refusal names with the file."""
     result = load_and_validate(f, **kwargs)
     for found in result.found:
         err = found.error
         if err is not None:
-            raise err from result.aborted
+            raise err.with_context(loaded_by=f"{loader} from {source_name(f)}") \
+                from result.aborted
     if result.unplaced:
         raise RuntimeError(
             "a legacy-format checkpoint holds sparse tensors where safesparse cannot put the "

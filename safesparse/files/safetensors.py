@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from ..errors import InvariantError
+from ..errors import InvariantError, source_name
 from ..factories import sparse_compressed_tensor, sparse_coo_tensor
 from ..invariants import SPARSE_LAYOUTS
 from ..metadata import members
@@ -339,11 +339,11 @@ def _rebuild(flat: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | Non
     return LoadResult(out, found, dense=dense)
 
 
-def _raise_first(result: LoadResult) -> dict[str, Any]:
+def _raise_first(result: LoadResult, loaded_by: str | None = None) -> dict[str, Any]:
     for f in result.found:
         err = f.error
         if err is not None:
-            raise err
+            raise err if loaded_by is None else err.with_context(loaded_by=loaded_by)
     obj: dict[str, Any] = result.obj
     return obj
 
@@ -400,7 +400,8 @@ def load_file(filename: str | os.PathLike[str],
         FormatError: the file's sparse entries break the on-disk naming (see the module doc).
         ImportError: the safetensors package is not installed.
     """
-    return _raise_first(load_and_validate(filename, device))
+    return _raise_first(load_and_validate(filename, device),
+                        f"safesparse.safetensors.load_file from {source_name(filename)}")
 
 
 def load(data: bytes) -> dict[str, torch.Tensor]:
