@@ -303,6 +303,45 @@ class CheckedMeansValid(RuleBasedStateMachine):
         where = tuple(int(i) for i in torch.unravel_index(torch.tensor(pos), a.shape))
         a[where] = value
 
+    @rule(data=st.data(), how=st.sampled_from(["shrink", "move", "refill", "empty"]))
+    def assign_data(self, data: st.DataObject, how: str) -> None:
+        """``.data =`` on an index tensor (one given to a factory, or handed out): it keeps its
+        object and counter, while its shape, strides or memory change (``nn.Module._apply``
+        does this). No tensor built on it may become checked and invalid."""
+        pool = [a for a in self.handles if a.dim() >= 1 and a.shape[-1] and not a.is_inference()]
+        if not pool:
+            return
+        a = data.draw(st.sampled_from(pool))
+        if how == "shrink":
+            a.data = a[..., :1]
+        elif how == "move":
+            a.data = a.clone()
+        elif how == "refill":  # other memory, same shape, values that may be invalid
+            a.data = torch.full_like(a, data.draw(st.integers(-1, 6)))
+        else:  # emptied: its memory may be freed and reused by the next allocation
+            a.data = a[..., :0].clone()
+            a.data = torch.full((*a.shape[:-1], 3), 1, dtype=a.dtype)
+
+    @rule(data=st.data(), which=st.integers(0, 1), shrink=st.booleans())
+    def rebuild_after_assign(self, data: st.DataObject, which: int, shrink: bool) -> None:
+        """A rebuild on members a checked tensor handed out, one of them changed by ``.data =``
+        first: refused (the members are not the proven ones), or checked and valid."""
+        t = self._pick(data)
+        if t is None or t.layout == torch.sparse_coo:
+            return
+        members = list(checked.index_members(t))
+        m = members[which]
+        if not m.shape[-1]:
+            return
+        m.data = m[..., :1] if shrink else torch.full_like(m, 5)
+        self.handles += members
+        try:
+            out = ss.sparse_compressed_tensor(*members, t.values().detach().clone(), t.shape,
+                                              layout=t.layout)
+        except ss.InvariantError:
+            return
+        self._keep(out)
+
     @rule(data=st.data(), check=st.booleans())
     def second_storage(self, data: st.DataObject, check: bool) -> None:
         """A tensor built on another storage over the same memory (``torch.from_numpy`` of a
