@@ -1,0 +1,247 @@
+"""CPU kernels for products with a compressed sparse matrix given by its dense members.
+
+Pure functions for trusted callers (the ``safesparse`` operators): the members are an already
+validated CSR / CSC / BSR / BSC matrix (2-D, any block shape); nothing here validates, caches
+or reads any safesparse state. ``linear*`` compute ``x @ W.T`` and its two gradients,
+``matmul*`` compute ``A @ x`` and its two gradients.
+
+The one kernel under every product is a *row-grouped bag sum*: a matrix ``M`` stored block row
+by block row (BSR order; CSR is ``r = c = 1``) times a dense ``src`` whose rows are ``M``'s
+element columns. Output row ``i * r + a`` is the sum over the blocks ``p`` of block row ``i``
+and their columns ``b`` of ``values[p, a, b] * src[col[p] * c + b]``. With the values read as
+``(r, nnzb, c)`` (one copy), the terms of output row ``(i, a)`` are one contiguous run, so
+``torch.nn.functional.embedding_bag`` (mode ``sum``, per-sample weights, offsets
+``a * nnzb * c + crow[i] * c``) computes the whole product in one fused gather-scale-add pass,
+rows in ``(a, i)`` order: no gathered copy of the dense operand is ever written, which is what
+made the gather + ``bmm`` and ``index_select`` variants lose to the dense product (measured:
+``benchmarks/bench_blockkernels.py``; torch's MKL BSR and CSR kernels were slower too on this
+CPU, 1.6-1.8x dense at 25 % of 16 x 16 blocks). The same run layout read as a CSR matrix gives
+the gradient to the values through ``torch.sparse.sampled_addmm`` (one dot product per stored
+element, no gathered copies either).
+
+The transposed product (gradient to the input of a BSR / CSR weight, ``A.T @ g`` of a BSR / CSR
+adjacency, the forward of a BSC / CSC weight) groups the blocks by block column first: one
+stable sort of the block column indices per call (:func:`_by_rows`).
+
+dtypes: float32 and float64 run natively; float16 and bfloat16 are computed in float32 and the
+result is cast back (torch's CPU ``sampled_addmm`` has no half kernels, and float32
+accumulation is the more accurate; the casts are O(inputs + nnz), small beside the product).
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+
+T = torch.Tensor
+_ROW_LAYOUTS = (torch.sparse_csr, torch.sparse_bsr)
+_BLOCK_LAYOUTS = (torch.sparse_bsr, torch.sparse_bsc)
+_NATIVE = (torch.float32, torch.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pattern helpers (index data only)
+
+
+def _blocks(layout: torch.layout, values: T) -> T:
+    """``values`` as (nnzb, r, c) blocks; CSR / CSC elements are 1 x 1 blocks."""
+    if layout in _BLOCK_LAYOUTS:
+        return values
+    return values.view(-1, 1, 1)
+
+
+def _block_shape(layout: torch.layout, values_shape: torch.Size) -> tuple[int, int]:
+    if layout in _BLOCK_LAYOUTS:
+        return int(values_shape[-2]), int(values_shape[-1])
+    return 1, 1
+
+
+def _by_rows(compressed: T, plain: T, n_plain: int) -> tuple[T, T, T]:
+    """The pattern read the other way: for block column ``j`` of a matrix stored by block rows
+    (``compressed`` / ``plain``), its block rows, as (``ccol``, ``row``, ``order``) where
+    ``order[q]`` is the stored position of the ``q``-th block in column order."""
+    nnzb = plain.numel()
+    n_comp = compressed.numel() - 1
+    order = torch.argsort(plain, stable=True)
+    rows = torch.repeat_interleave(torch.arange(n_comp), compressed.diff(), output_size=nnzb)
+    ccol = torch.zeros(n_plain + 1, dtype=torch.long)
+    torch.cumsum(torch.bincount(plain, minlength=n_plain), 0, out=ccol[1:])
+    return ccol, rows[order], order
+
+
+def _runs(crow: T, col: T, r: int, c: int) -> tuple[T, T]:
+    """Indices and offsets of the bag layout (module docstring): element columns of the terms
+    in ``(a, p, b)`` order and the start of each output row's run, rows in ``(a, i)`` order."""
+    nnzb = col.numel()
+    idx = (col[:, None] * c + torch.arange(c)).reshape(-1)
+    if r > 1:
+        idx = idx.repeat(r)
+        offsets = (torch.arange(r)[:, None] * (nnzb * c) + crow[None, :-1] * c).reshape(-1)
+    else:
+        offsets = crow[:-1] * c
+    return idx, offsets
+
+
+# ---------------------------------------------------------------------------------------------
+# The two kernels, over a matrix stored by block rows
+
+
+def _bag_product(crow: T, col: T, weights: T, r: int, c: int, src: T) -> T:
+    """``M @ src`` as (r, n_block_rows, N), rows in ``(a, i)`` order; ``weights``: the values
+    flat in ``(a, p, b)`` order; ``src`` (n_cols of M, N), contiguous."""
+    idx, offsets = _runs(crow, col, r, c)
+    out = torch.nn.functional.embedding_bag(
+        idx, src, offsets, mode="sum", per_sample_weights=weights)
+    return out.view(r, crow.numel() - 1, src.shape[1])
+
+
+def _sampled(crow: T, col: T, r: int, c: int, left: T, right_t: T) -> T:
+    """For each stored block ``p`` at block (i, j): ``left[i-rows] @ right_t[j-cols].T`` as
+    (nnzb, r, c); ``left`` (n_rows of M, K), ``right_t`` (n_cols of M, K).
+
+    This is the gradient of :func:`_bag_product` to its per-sample weights (one dot product of
+    length K per stored element, nothing gathered into a copy), torch's own kernel for it."""
+    nnzb = col.numel()
+    n_br = crow.numel() - 1
+    idx, offsets = _runs(crow, col, r, c)
+    bag_of = torch.repeat_interleave(
+        torch.arange(r * n_br), torch.diff(offsets, append=offsets.new_full((1,), nnzb * r * c)),
+        output_size=nnzb * r * c)
+    k = left.shape[1]
+    left_p = left.reshape(n_br, r, k).transpose(0, 1).reshape(r * n_br, k)
+    flat = torch.ops.aten._embedding_bag_per_sample_weights_backward(
+        left_p, right_t.contiguous(), idx, offsets, bag_of, 0, -1)
+    return flat.view(r, nnzb, c).transpose(0, 1).contiguous()
+
+
+# ---------------------------------------------------------------------------------------------
+# Orientation: any stored layout, read as "M stored by block rows"
+
+
+def _rowwise(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int, n_cols: int,
+             transposed: bool) -> tuple[T, T, T, int, int]:
+    """``M = A`` (or ``A.T`` when ``transposed``) by block rows: (crow, col, weights in
+    ``(a, p, b)`` order, r, c) for ``A`` of shape (n_rows, n_cols) stored in ``layout``."""
+    blocks = _blocks(layout, values)
+    r, c = int(blocks.shape[1]), int(blocks.shape[2])
+    compressed, plain = compressed.long(), plain.long()
+    row_major = layout in _ROW_LAYOUTS
+    if row_major != transposed:
+        # the stored compressed dimension is M's rows: blocks as (p, a, b) of M
+        m_blocks = blocks if row_major else blocks.transpose(1, 2)
+        crow, col = compressed, plain
+    else:
+        n_plain = (n_cols // c) if row_major else (n_rows // r)
+        crow, col, order = _by_rows(compressed, plain, n_plain)
+        m_blocks = blocks[order].transpose(1, 2) if row_major else blocks[order]
+    mr, mc = int(m_blocks.shape[1]), int(m_blocks.shape[2])
+    weights = m_blocks.transpose(0, 1).reshape(-1)
+    return crow, col, weights, mr, mc
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return dtype if dtype in _NATIVE else torch.float32
+
+
+def _apply(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int, n_cols: int,
+           transposed: bool, src: T) -> T:
+    """``M @ src`` for ``M = A`` or ``A.T``, ``src`` (n_cols of M, N): (n_rows of M, N)."""
+    m_rows = n_cols if transposed else n_rows
+    n = src.shape[1]
+    if n == 0 or plain.numel() == 0:
+        return src.new_zeros(m_rows, n)
+    crow, col, weights, r, c = _rowwise(layout, compressed, plain, values, n_rows, n_cols,
+                                        transposed)
+    out = _bag_product(crow, col, weights.to(src.dtype), r, c, src.contiguous())
+    return out.transpose(0, 1).reshape(m_rows, n)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public kernels
+
+
+def linear(x: T, layout: torch.layout, compressed: T, plain: T, values: T,
+           out_features: int, in_features: int) -> T:
+    """``x @ W.T`` for ``x`` (N, in_features): (N, out_features), dtype of ``x``."""
+    work = _compute_dtype(x.dtype)
+    n = x.shape[0]
+    if n == 0 or plain.numel() == 0:
+        return x.new_zeros(n, out_features)
+    crow, col, weights, r, c = _rowwise(layout, compressed, plain, values, out_features,
+                                        in_features, False)
+    src = x.to(work).t().contiguous()
+    out = _bag_product(crow, col, weights.to(work), r, c, src)     # (r, O/r, N)
+    return out.permute(2, 1, 0).reshape(n, out_features).to(x.dtype)
+
+
+def linear_grad_input(g: T, layout: torch.layout, compressed: T, plain: T, values: T,
+                      out_features: int, in_features: int) -> T:
+    """``g @ W`` for ``g`` (N, out_features): (N, in_features), dtype of ``g``."""
+    work = _compute_dtype(g.dtype)
+    n = g.shape[0]
+    if n == 0 or plain.numel() == 0:
+        return g.new_zeros(n, in_features)
+    crow, col, weights, r, c = _rowwise(layout, compressed, plain, values, out_features,
+                                        in_features, True)
+    src = g.to(work).t().contiguous()
+    out = _bag_product(crow, col, weights.to(work), r, c, src)     # (c_W, I/c_W, N)
+    return out.permute(2, 1, 0).reshape(n, in_features).to(g.dtype)
+
+
+def _values_grad(layout: torch.layout, compressed: T, plain: T,
+                 values_shape: torch.Size, left: T, right: T, dtype: torch.dtype) -> T:
+    """Per stored block (i, j): ``left[i-rows] @ right[:, j-cols]`` in the values' shape and
+    stored order, for ``left`` (n_rows, K) and ``right`` (K, n_cols)."""
+    r, c = _block_shape(layout, values_shape)
+    if plain.numel() == 0:
+        return torch.zeros(values_shape, dtype=dtype)
+    work = _compute_dtype(dtype)
+    left, right = left.to(work), right.to(work)
+    compressed, plain = compressed.long(), plain.long()
+    if layout in _ROW_LAYOUTS:
+        grads = _sampled(compressed, plain, r, c, left, right.t())
+    else:
+        # BSC / CSC: stored by block columns, i.e. A.T by block rows, blocks transposed
+        grads = _sampled(compressed, plain, c, r, right.t(), left).transpose(1, 2)
+    return grads.reshape(values_shape).to(dtype)
+
+
+def linear_grad_values(g: T, x: T, layout: torch.layout, compressed: T, plain: T,
+                       values_shape_or_values: Union[T, torch.Size, tuple[int, ...]],
+                       out_features: int, in_features: int) -> T:
+    """Gradient of ``sum(g * (x @ W.T))`` with respect to the stored values: for each stored
+    block (i, j), ``g[:, rows_i].T @ x[:, cols_j]``, in the values' shape, dtype of ``g``."""
+    shape = _shape_of(values_shape_or_values)
+    return _values_grad(layout, compressed, plain, shape, g.t(), x, g.dtype)
+
+
+def matmul(a_layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
+           n_cols: int, x: T) -> T:
+    """``A @ x`` for ``x`` (n_cols, N): (n_rows, N), dtype of ``x``."""
+    work = _compute_dtype(x.dtype)
+    y = _apply(a_layout, compressed, plain, values, n_rows, n_cols, False, x.to(work))
+    return y.to(x.dtype)
+
+
+def matmul_grad_input(a_layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
+                      n_cols: int, g: T) -> T:
+    """``A.T @ g`` for ``g`` (n_rows, N): (n_cols, N), dtype of ``g``."""
+    work = _compute_dtype(g.dtype)
+    y = _apply(a_layout, compressed, plain, values, n_rows, n_cols, True, g.to(work))
+    return y.to(g.dtype)
+
+
+def matmul_grad_values(g: T, x: T, a_layout: torch.layout, compressed: T, plain: T,
+                       values_shape_or_values: Union[T, torch.Size, tuple[int, ...]],
+                       n_rows: int, n_cols: int) -> T:
+    """Gradient of ``sum(g * (A @ x))`` with respect to the stored values: ``g @ x.T`` sampled
+    at the pattern, in the values' shape, dtype of ``g``."""
+    shape = _shape_of(values_shape_or_values)
+    return _values_grad(a_layout, compressed, plain, shape, g, x.t(), g.dtype)
+
+
+def _shape_of(values_shape_or_values: Union[T, torch.Size, tuple[int, ...]]) -> torch.Size:
+    if isinstance(values_shape_or_values, torch.Tensor):
+        return values_shape_or_values.shape
+    return torch.Size(values_shape_or_values)
