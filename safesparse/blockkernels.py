@@ -30,14 +30,16 @@ accumulation is the more accurate; the casts are O(inputs + nnz), small beside t
 
 from __future__ import annotations
 
-from typing import Union
-
 import torch
 
 T = torch.Tensor
 _ROW_LAYOUTS = (torch.sparse_csr, torch.sparse_bsr)
 _BLOCK_LAYOUTS = (torch.sparse_bsr, torch.sparse_bsc)
 _NATIVE = (torch.float32, torch.float64)
+#: Fraction of the matrix stored from which the gradient to the values is one dense GEMM read
+#: at the pattern instead of one dot product per stored element (``benchmarks/
+#: bench_blockkernels.py``: the dot products run at ~1/10 of the GEMM's rate per element).
+_DENSE_GRAD_FROM = 0.125
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,25 +64,43 @@ def _by_rows(compressed: T, plain: T, n_plain: int) -> tuple[T, T, T]:
     (``compressed`` / ``plain``), its block rows, as (``ccol``, ``row``, ``order``) where
     ``order[q]`` is the stored position of the ``q``-th block in column order."""
     nnzb = plain.numel()
-    n_comp = compressed.numel() - 1
     order = torch.argsort(plain, stable=True)
-    rows = torch.repeat_interleave(torch.arange(n_comp), compressed.diff(), output_size=nnzb)
+    rows = _block_rows(compressed, nnzb)
     ccol = torch.zeros(n_plain + 1, dtype=torch.long)
     torch.cumsum(torch.bincount(plain, minlength=n_plain), 0, out=ccol[1:])
     return ccol, rows[order], order
 
 
-def _runs(crow: T, col: T, r: int, c: int) -> tuple[T, T]:
+def _index_dtype(crow: T, r: int, c: int, n_src: int) -> torch.dtype:
+    """int32 for the per-term index arrays where every value fits (half the memory traffic of
+    int64: these arrays have one entry per stored element), int64 otherwise."""
+    terms = int(crow[-1]) * r * c
+    return torch.int32 if max(terms, n_src * c, r * crow.numel()) < 2**31 else torch.int64
+
+
+def _runs(crow: T, col: T, r: int, c: int, dtype: torch.dtype) -> tuple[T, T]:
     """Indices and offsets of the bag layout (module docstring): element columns of the terms
     in ``(a, p, b)`` order and the start of each output row's run, rows in ``(a, i)`` order."""
     nnzb = col.numel()
-    idx = (col[:, None] * c + torch.arange(c)).reshape(-1)
-    if r > 1:
-        idx = idx.repeat(r)
-        offsets = (torch.arange(r)[:, None] * (nnzb * c) + crow[None, :-1] * c).reshape(-1)
-    else:
-        offsets = crow[:-1] * c
-    return idx, offsets
+    first = (col.to(dtype) * c).view(1, nnzb, 1).expand(r, nnzb, c)
+    idx = torch.add(first, torch.arange(c, dtype=dtype).view(1, 1, c))
+    starts = (torch.arange(r, dtype=dtype) * (nnzb * c)).view(r, 1)
+    offsets = torch.add(starts, (crow[:-1].to(dtype) * c).view(1, -1))
+    return idx.view(-1), offsets.view(-1)
+
+
+def _block_rows(crow: T, nnzb: int) -> T:
+    """The block row of each stored block of a pattern stored by block rows."""
+    return torch.searchsorted(crow[1:], torch.arange(nnzb, dtype=crow.dtype), right=True)
+
+
+def _bag_ids(crow: T, r: int, c: int, dtype: torch.dtype) -> T:
+    """For each term of the bag layout, its output row's position in ``(a, i)`` order."""
+    n_br = crow.numel() - 1
+    nnzb = int(crow[-1])
+    rows = _block_rows(crow, nnzb).to(dtype)
+    first = (torch.arange(r, dtype=dtype) * n_br).view(r, 1, 1).expand(r, nnzb, c)
+    return torch.add(first, rows.view(1, nnzb, 1)).view(-1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,7 +110,7 @@ def _runs(crow: T, col: T, r: int, c: int) -> tuple[T, T]:
 def _bag_product(crow: T, col: T, weights: T, r: int, c: int, src: T) -> T:
     """``M @ src`` as (r, n_block_rows, N), rows in ``(a, i)`` order; ``weights``: the values
     flat in ``(a, p, b)`` order; ``src`` (n_cols of M, N), contiguous."""
-    idx, offsets = _runs(crow, col, r, c)
+    idx, offsets = _runs(crow, col, r, c, _index_dtype(crow, r, c, src.shape[0]))
     out = torch.nn.functional.embedding_bag(
         idx, src, offsets, mode="sum", per_sample_weights=weights)
     return out.view(r, crow.numel() - 1, src.shape[1])
@@ -104,13 +124,12 @@ def _sampled(crow: T, col: T, r: int, c: int, left: T, right_t: T) -> T:
     length K per stored element, nothing gathered into a copy), torch's own kernel for it."""
     nnzb = col.numel()
     n_br = crow.numel() - 1
-    idx, offsets = _runs(crow, col, r, c)
-    bag_of = torch.repeat_interleave(
-        torch.arange(r * n_br), torch.diff(offsets, append=offsets.new_full((1,), nnzb * r * c)),
-        output_size=nnzb * r * c)
+    dtype = _index_dtype(crow, r, c, right_t.shape[0])
+    idx, offsets = _runs(crow, col, r, c, dtype)
+    bag_of = _bag_ids(crow, r, c, dtype)
     k = left.shape[1]
     left_p = left.reshape(n_br, r, k).transpose(0, 1).reshape(r * n_br, k)
-    flat = torch.ops.aten._embedding_bag_per_sample_weights_backward(
+    flat: T = torch.ops.aten._embedding_bag_per_sample_weights_backward(
         left_p, right_t.contiguous(), idx, offsets, bag_of, 0, -1)
     return flat.view(r, nnzb, c).transpose(0, 1).contiguous()
 
@@ -134,7 +153,10 @@ def _rowwise(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: i
     else:
         n_plain = (n_cols // c) if row_major else (n_rows // r)
         crow, col, order = _by_rows(compressed, plain, n_plain)
-        m_blocks = blocks[order].transpose(1, 2) if row_major else blocks[order]
+        # one gather straight into (a, p, b) order
+        source = blocks.permute(2, 0, 1) if row_major else blocks.permute(1, 0, 2)
+        gathered = torch.index_select(source, 1, order)
+        return crow, col, gathered.view(-1), int(gathered.shape[0]), int(gathered.shape[2])
     mr, mc = int(m_blocks.shape[1]), int(m_blocks.shape[2])
     weights = m_blocks.transpose(0, 1).reshape(-1)
     return crow, col, weights, mr, mc
@@ -199,7 +221,16 @@ def _values_grad(layout: torch.layout, compressed: T, plain: T,
     work = _compute_dtype(dtype)
     left, right = left.to(work), right.to(work)
     compressed, plain = compressed.long(), plain.long()
-    if layout in _ROW_LAYOUTS:
+    n_rows, n_cols = left.shape[0], right.shape[1]
+    if plain.numel() * r * c >= _DENSE_GRAD_FROM * n_rows * n_cols:
+        # dense enough: one GEMM, then the stored blocks read out of it
+        full = (left @ right).view(n_rows // r, r, n_cols // c, c)
+        compressed_of = _block_rows(compressed, plain.numel())
+        if layout in _ROW_LAYOUTS:
+            grads = full[compressed_of, :, plain, :]
+        else:
+            grads = full[plain, :, compressed_of, :]
+    elif layout in _ROW_LAYOUTS:
         grads = _sampled(compressed, plain, r, c, left, right.t())
     else:
         # BSC / CSC: stored by block columns, i.e. A.T by block rows, blocks transposed
@@ -208,7 +239,7 @@ def _values_grad(layout: torch.layout, compressed: T, plain: T,
 
 
 def linear_grad_values(g: T, x: T, layout: torch.layout, compressed: T, plain: T,
-                       values_shape_or_values: Union[T, torch.Size, tuple[int, ...]],
+                       values_shape_or_values: T | torch.Size | tuple[int, ...],
                        out_features: int, in_features: int) -> T:
     """Gradient of ``sum(g * (x @ W.T))`` with respect to the stored values: for each stored
     block (i, j), ``g[:, rows_i].T @ x[:, cols_j]``, in the values' shape, dtype of ``g``."""
@@ -233,7 +264,7 @@ def matmul_grad_input(a_layout: torch.layout, compressed: T, plain: T, values: T
 
 
 def matmul_grad_values(g: T, x: T, a_layout: torch.layout, compressed: T, plain: T,
-                       values_shape_or_values: Union[T, torch.Size, tuple[int, ...]],
+                       values_shape_or_values: T | torch.Size | tuple[int, ...],
                        n_rows: int, n_cols: int) -> T:
     """Gradient of ``sum(g * (A @ x))`` with respect to the stored values: ``g @ x.T`` sampled
     at the pattern, in the values' shape, dtype of ``g``."""
@@ -241,7 +272,7 @@ def matmul_grad_values(g: T, x: T, a_layout: torch.layout, compressed: T, plain:
     return _values_grad(a_layout, compressed, plain, shape, g, x.t(), g.dtype)
 
 
-def _shape_of(values_shape_or_values: Union[T, torch.Size, tuple[int, ...]]) -> torch.Size:
+def _shape_of(values_shape_or_values: T | torch.Size | tuple[int, ...]) -> torch.Size:
     if isinstance(values_shape_or_values, torch.Tensor):
         return values_shape_or_values.shape
     return torch.Size(values_shape_or_values)
