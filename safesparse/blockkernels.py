@@ -39,7 +39,11 @@ _NATIVE = (torch.float32, torch.float64)
 #: Fraction of the matrix stored from which the gradient to the values is one dense GEMM read
 #: at the pattern instead of one dot product per stored element (``benchmarks/
 #: bench_blockkernels.py``: the dot products run at ~1/10 of the GEMM's rate per element).
-_DENSE_GRAD_FROM = 0.125
+_DENSE_GRAD_FROM = 0.15
+#: Smallest block (elements) whose values gradient below that fraction is one batched GEMM of
+#: gathered row / column blocks (``torch.bmm``); smaller blocks (CSR / CSC elements) take one
+#: dot product per stored element (torch's per-sample-weight gradient of ``embedding_bag``).
+_BMM_FROM_BLOCK = 16
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,7 +132,8 @@ def _sampled(crow: T, col: T, r: int, c: int, left: T, right_t: T) -> T:
     idx, offsets = _runs(crow, col, r, c, dtype)
     bag_of = _bag_ids(crow, r, c, dtype)
     k = left.shape[1]
-    left_p = left.reshape(n_br, r, k).transpose(0, 1).reshape(r * n_br, k)
+    # whole rows move (a 2-D transpose first where ``left`` is one, e.g. ``g.T``)
+    left_p = left.contiguous().view(n_br, r, k).transpose(0, 1).reshape(r * n_br, k)
     flat: T = torch.ops.aten._embedding_bag_per_sample_weights_backward(
         left_p, right_t.contiguous(), idx, offsets, bag_of, 0, -1)
     return flat.view(r, nnzb, c).transpose(0, 1).contiguous()
@@ -160,6 +165,16 @@ def _rowwise(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: i
     mr, mc = int(m_blocks.shape[1]), int(m_blocks.shape[2])
     weights = m_blocks.transpose(0, 1).reshape(-1)
     return crow, col, weights, mr, mc
+
+
+def _batch_major(out: T) -> T:
+    """The (r, n_block_rows, N) result of :func:`_bag_product` as (N, rows): rows into natural
+    order first (whole rows of N move), then one 2-D transpose (torch's blocked transpose
+    copy); the single 3-D permute copy reads with stride N * n_block_rows and measured 2-3x
+    slower than both together."""
+    r, n_br, n = out.shape
+    rows = out.transpose(0, 1).reshape(n_br * r, n)
+    return rows.t().contiguous()
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -194,7 +209,7 @@ def linear(x: T, layout: torch.layout, compressed: T, plain: T, values: T,
                                         in_features, False)
     src = x.to(work).t().contiguous()
     out = _bag_product(crow, col, weights.to(work), r, c, src)     # (r, O/r, N)
-    return out.permute(2, 1, 0).reshape(n, out_features).to(x.dtype)
+    return _batch_major(out).to(x.dtype)
 
 
 def linear_grad_input(g: T, layout: torch.layout, compressed: T, plain: T, values: T,
@@ -208,7 +223,27 @@ def linear_grad_input(g: T, layout: torch.layout, compressed: T, plain: T, value
                                         in_features, True)
     src = g.to(work).t().contiguous()
     out = _bag_product(crow, col, weights.to(work), r, c, src)     # (c_W, I/c_W, N)
-    return out.permute(2, 1, 0).reshape(n, in_features).to(g.dtype)
+    return _batch_major(out).to(g.dtype)
+
+
+def _gather_rows(left: T, rows: T, r: int) -> T:
+    """The (r, K) row blocks ``rows`` of ``left`` (n_rows, K) as (nnzb, r, K), gathered along
+    the dimension that keeps whole memory runs (``left`` may be the transpose of a batch-major
+    tensor: then the gather takes r-element runs of each batch row, no transpose copy)."""
+    k = left.shape[1]
+    if left.stride(0) == 1 and left.stride(1) != 1:
+        gathered = left.t().view(k, left.shape[0] // r, r).index_select(1, rows)     # (K, nnzb, r)
+        return gathered.permute(1, 2, 0)
+    return left.contiguous().view(left.shape[0] // r, r, k).index_select(0, rows)
+
+
+def _gather_cols(right: T, cols: T, c: int) -> T:
+    """The (K, c) column blocks ``cols`` of ``right`` (K, n_cols) as (nnzb, K, c)."""
+    k = right.shape[0]
+    if right.stride(0) == 1 and right.stride(1) != 1:
+        gathered = right.t().view(right.shape[1] // c, c, k).index_select(0, cols)    # (nnzb, c, K)
+        return gathered.transpose(1, 2)
+    return right.contiguous().view(k, right.shape[1] // c, c).index_select(1, cols).transpose(0, 1)
 
 
 def _values_grad(layout: torch.layout, compressed: T, plain: T,
@@ -222,14 +257,14 @@ def _values_grad(layout: torch.layout, compressed: T, plain: T,
     left, right = left.to(work), right.to(work)
     compressed, plain = compressed.long(), plain.long()
     n_rows, n_cols = left.shape[0], right.shape[1]
-    if plain.numel() * r * c >= _DENSE_GRAD_FROM * n_rows * n_cols:
+    nnzb = plain.numel()
+    outer = _block_rows(compressed, nnzb)
+    rows, cols = (outer, plain) if layout in _ROW_LAYOUTS else (plain, outer)
+    if nnzb * r * c >= _DENSE_GRAD_FROM * n_rows * n_cols:
         # dense enough: one GEMM, then the stored blocks read out of it
-        full = (left @ right).view(n_rows // r, r, n_cols // c, c)
-        compressed_of = _block_rows(compressed, plain.numel())
-        if layout in _ROW_LAYOUTS:
-            grads = full[compressed_of, :, plain, :]
-        else:
-            grads = full[plain, :, compressed_of, :]
+        grads = (left @ right).view(n_rows // r, r, n_cols // c, c)[rows, :, cols, :]
+    elif r * c >= _BMM_FROM_BLOCK:
+        grads = torch.bmm(_gather_rows(left, rows, r), _gather_cols(right, cols, c))
     elif layout in _ROW_LAYOUTS:
         grads = _sampled(compressed, plain, r, c, left, right.t())
     else:

@@ -114,10 +114,17 @@ def check_all(p: Pattern, batch: int, dtype: torch.dtype, seed: int = 1) -> None
           values_grad_reference(p, gm.double() @ xm.double().T), dtype)
 
 
-@pytest.fixture(params=["dot products", "dense GEMM"])
+#: the thresholds (_DENSE_GRAD_FROM, _BMM_FROM_BLOCK) that select each values-gradient variant
+GRAD_VARIANTS = {"dot products": (2.0, 10**9), "batched GEMM": (2.0, 1), "dense GEMM": (0.0, 1)}
+
+
+@pytest.fixture(params=list(GRAD_VARIANTS))
 def grad_variant(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test under each variant of the values gradient (chosen by stored fraction)."""
-    monkeypatch.setattr(bk, "_DENSE_GRAD_FROM", 2.0 if request.param == "dot products" else 0.0)
+    """Run a test under each variant of the values gradient (chosen by stored fraction and
+    block size)."""
+    dense_from, bmm_from = GRAD_VARIANTS[request.param]
+    monkeypatch.setattr(bk, "_DENSE_GRAD_FROM", dense_from)
+    monkeypatch.setattr(bk, "_BMM_FROM_BLOCK", bmm_from)
     return str(request.param)
 
 
@@ -236,13 +243,13 @@ def test_plain_results_in_enforce_mode(layout: torch.layout) -> None:
 @given(layout=st.sampled_from(LAYOUTS), r=st.integers(1, 3), c=st.integers(1, 3),
        nbr=st.integers(1, 4), nbc=st.integers(1, 4), batch=st.integers(0, 3),
        density=st.sampled_from([0.0, 0.3, 0.7, 1.0]), seed=st.integers(0, 2**16),
-       dense_grad=st.booleans())
+       variant=st.sampled_from(list(GRAD_VARIANTS)))
 def test_random_patterns(layout: torch.layout, r: int, c: int, nbr: int, nbc: int, batch: int,
-                         density: float, seed: int, dense_grad: bool) -> None:
-    old = bk._DENSE_GRAD_FROM
-    bk._DENSE_GRAD_FROM = 0.0 if dense_grad else 2.0
+                         density: float, seed: int, variant: str) -> None:
+    old = bk._DENSE_GRAD_FROM, bk._BMM_FROM_BLOCK
+    bk._DENSE_GRAD_FROM, bk._BMM_FROM_BLOCK = GRAD_VARIANTS[variant]
     try:
         p = pattern(layout, random_mask(nbr, nbc, density, seed), (r, c), seed=seed)
         check_all(p, batch=batch, dtype=torch.float64, seed=seed + 1)
     finally:
-        bk._DENSE_GRAD_FROM = old
+        bk._DENSE_GRAD_FROM, bk._BMM_FROM_BLOCK = old
