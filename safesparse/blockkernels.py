@@ -95,7 +95,7 @@ def _runs(crow: T, col: T, r: int, c: int, dtype: torch.dtype) -> tuple[T, T]:
 
 def _block_rows(crow: T, nnzb: int) -> T:
     """The block row of each stored block of a pattern stored by block rows."""
-    return torch.searchsorted(crow[1:], torch.arange(nnzb, dtype=crow.dtype), right=True)
+    return torch.repeat_interleave(crow.diff(), output_size=nnzb)
 
 
 def _bag_ids(crow: T, r: int, c: int, dtype: torch.dtype) -> T:
