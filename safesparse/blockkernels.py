@@ -37,13 +37,16 @@ _ROW_LAYOUTS = (torch.sparse_csr, torch.sparse_bsr)
 _BLOCK_LAYOUTS = (torch.sparse_bsr, torch.sparse_bsc)
 _NATIVE = (torch.float32, torch.float64)
 #: Fraction of the matrix stored from which the gradient to the values is one dense GEMM read
-#: at the pattern instead of one dot product per stored element (``benchmarks/
-#: bench_blockkernels.py``: the dot products run at ~1/10 of the GEMM's rate per element).
-_DENSE_GRAD_FROM = 0.15
+#: at the pattern (measured, 16 x 16 blocks, 1024 x 1024, batch 256: the batched GEMM below
+#: costs 0.2 / 0.5 / 1.9 / 4x the dense GEMM at 5 / 10 / 15 / 25 %: its gathered operands
+#: outgrow the caches; the dense GEMM 1.0-1.2x at any fraction).
+_DENSE_GRAD_FROM = 0.125
 #: Smallest block (elements) whose values gradient below that fraction is one batched GEMM of
 #: gathered row / column blocks (``torch.bmm``); smaller blocks (CSR / CSC elements) take one
 #: dot product per stored element (torch's per-sample-weight gradient of ``embedding_bag``).
 _BMM_FROM_BLOCK = 16
+#: Batch columns per ``embedding_bag`` call (:func:`_bag_product`).
+_CHUNK = 64
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,13 +114,33 @@ def _bag_ids(crow: T, r: int, c: int, dtype: torch.dtype) -> T:
 # The two kernels, over a matrix stored by block rows
 
 
-def _bag_product(crow: T, col: T, weights: T, r: int, c: int, src: T) -> T:
-    """``M @ src`` as (r, n_block_rows, N), rows in ``(a, i)`` order; ``weights``: the values
-    flat in ``(a, p, b)`` order; ``src`` (n_cols of M, N), contiguous."""
-    idx, offsets = _runs(crow, col, r, c, _index_dtype(crow, r, c, src.shape[0]))
-    out = torch.nn.functional.embedding_bag(
-        idx, src, offsets, mode="sum", per_sample_weights=weights)
-    return out.view(r, crow.numel() - 1, src.shape[1])
+def _bag_product(crow: T, col: T, weights: T, r: int, c: int, operand: T,
+                 batch_major: bool, n_out: int) -> T:
+    """``M @ operand.T`` as (N, n_out) for a batch-major ``operand`` (N, n_in), else
+    ``M @ operand`` as (n_out, N) for ``operand`` (n_in, N); ``weights``: the values flat in
+    ``(a, p, b)`` order (module docstring).
+
+    The batch is cut into chunks of ``_CHUNK`` columns: ``embedding_bag`` accumulates one
+    output row of that width in registers (measured 1.4-1.5x faster per term at 64 than at 256
+    columns of float32)."""
+    n = operand.shape[0] if batch_major else operand.shape[1]
+    n_in = operand.shape[1] if batch_major else operand.shape[0]
+    n_br = crow.numel() - 1
+    idx, offsets = _runs(crow, col, r, c, _index_dtype(crow, r, c, n_in))
+    result = operand.new_empty((n, n_out) if batch_major else (n_out, n))
+    for start in range(0, n, _CHUNK):
+        stop = min(n, start + _CHUNK)
+        part = operand[start:stop].t() if batch_major else operand[:, start:stop]
+        out = torch.nn.functional.embedding_bag(
+            idx, part.contiguous(), offsets, mode="sum", per_sample_weights=weights)
+        # rows into natural order (whole rows move), then a 2-D transpose where batch-major:
+        # one 3-D permute copy measured 2-3x slower than both together
+        rows = out.view(r, n_br, stop - start).transpose(0, 1).reshape(n_out, stop - start)
+        if batch_major:
+            result[start:stop].copy_(rows.t())
+        else:
+            result[:, start:stop].copy_(rows)
+    return result
 
 
 def _sampled(crow: T, col: T, r: int, c: int, left: T, right_t: T) -> T:
@@ -167,16 +190,6 @@ def _rowwise(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: i
     return crow, col, weights, mr, mc
 
 
-def _batch_major(out: T) -> T:
-    """The (r, n_block_rows, N) result of :func:`_bag_product` as (N, rows): rows into natural
-    order first (whole rows of N move), then one 2-D transpose (torch's blocked transpose
-    copy); the single 3-D permute copy reads with stride N * n_block_rows and measured 2-3x
-    slower than both together."""
-    r, n_br, n = out.shape
-    rows = out.transpose(0, 1).reshape(n_br * r, n)
-    return rows.t().contiguous()
-
-
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in _NATIVE else torch.float32
 
@@ -190,8 +203,7 @@ def _apply(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int
         return src.new_zeros(m_rows, n)
     crow, col, weights, r, c = _rowwise(layout, compressed, plain, values, n_rows, n_cols,
                                         transposed)
-    out = _bag_product(crow, col, weights.to(src.dtype), r, c, src.contiguous())
-    return out.transpose(0, 1).reshape(m_rows, n)
+    return _bag_product(crow, col, weights.to(src.dtype), r, c, src, False, m_rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,9 +219,8 @@ def linear(x: T, layout: torch.layout, compressed: T, plain: T, values: T,
         return x.new_zeros(n, out_features)
     crow, col, weights, r, c = _rowwise(layout, compressed, plain, values, out_features,
                                         in_features, False)
-    src = x.to(work).t().contiguous()
-    out = _bag_product(crow, col, weights.to(work), r, c, src)     # (r, O/r, N)
-    return _batch_major(out).to(x.dtype)
+    y = _bag_product(crow, col, weights.to(work), r, c, x.to(work), True, out_features)
+    return y.to(x.dtype)
 
 
 def linear_grad_input(g: T, layout: torch.layout, compressed: T, plain: T, values: T,
@@ -221,9 +232,8 @@ def linear_grad_input(g: T, layout: torch.layout, compressed: T, plain: T, value
         return g.new_zeros(n, in_features)
     crow, col, weights, r, c = _rowwise(layout, compressed, plain, values, out_features,
                                         in_features, True)
-    src = g.to(work).t().contiguous()
-    out = _bag_product(crow, col, weights.to(work), r, c, src)     # (c_W, I/c_W, N)
-    return _batch_major(out).to(g.dtype)
+    y = _bag_product(crow, col, weights.to(work), r, c, g.to(work), True, in_features)
+    return y.to(g.dtype)
 
 
 def _gather_rows(left: T, rows: T, r: int) -> T:

@@ -155,6 +155,15 @@ def test_empty_batch_and_empty_pattern(layout: torch.layout) -> None:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_batch_in_chunks(layout: torch.layout, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch is cut into chunks (``_CHUNK`` columns); partial last chunks included."""
+    monkeypatch.setattr(bk, "_CHUNK", 3)
+    p = pattern(layout, random_mask(4, 3, 0.5, seed=9), (2, 3))
+    for batch in (3, 7):
+        check_all(p, batch=batch, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
 def test_int32_indices(layout: torch.layout) -> None:
     p = pattern(layout, random_mask(4, 4, 0.5, seed=5), (2, 2), torch.float32)
     p.compressed, p.plain = p.compressed.int(), p.plain.int()
