@@ -2,9 +2,9 @@
 
 Claims: for every compressed layout (CSR, CSC, BSR, BSC), square and non-square blocks, and
 float32 / float64 / float16 / bfloat16, ``linear`` is ``x @ W.T``, ``linear_grad_input`` is
-``g @ W``, ``linear_grad_values`` is the gradient of ``sum(g * (x @ W.T))`` to the stored values
-(both of its variants), and the ``matmul`` three are ``A @ x``, ``A.T @ g`` and ``g @ x.T`` at
-the pattern; empty batches, empty patterns and empty block rows / columns included; the
+``g @ W`` (both variants of these batch-major products), ``linear_grad_values`` is the gradient
+of ``sum(g * (x @ W.T))`` to the stored values (all three variants), and the ``matmul`` three
+are ``A @ x``, ``A.T @ g`` and ``g @ x.T`` at the pattern; empty batches, empty patterns and empty block rows / columns included; the
 formulas pass ``gradcheck`` in float64; results are plain tensors, also in enforce mode.
 Members are built here from a block mask (no torch sparse kernel in the reference).
 """
@@ -133,10 +133,25 @@ SHAPES = [(torch.sparse_csr, (1, 1)), (torch.sparse_csc, (1, 1))] + [
     for block in [(2, 2), (2, 3), (3, 1), (1, 1)]]
 
 
+#: the thresholds (_SEGMENT_BELOW, _SEGMENT_FROM_BLOCK) that select each batch-major product
+PRODUCT_VARIANTS = {"bag sums": (0.0, 1), "block segments": (2.0, 1)}
+
+
+@pytest.fixture(params=list(PRODUCT_VARIANTS))
+def product_variant(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test under each variant of the batch-major products (``linear``, its gradient to
+    the input)."""
+    below, from_block = PRODUCT_VARIANTS[request.param]
+    monkeypatch.setattr(bk, "_SEGMENT_BELOW", below)
+    monkeypatch.setattr(bk, "_SEGMENT_FROM_BLOCK", from_block)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(("layout", "block"), SHAPES, ids=str)
 def test_every_kernel_matches_dense(layout: torch.layout, block: tuple[int, int],
-                                    dtype: torch.dtype, grad_variant: str) -> None:
+                                    dtype: torch.dtype, grad_variant: str,
+                                    product_variant: str) -> None:
     mask = random_mask(5, 4, 0.45, seed=3)
     mask[2, :] = False      # an empty block row
     mask[:, 1] = False      # an empty block column
@@ -155,7 +170,8 @@ def test_empty_batch_and_empty_pattern(layout: torch.layout) -> None:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
-def test_batch_in_chunks(layout: torch.layout, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_batch_in_chunks(layout: torch.layout, monkeypatch: pytest.MonkeyPatch,
+                        product_variant: str) -> None:
     """The batch is cut into chunks (``_CHUNK`` columns); partial last chunks included."""
     monkeypatch.setattr(bk, "_CHUNK", 3)
     p = pattern(layout, random_mask(4, 3, 0.5, seed=9), (2, 3))
@@ -211,7 +227,7 @@ class _Matmul(torch.autograd.Function):
 @pytest.mark.parametrize("block", [(2, 2), (1, 3)], ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
 def test_gradcheck_float64(layout: torch.layout, block: tuple[int, int],
-                           grad_variant: str) -> None:
+                           grad_variant: str, product_variant: str) -> None:
     p = pattern(layout, random_mask(3, 3, 0.5, seed=6), block)
     values = p.values.clone().requires_grad_(True)
     x = torch.randn(4, p.n_cols, dtype=torch.float64, requires_grad=True)
@@ -254,13 +270,18 @@ def test_plain_results_in_enforce_mode(layout: torch.layout) -> None:
 @given(layout=st.sampled_from(LAYOUTS), r=st.integers(1, 3), c=st.integers(1, 3),
        nbr=st.integers(1, 4), nbc=st.integers(1, 4), batch=st.integers(0, 3),
        density=st.sampled_from([0.0, 0.3, 0.7, 1.0]), seed=st.integers(0, 2**16),
-       variant=st.sampled_from(list(GRAD_VARIANTS)))
+       variant=st.sampled_from(list(GRAD_VARIANTS)),
+       product=st.sampled_from(list(PRODUCT_VARIANTS)))
 def test_random_patterns(layout: torch.layout, r: int, c: int, nbr: int, nbc: int, batch: int,
-                         density: float, seed: int, variant: str) -> None:
-    old = bk._DENSE_GRAD_FROM, bk._BMM_FROM_BLOCK
-    bk._DENSE_GRAD_FROM, bk._BMM_FROM_BLOCK = GRAD_VARIANTS[variant]
+                         density: float, seed: int, variant: str, product: str) -> None:
+    names = ("_DENSE_GRAD_FROM", "_BMM_FROM_BLOCK", "_SEGMENT_BELOW", "_SEGMENT_FROM_BLOCK")
+    old = [getattr(bk, name) for name in names]
+    for name, value in zip(names, GRAD_VARIANTS[variant] + PRODUCT_VARIANTS[product],
+                           strict=True):
+        setattr(bk, name, value)
     try:
         p = pattern(layout, random_mask(nbr, nbc, density, seed), (r, c), seed=seed)
         check_all(p, batch=batch, dtype=torch.float64, seed=seed + 1)
     finally:
-        bk._DENSE_GRAD_FROM, bk._BMM_FROM_BLOCK = old
+        for name, value in zip(names, old, strict=True):
+            setattr(bk, name, value)
