@@ -4,8 +4,9 @@ Claims: for every compressed layout (CSR, CSC, BSR, BSC), square and non-square 
 float32 / float64 / float16 / bfloat16, ``linear`` is ``x @ W.T``, ``linear_grad_input`` is
 ``g @ W`` (both variants of these batch-major products), ``linear_grad_values`` is the gradient
 of ``sum(g * (x @ W.T))`` to the stored values (all three variants), and the ``matmul`` three
-are ``A @ x``, ``A.T @ g`` and ``g @ x.T`` at the pattern; empty batches, empty patterns and empty block rows / columns included; the
-formulas pass ``gradcheck`` in float64; results are plain tensors, also in enforce mode.
+are ``A @ x``, ``A.T @ g`` and ``g @ x.T`` at the pattern; empty batches, empty patterns and
+empty block rows / columns included; the formulas pass ``gradcheck`` in float64; results are
+plain tensors, also in enforce mode.
 Members are built here from a block mask (no torch sparse kernel in the reference).
 """
 
