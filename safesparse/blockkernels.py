@@ -46,10 +46,10 @@ _ROW_LAYOUTS = (torch.sparse_csr, torch.sparse_bsr)
 _BLOCK_LAYOUTS = (torch.sparse_bsr, torch.sparse_bsc)
 _NATIVE = (torch.float32, torch.float64)
 #: Fraction of the matrix stored from which the gradient to the values is one dense GEMM read
-#: at the pattern (measured, 16 x 16 blocks, 1024 x 1024, batch 256: the batched GEMM below
-#: costs 0.2 / 0.5 / 1.9 / 4x the dense GEMM at 5 / 10 / 15 / 25 %: its gathered operands
-#: outgrow the caches; the dense GEMM 1.0-1.2x at any fraction).
-_DENSE_GRAD_FROM = 0.125
+#: at the pattern (measured, 16 x 16 blocks, 1024 x 1024, batch 256, one thread: the chunked
+#: batched GEMM below costs 0.2 / 0.47 / 0.65 / 0.82 / 1.16 / 1.8x the dense product at
+#: 5 / 10 / 15 / 20 / 25 / 35 %, the dense GEMM 1.1-1.2x at any fraction).
+_DENSE_GRAD_FROM = 0.25
 #: Smallest block (elements) whose values gradient below that fraction is one batched GEMM of
 #: gathered row / column blocks (``torch.bmm``); smaller blocks (CSR / CSC elements) take one
 #: dot product per stored element (torch's per-sample-weight gradient of ``embedding_bag``).
@@ -60,6 +60,8 @@ _BMM_FROM_BLOCK = 16
 #: its two transposed copies, but 0.64x against 0.40-0.55x at 10 %).
 _SEGMENT_BELOW = 0.075
 _SEGMENT_FROM_BLOCK = 16
+#: Bytes of one gathered operand per chunk in :func:`_block_grads` (about the L2 cache).
+_GATHER_BYTES = 1 << 20
 #: Batch columns per ``embedding_bag`` call (:func:`_bag_product`).
 _CHUNK = 64
 
@@ -298,6 +300,23 @@ def _gather_cols(right: T, cols: T, c: int) -> T:
     return right.contiguous().view(k, right.shape[1] // c, c).index_select(1, cols).transpose(0, 1)
 
 
+def _block_grads(left: T, right: T, rows: T, cols: T, r: int, c: int) -> T:
+    """``left[rows_p] @ right[:, cols_p]`` for every block ``p`` as (nnzb, r, c): ``bmm`` of the
+    gathered blocks, summed over chunks of the contracted (batch) dimension sized so that one
+    chunk's gathered operands stay about ``_GATHER_BYTES`` (measured at 15 % of 16 x 16 blocks:
+    0.54x dense in 32-column chunks, 1.3x unchunked)."""
+    k = left.shape[1]
+    per_column = rows.numel() * max(r, c) * left.element_size()
+    step = max(8, _GATHER_BYTES // max(per_column, 1))
+    grads: T | None = None
+    for start in range(0, k, step):
+        stop = min(k, start + step)
+        lhs = _gather_rows(left[:, start:stop], rows, r)
+        rhs = _gather_cols(right[start:stop], cols, c)
+        grads = torch.bmm(lhs, rhs) if grads is None else grads.baddbmm_(lhs, rhs)
+    return left.new_zeros(rows.numel(), r, c) if grads is None else grads
+
+
 def _values_grad(layout: torch.layout, compressed: T, plain: T,
                  values_shape: torch.Size, left: T, right: T, dtype: torch.dtype) -> T:
     """Per stored block (i, j): ``left[i-rows] @ right[:, j-cols]`` in the values' shape and
@@ -316,7 +335,7 @@ def _values_grad(layout: torch.layout, compressed: T, plain: T,
         # dense enough: one GEMM, then the stored blocks read out of it
         grads = (left @ right).view(n_rows // r, r, n_cols // c, c)[rows, :, cols, :]
     elif r * c >= _BMM_FROM_BLOCK:
-        grads = torch.bmm(_gather_rows(left, rows, r), _gather_cols(right, cols, c))
+        grads = _block_grads(left, right, rows, cols, r, c)
     elif layout in _ROW_LAYOUTS:
         grads = _sampled(compressed, plain, r, c, left, right.t())
     else:
