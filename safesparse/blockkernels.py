@@ -49,7 +49,7 @@ _NATIVE = (torch.float32, torch.float64)
 #: at the pattern (measured, 16 x 16 blocks, 1024 x 1024, batch 256, one thread: the chunked
 #: batched GEMM below costs 0.2 / 0.47 / 0.65 / 0.82 / 1.16 / 1.8x the dense product at
 #: 5 / 10 / 15 / 20 / 25 / 35 %, the dense GEMM 1.1-1.2x at any fraction).
-_DENSE_GRAD_FROM = 0.25
+_DENSE_GRAD_FROM = 0.22
 #: Smallest block (elements) whose values gradient below that fraction is one batched GEMM of
 #: gathered row / column blocks (``torch.bmm``); smaller blocks (CSR / CSC elements) take one
 #: dot product per stored element (torch's per-sample-weight gradient of ``embedding_bag``).
