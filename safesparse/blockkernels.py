@@ -17,7 +17,11 @@ pass, rows in ``(a, i)`` order, 64 batch columns per call: no gathered copy of t
 operand is written. Measured against the alternatives (1024 x 1024, 16 x 16 blocks, batch
 256, this project's CPU): torch's MKL BSR kernel 1.2-1.8x dense at 25 % (this one ~0.9x),
 gather + ``bmm`` variants 1.1-2x (their gathered operand outgrows the caches), MKL CSR on the
-elements 1.4-1.9x. Details: ``benchmarks/bench_blockkernels.py``.
+elements 1.4-1.9x. Details: ``benchmarks/bench_blockkernels.py``. One exception: batch-major
+products (``linear``, ``linear_grad_input``) with blocks of ``_SEGMENT_FROM_BLOCK`` elements or
+more and under ``_SEGMENT_BELOW`` of the matrix stored go block by block
+(:func:`_segment_product`: no transposed copies of the batch, which cost more than the bag
+sums themselves at 5 %).
 
 The transposed product (gradient to ``x`` of a BSR / CSR weight, ``A.T @ g`` of a BSR / CSR
 matrix, the forward of a BSC / CSC weight) groups the blocks by block column first: one stable
@@ -27,9 +31,10 @@ sort of the block column indices per call (:func:`_by_rows`; cheap for blocks, ~
 Gradient to the values (:func:`_values_grad`), chosen by the stored fraction and block size
 (the measured crossovers are the module constants below): at least ``_DENSE_GRAD_FROM`` of the
 matrix stored, one dense GEMM read at the pattern; else blocks of ``_BMM_FROM_BLOCK`` elements
-or more, one ``torch.bmm`` over the row and column blocks gathered batch-major (runs of r / c
-elements, no transposed copies); else (CSR / CSC elements) one dot product per stored element,
-torch's per-sample-weight gradient of ``embedding_bag``.
+or more, ``torch.bmm`` over the row and column blocks gathered batch-major (runs of r / c
+elements, no transposed copies), in batch chunks whose gathered blocks stay in cache; else
+(CSR / CSC elements) one dot product per stored element, torch's per-sample-weight gradient
+of ``embedding_bag``.
 
 dtypes: float32 and float64 run natively; float16 and bfloat16 are computed in float32 and the
 result is cast back (one code path for every dtype, sums accumulated in float32, which is the
