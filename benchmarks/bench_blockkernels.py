@@ -1,0 +1,171 @@
+"""Speed of the block kernels (safesparse.blockkernels) against the dense products they replace.
+
+Standalone script (no pytest). A 1024 x 1024 weight with a random pattern of 16 x 16 blocks
+(each block kept with probability ``density``), batch 256, CPU, ``--threads`` torch threads
+(default 2). Each row times, side by side in one process, interleaved, min of ``--rounds``:
+
+* ``fwd``: ``blockkernels.linear(x, ...)`` against ``x @ W_dense.T``;
+* ``fwd+bwd``: ``linear`` + ``linear_grad_input`` + ``linear_grad_values`` against
+  ``x @ Wd.T``, ``g @ Wd``, ``g.T @ x`` (an ``nn.Linear``'s forward and backward products);
+* ``MKL fwd``: torch's own MKL kernel (``torch.mm`` of a torch BSR / CSR tensor) for the same
+  forward, where torch has one (square blocks, CSR), for reference.
+
+Rows with targets (issue 35): BSR 16 x 16 at 5 %, 10 %, 25 % of blocks. Extra rows: BSC 16 x 16
+and BSR 16 x 32 at 10 %, CSR at 10 % of elements, and a GCN-like ``A @ x`` (CSR adjacency,
+10 000 nodes, ~50 000 edges, 64 features; ``matmul`` + its two gradients against the same with
+torch's CSR kernels, ``torch.sparse.mm``).
+
+Usage: ``python benchmarks/bench_blockkernels.py [--rounds 20] [--threads 2] [--clock wall]``.
+``--clock cpu`` times each call by the calling thread's CPU time (``time.thread_time``): with
+``--threads 1`` it is steadier than wall time on a machine shared with other work (it leaves
+out the time the thread waits for a core), but it is not what a user waits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+
+from safesparse import blockkernels as bk
+
+TARGETS = {0.05: (0.35, 0.30), 0.10: (0.60, 0.50), 0.25: (1.00, 0.90)}
+
+
+CLOCK = {"wall": time.perf_counter, "cpu": time.thread_time}
+clock = time.perf_counter
+
+
+def best_of(fs: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Min over interleaved rounds of each function's time, ms."""
+    for f in fs.values():
+        f()
+    best = dict.fromkeys(fs, float("inf"))
+    for _ in range(rounds):
+        for k, f in fs.items():
+            t0 = clock()
+            f()
+            best[k] = min(best[k], clock() - t0)
+    return {k: v * 1e3 for k, v in best.items()}
+
+
+def weight(n_out: int, n_in: int, block: tuple[int, int], density: float,
+           seed: int = 0) -> torch.Tensor:
+    """Dense weight whose nonzeros are a random pattern of blocks (probability ``density``)."""
+    gen = torch.Generator().manual_seed(seed)
+    r, c = block
+    keep = torch.rand(n_out // r, n_in // c, generator=gen) < density
+    mask = keep.repeat_interleave(r, 0).repeat_interleave(c, 1)
+    return torch.randn(n_out, n_in, generator=gen) * mask
+
+
+def members(dense: torch.Tensor, layout: torch.layout,
+            block: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = dense.to_sparse(layout=layout, blocksize=block)
+    if layout in (torch.sparse_csr, torch.sparse_bsr):
+        return s.crow_indices(), s.col_indices(), s.values()
+    return s.ccol_indices(), s.row_indices(), s.values()
+
+
+def linear_row(label: str, layout: torch.layout, block: tuple[int, int] | None,
+               density: float, rounds: int, n: int = 1024, batch: int = 256) -> str:
+    wd = weight(n, n, block or (1, 1), density)
+    cp, pl, v = members(wd, layout, block)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, n, generator=gen)
+    g = torch.randn(batch, n, generator=gen)
+    args = (layout, cp, pl, v, n, n)
+
+    def dense_fb() -> None:
+        x @ wd.T
+        g @ wd
+        g.T @ x
+
+    def sparse_fb() -> None:
+        bk.linear(x, *args)
+        bk.linear_grad_input(g, *args)
+        bk.linear_grad_values(g, x, layout, cp, pl, v.shape, n, n)
+
+    fs: dict[str, Callable[[], object]] = {
+        "dense": lambda: x @ wd.T, "sparse": lambda: bk.linear(x, *args),
+        "dense_fb": dense_fb, "sparse_fb": sparse_fb}
+    torch_w = None
+    if layout == torch.sparse_csr or (layout == torch.sparse_bsr and block
+                                      and block[0] == block[1]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch_w = wd.to_sparse(layout=layout, blocksize=block)
+        fs["mkl"] = lambda: torch.mm(torch_w, x.T)
+    t = best_of(fs, rounds)
+    mkl = f"{t['mkl'] / t['dense']:.2f}" if "mkl" in t else "-"
+    fb, fw = t["sparse_fb"] / t["dense_fb"], t["sparse"] / t["dense"]
+    target = TARGETS.get(density) if label.startswith("BSR 16x16") else None
+    tgt = f"<= {target[0]:.2f} / <= {target[1]:.2f}" if target else "-"
+    return (f"| {label} | {density:.0%} | {fb:.2f} | {fw:.2f} | {mkl} | {tgt} | "
+            f"{t['dense_fb']:.2f} / {t['dense']:.2f} |")
+
+
+def gcn_row(rounds: int, nodes: int = 10_000, edges: int = 50_000, feats: int = 64) -> str:
+    gen = torch.Generator().manual_seed(2)
+    idx = torch.randint(0, nodes, (2, edges), generator=gen)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = torch.sparse_coo_tensor(idx, torch.rand(edges, generator=gen),
+                                    (nodes, nodes)).coalesce().to_sparse_csr()
+    cp, pl, v = a.crow_indices(), a.col_indices(), a.values()
+    x = torch.randn(nodes, feats, generator=gen)
+    g = torch.randn(nodes, feats, generator=gen)
+    at = a.mT
+    args = (torch.sparse_csr, cp, pl, v, nodes, nodes)
+
+    def ours() -> None:
+        bk.matmul(*args, x)
+        bk.matmul_grad_input(*args, g)
+        bk.matmul_grad_values(g, x, torch.sparse_csr, cp, pl, v.shape, nodes, nodes)
+
+    def torch_csr() -> None:
+        torch.sparse.mm(a, x)
+        torch.sparse.mm(at, g)
+        torch.sparse.sampled_addmm(a, g, x.T, beta=0.0)
+
+    t = best_of({"ours_f": lambda: bk.matmul(*args, x), "torch_f": lambda: torch.sparse.mm(a, x),
+                 "ours": ours, "torch": torch_csr}, rounds)
+    return (f"| GCN A @ x vs torch CSR ({a._nnz()} nnz, {feats} cols) | - | "
+            f"{t['ours'] / t['torch']:.2f} | {t['ours_f'] / t['torch_f']:.2f} | - | - | "
+            f"{t['torch']:.2f} / {t['torch_f']:.2f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--clock", choices=sorted(CLOCK), default="wall")
+    opts = parser.parse_args()
+    global clock
+    clock = CLOCK[opts.clock]
+    torch.set_num_threads(opts.threads)
+    print(f"torch {torch.__version__}, {opts.threads} threads, min of {opts.rounds} "
+          f"interleaved rounds, {opts.clock} clock; ratios sparse / dense")
+    print("| weight | stored | fwd+bwd | fwd | MKL fwd | target fwd+bwd / fwd | "
+          "dense ms fwd+bwd / fwd |")
+    print("|---|---|---|---|---|---|---|")
+    bsr, bsc, csr = torch.sparse_bsr, torch.sparse_bsc, torch.sparse_csr
+    for density in (0.05, 0.10, 0.25):
+        print(linear_row("BSR 16x16", bsr, (16, 16), density, opts.rounds), flush=True)
+    print(linear_row("BSC 16x16", bsc, (16, 16), 0.10, opts.rounds), flush=True)
+    print(linear_row("BSR 16x32", bsr, (16, 32), 0.10, opts.rounds), flush=True)
+    print(linear_row("CSR (elements)", csr, None, 0.10, opts.rounds), flush=True)
+    print(gcn_row(opts.rounds), flush=True)
+
+
+if __name__ == "__main__":
+    main()

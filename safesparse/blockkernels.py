@@ -1,0 +1,389 @@
+"""CPU kernels for products with a compressed sparse matrix given by its dense members.
+
+Pure functions for trusted callers (the ``safesparse`` operators): the members are an already
+validated CSR / CSC / BSR / BSC matrix (2-D, any block shape, square or not); nothing here
+validates, caches or reads safesparse state, and no sparse tensor is ever built (every step is
+a dense torch op, so enforce mode has nothing to check and results are plain tensors).
+``linear*`` compute ``x @ W.T`` and its two gradients, ``matmul*`` ``A @ x`` and its two.
+
+Products (the variant for every layout, block shape and density): a *row-grouped bag sum*.
+A matrix ``M`` stored block row by block row (BSR order; CSR is ``r = c = 1``) times a dense
+``src`` whose rows are ``M``'s element columns: output row ``i * r + a`` is the sum over the
+blocks ``p`` of block row ``i`` and their columns ``b`` of ``values[p, a, b] * src[col[p] * c +
+b]``. With the values read as ``(r, nnzb, c)`` (one copy) the terms of output row ``(i, a)`` are
+one contiguous run, so ``torch.nn.functional.embedding_bag`` (mode ``sum``, per-sample weights,
+offsets ``a * nnzb * c + crow[i] * c``) computes the product in one fused gather-scale-add
+pass, rows in ``(a, i)`` order, 64 batch columns per call: no gathered copy of the dense
+operand is written. Measured against the alternatives (1024 x 1024, 16 x 16 blocks, batch
+256, this project's CPU): torch's MKL BSR kernel 1.2-1.8x dense at 25 % (this one ~0.9x),
+gather + ``bmm`` variants 1.1-2x (their gathered operand outgrows the caches), MKL CSR on the
+elements 1.4-1.9x. Details: ``benchmarks/bench_blockkernels.py``. One exception: batch-major
+products (``linear``, ``linear_grad_input``) with blocks of ``_SEGMENT_FROM_BLOCK`` elements or
+more and under ``_SEGMENT_BELOW`` of the matrix stored go block by block
+(:func:`_segment_product`: no transposed copies of the batch, which cost more than the bag
+sums themselves at 5 %).
+
+The transposed product (gradient to ``x`` of a BSR / CSR weight, ``A.T @ g`` of a BSR / CSR
+matrix, the forward of a BSC / CSC weight) groups the blocks by block column first: one stable
+sort of the block column indices per call (:func:`_by_rows`; cheap for blocks, ~1-4 ms at
+50 000-100 000 CSR elements).
+
+Gradient to the values (:func:`_values_grad`), chosen by the stored fraction and block size
+(the measured crossovers are the module constants below): at least ``_DENSE_GRAD_FROM`` of the
+matrix stored, one dense GEMM read at the pattern; else blocks of ``_BMM_FROM_BLOCK`` elements
+or more, ``torch.bmm`` over the row and column blocks gathered batch-major (runs of r / c
+elements, no transposed copies), in batch chunks whose gathered blocks stay in cache; else
+(CSR / CSC elements) one dot product per stored element, torch's per-sample-weight gradient
+of ``embedding_bag``.
+
+dtypes: float32 and float64 run natively; float16 and bfloat16 are computed in float32 and the
+result is cast back (one code path for every dtype, sums accumulated in float32, which is the
+more accurate; torch's MKL sparse kernels have no half kernels at all); the casts are
+O(inputs + nnz), small beside the products.
+"""
+
+from __future__ import annotations
+
+import torch
+
+T = torch.Tensor
+_ROW_LAYOUTS = (torch.sparse_csr, torch.sparse_bsr)
+_BLOCK_LAYOUTS = (torch.sparse_bsr, torch.sparse_bsc)
+_NATIVE = (torch.float32, torch.float64)
+#: Fraction of the matrix stored from which the gradient to the values is one dense GEMM read
+#: at the pattern (measured, 16 x 16 blocks, 1024 x 1024, batch 256, one thread: the chunked
+#: batched GEMM below costs 0.2 / 0.47 / 0.65 / 0.82 / 1.16 / 1.8x the dense product at
+#: 5 / 10 / 15 / 20 / 25 / 35 %, the dense GEMM 1.1-1.2x at any fraction).
+_DENSE_GRAD_FROM = 0.22
+#: Smallest block (elements) whose values gradient below that fraction is one batched GEMM of
+#: gathered row / column blocks (``torch.bmm``); smaller blocks (CSR / CSC elements) take one
+#: dot product per stored element (torch's per-sample-weight gradient of ``embedding_bag``).
+_BMM_FROM_BLOCK = 16
+#: Fraction of the matrix stored below which batch-major products of blocks of at least
+#: ``_SEGMENT_FROM_BLOCK`` elements go block by block (:func:`_segment_product`; measured 16 x 16,
+#: 1024 x 1024, batch 256: 0.18-0.30x dense at 5 % where the bag sum takes 0.28-0.36x with
+#: its two transposed copies, but 0.64x against 0.40-0.55x at 10 %).
+_SEGMENT_BELOW = 0.075
+_SEGMENT_FROM_BLOCK = 16
+#: Bytes of one gathered operand per chunk in :func:`_block_grads` (about the L2 cache).
+_GATHER_BYTES = 1 << 20
+#: Batch columns per ``embedding_bag`` call (:func:`_bag_product`).
+_CHUNK = 64
+
+
+# ---------------------------------------------------------------------------------------------
+# Pattern helpers (index data only)
+
+
+def _blocks(layout: torch.layout, values: T) -> T:
+    """``values`` as (nnzb, r, c) blocks; CSR / CSC elements are 1 x 1 blocks."""
+    if layout in _BLOCK_LAYOUTS:
+        return values
+    return values.view(-1, 1, 1)
+
+
+def _block_shape(layout: torch.layout, values_shape: torch.Size) -> tuple[int, int]:
+    if layout in _BLOCK_LAYOUTS:
+        return int(values_shape[-2]), int(values_shape[-1])
+    return 1, 1
+
+
+def _by_rows(compressed: T, plain: T, n_plain: int) -> tuple[T, T, T]:
+    """The pattern read the other way: for block column ``j`` of a matrix stored by block rows
+    (``compressed`` / ``plain``), its block rows, as (``ccol``, ``row``, ``order``) where
+    ``order[q]`` is the stored position of the ``q``-th block in column order."""
+    nnzb = plain.numel()
+    order = torch.argsort(plain, stable=True)
+    rows = _block_rows(compressed, nnzb)
+    ccol = torch.zeros(n_plain + 1, dtype=torch.long)
+    torch.cumsum(torch.bincount(plain, minlength=n_plain), 0, out=ccol[1:])
+    return ccol, rows[order], order
+
+
+def _index_dtype(crow: T, r: int, c: int, n_src: int) -> torch.dtype:
+    """int32 for the per-term index arrays where every value fits (half the memory traffic of
+    int64: these arrays have one entry per stored element), int64 otherwise."""
+    terms = int(crow[-1]) * r * c
+    return torch.int32 if max(terms, n_src * c, r * crow.numel()) < 2**31 else torch.int64
+
+
+def _runs(crow: T, col: T, r: int, c: int, dtype: torch.dtype) -> tuple[T, T]:
+    """Indices and offsets of the bag layout (module docstring): element columns of the terms
+    in ``(a, p, b)`` order and the start of each output row's run, rows in ``(a, i)`` order."""
+    nnzb = col.numel()
+    first = (col.to(dtype) * c).view(1, nnzb, 1).expand(r, nnzb, c)
+    idx = torch.add(first, torch.arange(c, dtype=dtype).view(1, 1, c))
+    starts = (torch.arange(r, dtype=dtype) * (nnzb * c)).view(r, 1)
+    offsets = torch.add(starts, (crow[:-1].to(dtype) * c).view(1, -1))
+    return idx.view(-1), offsets.view(-1)
+
+
+def _block_rows(crow: T, nnzb: int) -> T:
+    """The block row of each stored block of a pattern stored by block rows."""
+    return torch.repeat_interleave(crow.diff(), output_size=nnzb)
+
+
+def _bag_ids(crow: T, r: int, c: int, dtype: torch.dtype) -> T:
+    """For each term of the bag layout, its output row's position in ``(a, i)`` order."""
+    n_br = crow.numel() - 1
+    nnzb = int(crow[-1])
+    rows = _block_rows(crow, nnzb).to(dtype)
+    first = (torch.arange(r, dtype=dtype) * n_br).view(r, 1, 1).expand(r, nnzb, c)
+    return torch.add(first, rows.view(1, nnzb, 1)).view(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The two kernels, over a matrix stored by block rows
+
+
+def _bag_product(crow: T, col: T, weights: T, r: int, c: int, operand: T,
+                 batch_major: bool, n_out: int) -> T:
+    """``M @ operand.T`` as (N, n_out) for a batch-major ``operand`` (N, n_in), else
+    ``M @ operand`` as (n_out, N) for ``operand`` (n_in, N); ``weights``: the values flat in
+    ``(a, p, b)`` order (module docstring).
+
+    The batch is cut into chunks of ``_CHUNK`` columns: ``embedding_bag`` accumulates one
+    output row of that width in registers (measured 1.4-1.5x faster per term at 64 than at 256
+    columns of float32)."""
+    n = operand.shape[0] if batch_major else operand.shape[1]
+    n_in = operand.shape[1] if batch_major else operand.shape[0]
+    n_br = crow.numel() - 1
+    idx, offsets = _runs(crow, col, r, c, _index_dtype(crow, r, c, n_in))
+    result = operand.new_empty((n, n_out) if batch_major else (n_out, n))
+    for start in range(0, n, _CHUNK):
+        stop = min(n, start + _CHUNK)
+        part = operand[start:stop].t() if batch_major else operand[:, start:stop]
+        out = torch.nn.functional.embedding_bag(
+            idx, part.contiguous(), offsets, mode="sum", per_sample_weights=weights)
+        # rows into natural order (whole rows move), then a 2-D transpose where batch-major:
+        # one 3-D permute copy measured 2-3x slower than both together
+        rows = out.view(r, n_br, stop - start).transpose(0, 1).reshape(n_out, stop - start)
+        if batch_major:
+            result[start:stop].copy_(rows.t())
+        else:
+            result[:, start:stop].copy_(rows)
+    return result
+
+
+def _sampled(crow: T, col: T, r: int, c: int, left: T, right_t: T) -> T:
+    """For each stored block ``p`` at block (i, j): ``left[i-rows] @ right_t[j-cols].T`` as
+    (nnzb, r, c); ``left`` (n_rows of M, K), ``right_t`` (n_cols of M, K).
+
+    This is the gradient of :func:`_bag_product` to its per-sample weights (one dot product of
+    length K per stored element, nothing gathered into a copy), torch's own kernel for it."""
+    nnzb = col.numel()
+    n_br = crow.numel() - 1
+    dtype = _index_dtype(crow, r, c, right_t.shape[0])
+    idx, offsets = _runs(crow, col, r, c, dtype)
+    bag_of = _bag_ids(crow, r, c, dtype)
+    k = left.shape[1]
+    # whole rows move (a 2-D transpose first where ``left`` is one, e.g. ``g.T``)
+    left_p = left.contiguous().view(n_br, r, k).transpose(0, 1).reshape(r * n_br, k)
+    flat: T = torch.ops.aten._embedding_bag_per_sample_weights_backward(
+        left_p, right_t.contiguous(), idx, offsets, bag_of, 0, -1)
+    return flat.view(r, nnzb, c).transpose(0, 1).contiguous()
+
+
+# ---------------------------------------------------------------------------------------------
+# Orientation: any stored layout, read as "M stored by block rows"
+
+
+def _rowwise(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int, n_cols: int,
+             transposed: bool) -> tuple[T, T, T]:
+    """``M = A`` (or ``A.T`` when ``transposed``) by block rows: (crow, col, blocks of ``M`` as
+    (nnzb, r, c), possibly a strided view) for ``A`` (n_rows, n_cols) stored in ``layout``."""
+    blocks = _blocks(layout, values)
+    compressed, plain = compressed.long(), plain.long()
+    row_major = layout in _ROW_LAYOUTS
+    if row_major != transposed:
+        # the stored compressed dimension is M's rows
+        return compressed, plain, blocks if row_major else blocks.transpose(1, 2)
+    n_plain = (n_cols // int(blocks.shape[2])) if row_major else (n_rows // int(blocks.shape[1]))
+    crow, col, order = _by_rows(compressed, plain, n_plain)
+    gathered = blocks.index_select(0, order)
+    return crow, col, gathered.transpose(1, 2) if row_major else gathered
+
+
+def _weights(m_blocks: T, dtype: torch.dtype) -> T:
+    """The values flat in ``(a, p, b)`` order (module docstring)."""
+    return m_blocks.to(dtype).transpose(0, 1).reshape(-1)
+
+
+def _segment_product(crow: T, col: T, m_blocks: T, operand: T, n_out: int) -> T:
+    """``operand @ M.T`` (N, n_out) for a batch-major ``operand`` (N, n_in), block by block:
+    the column blocks of ``operand`` gathered batch-major (runs of c elements), one ``bmm``
+    with the blocks, the products summed per block row (``embedding_bag`` over whole rows).
+    No transposed copies; its gathered operand grows with nnzb * N, so it pays only for few
+    blocks (``_SEGMENT_BELOW``)."""
+    nnzb, r, c = (int(s) for s in m_blocks.shape)
+    n = operand.shape[0]
+    n_br = crow.numel() - 1
+    xg = operand.contiguous().view(n, operand.shape[1] // c, c).index_select(1, col)
+    prod = torch.bmm(xg.transpose(0, 1), m_blocks.transpose(1, 2))        # (nnzb, N, r)
+    seg = torch.nn.functional.embedding_bag(
+        torch.arange(nnzb), prod.view(nnzb, n * r), crow[:-1], mode="sum")
+    return seg.view(n_br, n, r).transpose(0, 1).reshape(n, n_out)
+
+
+def _batch_product(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
+                   n_cols: int, transposed: bool, operand: T) -> T:
+    """``operand @ M.T`` for ``M = A`` or ``A.T`` and a batch-major ``operand``, in the
+    operand's (float32 / float64) dtype: the variant chosen by block size and stored
+    fraction."""
+    crow, col, m_blocks = _rowwise(layout, compressed, plain, values, n_rows, n_cols,
+                                   transposed)
+    nnzb, r, c = (int(s) for s in m_blocks.shape)
+    n_out = n_cols if transposed else n_rows
+    if r * c >= _SEGMENT_FROM_BLOCK and nnzb * r * c < _SEGMENT_BELOW * n_rows * n_cols:
+        return _segment_product(crow, col, m_blocks.to(operand.dtype), operand, n_out)
+    return _bag_product(crow, col, _weights(m_blocks, operand.dtype), r, c, operand, True,
+                        n_out)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return dtype if dtype in _NATIVE else torch.float32
+
+
+def _apply(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int, n_cols: int,
+           transposed: bool, src: T) -> T:
+    """``M @ src`` for ``M = A`` or ``A.T``, ``src`` (n_cols of M, N): (n_rows of M, N)."""
+    m_rows = n_cols if transposed else n_rows
+    n = src.shape[1]
+    if n == 0 or plain.numel() == 0:
+        return src.new_zeros(m_rows, n)
+    crow, col, m_blocks = _rowwise(layout, compressed, plain, values, n_rows, n_cols,
+                                   transposed)
+    r, c = int(m_blocks.shape[1]), int(m_blocks.shape[2])
+    return _bag_product(crow, col, _weights(m_blocks, src.dtype), r, c, src, False, m_rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public kernels
+
+
+def linear(x: T, layout: torch.layout, compressed: T, plain: T, values: T,
+           out_features: int, in_features: int) -> T:
+    """``x @ W.T`` for ``x`` (N, in_features): (N, out_features), dtype of ``x``."""
+    work = _compute_dtype(x.dtype)
+    n = x.shape[0]
+    if n == 0 or plain.numel() == 0:
+        return x.new_zeros(n, out_features)
+    y = _batch_product(layout, compressed, plain, values, out_features, in_features, False,
+                       x.to(work))
+    return y.to(x.dtype)
+
+
+def linear_grad_input(g: T, layout: torch.layout, compressed: T, plain: T, values: T,
+                      out_features: int, in_features: int) -> T:
+    """``g @ W`` for ``g`` (N, out_features): (N, in_features), dtype of ``g``."""
+    work = _compute_dtype(g.dtype)
+    n = g.shape[0]
+    if n == 0 or plain.numel() == 0:
+        return g.new_zeros(n, in_features)
+    y = _batch_product(layout, compressed, plain, values, out_features, in_features, True,
+                       g.to(work))
+    return y.to(g.dtype)
+
+
+def _gather_rows(left: T, rows: T, r: int) -> T:
+    """The (r, K) row blocks ``rows`` of ``left`` (n_rows, K) as (nnzb, r, K), gathered along
+    the dimension that keeps whole memory runs (``left`` may be the transpose of a batch-major
+    tensor: then the gather takes r-element runs of each batch row, no transpose copy)."""
+    k = left.shape[1]
+    if left.stride(0) == 1 and left.stride(1) != 1:
+        gathered = left.t().view(k, left.shape[0] // r, r).index_select(1, rows)     # (K, nnzb, r)
+        return gathered.permute(1, 2, 0)
+    return left.contiguous().view(left.shape[0] // r, r, k).index_select(0, rows)
+
+
+def _gather_cols(right: T, cols: T, c: int) -> T:
+    """The (K, c) column blocks ``cols`` of ``right`` (K, n_cols) as (nnzb, K, c)."""
+    k = right.shape[0]
+    if right.stride(0) == 1 and right.stride(1) != 1:
+        gathered = right.t().view(right.shape[1] // c, c, k).index_select(0, cols)    # (nnzb, c, K)
+        return gathered.transpose(1, 2)
+    return right.contiguous().view(k, right.shape[1] // c, c).index_select(1, cols).transpose(0, 1)
+
+
+def _block_grads(left: T, right: T, rows: T, cols: T, r: int, c: int) -> T:
+    """``left[rows_p] @ right[:, cols_p]`` for every block ``p`` as (nnzb, r, c): ``bmm`` of the
+    gathered blocks, summed over chunks of the contracted (batch) dimension sized so that one
+    chunk's gathered operands stay about ``_GATHER_BYTES`` (measured at 15 % of 16 x 16 blocks:
+    0.54x dense in 32-column chunks, 1.3x unchunked)."""
+    k = left.shape[1]
+    per_column = rows.numel() * max(r, c) * left.element_size()
+    step = max(8, _GATHER_BYTES // max(per_column, 1))
+    grads: T | None = None
+    for start in range(0, k, step):
+        stop = min(k, start + step)
+        lhs = _gather_rows(left[:, start:stop], rows, r)
+        rhs = _gather_cols(right[start:stop], cols, c)
+        grads = torch.bmm(lhs, rhs) if grads is None else grads.baddbmm_(lhs, rhs)
+    return left.new_zeros(rows.numel(), r, c) if grads is None else grads
+
+
+def _values_grad(layout: torch.layout, compressed: T, plain: T,
+                 values_shape: torch.Size, left: T, right: T, dtype: torch.dtype) -> T:
+    """Per stored block (i, j): ``left[i-rows] @ right[:, j-cols]`` in the values' shape and
+    stored order, for ``left`` (n_rows, K) and ``right`` (K, n_cols)."""
+    r, c = _block_shape(layout, values_shape)
+    if plain.numel() == 0:
+        return torch.zeros(values_shape, dtype=dtype)
+    work = _compute_dtype(dtype)
+    left, right = left.to(work), right.to(work)
+    compressed, plain = compressed.long(), plain.long()
+    n_rows, n_cols = left.shape[0], right.shape[1]
+    nnzb = plain.numel()
+    outer = _block_rows(compressed, nnzb)
+    rows, cols = (outer, plain) if layout in _ROW_LAYOUTS else (plain, outer)
+    if nnzb * r * c >= _DENSE_GRAD_FROM * n_rows * n_cols:
+        # dense enough: one GEMM, then the stored blocks read out of it
+        grads = (left @ right).view(n_rows // r, r, n_cols // c, c)[rows, :, cols, :]
+    elif r * c >= _BMM_FROM_BLOCK:
+        grads = _block_grads(left, right, rows, cols, r, c)
+    elif layout in _ROW_LAYOUTS:
+        grads = _sampled(compressed, plain, r, c, left, right.t())
+    else:
+        # BSC / CSC: stored by block columns, i.e. A.T by block rows, blocks transposed
+        grads = _sampled(compressed, plain, c, r, right.t(), left).transpose(1, 2)
+    return grads.reshape(values_shape).to(dtype)
+
+
+def linear_grad_values(g: T, x: T, layout: torch.layout, compressed: T, plain: T,
+                       values_shape_or_values: T | torch.Size | tuple[int, ...],
+                       out_features: int, in_features: int) -> T:
+    """Gradient of ``sum(g * (x @ W.T))`` with respect to the stored values: for each stored
+    block (i, j), ``g[:, rows_i].T @ x[:, cols_j]``, in the values' shape, dtype of ``g``."""
+    shape = _shape_of(values_shape_or_values)
+    return _values_grad(layout, compressed, plain, shape, g.t(), x, g.dtype)
+
+
+def matmul(a_layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
+           n_cols: int, x: T) -> T:
+    """``A @ x`` for ``x`` (n_cols, N): (n_rows, N), dtype of ``x``."""
+    work = _compute_dtype(x.dtype)
+    y = _apply(a_layout, compressed, plain, values, n_rows, n_cols, False, x.to(work))
+    return y.to(x.dtype)
+
+
+def matmul_grad_input(a_layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
+                      n_cols: int, g: T) -> T:
+    """``A.T @ g`` for ``g`` (n_rows, N): (n_cols, N), dtype of ``g``."""
+    work = _compute_dtype(g.dtype)
+    y = _apply(a_layout, compressed, plain, values, n_rows, n_cols, True, g.to(work))
+    return y.to(g.dtype)
+
+
+def matmul_grad_values(g: T, x: T, a_layout: torch.layout, compressed: T, plain: T,
+                       values_shape_or_values: T | torch.Size | tuple[int, ...],
+                       n_rows: int, n_cols: int) -> T:
+    """Gradient of ``sum(g * (A @ x))`` with respect to the stored values: ``g @ x.T`` sampled
+    at the pattern, in the values' shape, dtype of ``g``."""
+    shape = _shape_of(values_shape_or_values)
+    return _values_grad(a_layout, compressed, plain, shape, g, x.t(), g.dtype)
+
+
+def _shape_of(values_shape_or_values: T | torch.Size | tuple[int, ...]) -> torch.Size:
+    if isinstance(values_shape_or_values, torch.Tensor):
+        return values_shape_or_values.shape
+    return torch.Size(values_shape_or_values)
