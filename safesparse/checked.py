@@ -783,3 +783,20 @@ def reset_stats() -> None:
         for k in _counters:
             _counters[k] = itertools.count()
             _reads[k] = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# confirm: the question the operators of safesparse.nn ask at run time (issue 35)
+
+
+def confirm(compressed: torch.Tensor, plain: torch.Tensor, geometry: Hashable) -> bool:
+    """Whether ``compressed`` and ``plain`` are the index members one checked record handed out
+    (in those roles), unmoved, unreshaped and unwritten since, proven for ``geometry``: O(1)."""
+    r = claim(compressed)
+    if r is None or claim(plain) is not r or r.m1 is None or r.geom != geometry:
+        return False
+    m0, m1 = r.m0, r.m1
+    return (compressed.data_ptr() == r.p0 and plain.data_ptr() == r.p1
+            and compressed.shape == m0.shape and compressed.stride() == m0.stride()
+            and plain.shape == m1.shape and plain.stride() == m1.stride()
+            and holds(r))
