@@ -393,6 +393,8 @@ def _set_data(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``t.data = new`` (``nn.Module._apply`` does this, e.g. ``module.to(dtype)``): ``t`` now
     holds ``new``'s data and is checked exactly when ``new`` was."""
     t, new = args[0], args[1]
+    if new is t:  # (a conversion to what it already is: ``module.double()`` of a double)
+        return
     was_checked = _is_checked(new)
     if _swap_instead(t, new):
         return
@@ -424,7 +426,7 @@ def _swap_instead(t: torch.Tensor, new: Any) -> bool:
     keep = {k: v for k, v in t.__dict__.items() if k != "_ss"}
     requires_grad = t.requires_grad
     with torch.no_grad():
-        torch.utils.swap_tensors(t, new)
+        torch.utils.swap_tensors(t, new)  # type: ignore[no-untyped-call]
     for k in list(t.__dict__):
         if k != "_ss" and k not in keep:
             del t.__dict__[k]
