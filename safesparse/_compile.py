@@ -1,13 +1,16 @@
 """The torch.compile boundary: validation and checked-state bookkeeping are never traced.
 
-Dynamo is told to skip safesparse, as it skips third-party libraries: the package's directory
-joins its trace rules' skipped directories, and every function marked :func:`not_traced` (or
-bound with :func:`bind`) is marked skipped (``torch._dynamo.decorators.skip``). A call into a
-skipped function is a graph break: it runs eagerly, never traced, and no frame of safesparse is
-ever compiled. Nothing wraps the functions, so this costs nothing at run time, also once dynamo
-is imported (as PyTorch Geometric imports it). Importing dynamo takes about two seconds, which
-a program that never compiles should not pay: the marks are made the moment ``torch._dynamo``
-is imported (a meta-path hook watches for it), before dynamo can trace anything.
+Dynamo is told to skip safesparse, as it skips third-party libraries: the package's files join
+its trace rules' skipped paths, and every function marked :func:`not_traced` (or bound with
+:func:`bind`) is marked skipped (``torch._dynamo.decorators.skip``). A call into a skipped
+function is a graph break: it runs eagerly, never traced. The one file traced is
+``nn/forward.py``: the forward passes of the ``safesparse.nn`` modules, which read strided
+tensors only and call the ``safesparse`` operators (one graph node each; their real
+implementations run eagerly, never traced). Nothing wraps the functions, so this costs nothing
+at run time, also once dynamo is imported (as PyTorch Geometric imports it). Importing dynamo
+takes about two seconds, which a program that never compiles should not pay: the marks are made
+the moment ``torch._dynamo`` is imported (a meta-path hook watches for it), before dynamo can
+trace anything.
 
 Dynamo also calls into safesparse itself while it converts a frame: wrapping a
 ``SafeSparseTensor`` argument reads attributes such as ``is_nested`` through
@@ -26,6 +29,7 @@ import importlib.util
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -67,10 +71,19 @@ def _skip(fn: Callable[..., Any]) -> None:
     skip(fn)
 
 
+#: the package's one file dynamo traces: the forward passes of ``safesparse.nn``'s modules,
+#: which hold only strided tensors and call the ``safesparse`` operators (SPEC 10)
+TRACED = Path(__file__).resolve().parent / "nn" / "forward.py"
+
+
 def _skip_package() -> None:
+    """Every file of the package joins dynamo's skipped paths, except :data:`TRACED`."""
     from torch._dynamo import trace_rules
 
-    trace_rules.add("safesparse")
+    root = Path(__file__).resolve().parent
+    skipped = [f"{p.as_posix()}" for p in sorted(root.rglob("*.py")) if p != TRACED]
+    trace_rules.SKIP_DIRS.extend(skipped)
+    trace_rules._recompile_re()
 
 
 def surface(err: Exception) -> Exception:

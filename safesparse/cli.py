@@ -38,6 +38,7 @@ import torch
 
 from . import _originals
 from .files import Found, LoadResult, SparseRecord, load_and_validate
+from .files.modules import ModuleMatrix, member_of, module_matrices
 from .files.safetensors import load_and_validate as safetensors_load_and_validate
 from .invariants import layout_name
 from .tensor import unwrap
@@ -332,8 +333,23 @@ def check_file(path: str | os.PathLike[str], *, display: str | None = None,
         if progress is not None:
             progress.done()
     report.tensors = [_tensor_report(found) for found in result.found]
+    report.tensors += [_module_report(m) for m in module_matrices(result.obj)]
     report.dense = result.dense
     return report
+
+
+def _module_report(m: ModuleMatrix) -> TensorReport:
+    """A ``safesparse.nn`` module's saved matrix (its dense triple and geometry), reported as
+    one sparse tensor: the key names the member an invalid one breaks."""
+    err = m.error
+    key = (f"{m.prefix}{{compressed_indices,plain_indices,values}}" if err is None
+           else m.prefix + member_of(err))
+    return TensorReport(
+        key=key, key_path=[key], layout=layout_name(m.layout), shape=list(m.shape),
+        nnz=m.nnz, valid=err is None,
+        invariant=None if err is None else err.invariant,
+        message=None if err is None else str(err.with_context(path=key)),
+        location=None if err is None else _jsonable(err.location))
 
 
 def find_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:

@@ -393,11 +393,46 @@ def _set_data(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``t.data = new`` (``nn.Module._apply`` does this, e.g. ``module.to(dtype)``): ``t`` now
     holds ``new``'s data and is checked exactly when ``new`` was."""
     t, new = args[0], args[1]
+    if new is t:  # (a conversion to what it already is: ``module.double()`` of a double)
+        return
     was_checked = _is_checked(new)
+    if _swap_instead(t, new):
+        return
     func(*args, **kwargs)
     rec = checked.renew(t)  # its members were replaced: a record on the new ones
     if was_checked and _is_checked(new) and _metadata_ok(t):
         checked.mark_derived(rec, checked.geometry_of(t))
+
+
+def _swap_instead(t: torch.Tensor, new: Any) -> bool:
+    """torch 2.13's ``t.data = new`` on a compressed tensor takes ``new``'s dtype and device but
+    keeps ``t``'s members (values of the old dtype under a weight that says the new one): for a
+    conversion of a sparse compressed tensor (``module.double()``, ``.half()``, ``.to(dtype)``
+    of a module holding a checked sparse ``nn.Parameter``), ``t`` takes ``new``'s data whole
+    (:func:`torch.utils.swap_tensors`, which moves ``new``'s record, and so its checked state,
+    with the data) and keeps its own Python attributes (``nn.Parameter``-ness) and
+    ``requires_grad``; one with a gradient is refused, naming the way. Returns whether it
+    did."""
+    if (not isinstance(new, torch.Tensor) or new.layout != t.layout
+            or t.layout not in COMPRESSED_LAYOUTS
+            or (new.dtype == t.dtype and new.device == t.device)):
+        return False
+    if t.grad is not None:  # (torch refuses a strided gradient set on a sparse tensor)
+        raise TypeError(
+            f"converting a sparse {t.layout} tensor with a gradient to {new.dtype} on "
+            f"{new.device} in place (`t.data = ...`, as module.to() / .half() / .double() "
+            "do) is not supported: torch 2.13 would keep its old values under the new dtype\n"
+            "  Drop the gradients first (model.zero_grad(set_to_none=True)), then convert.")
+    keep = {k: v for k, v in t.__dict__.items() if k != "_ss"}
+    requires_grad = t.requires_grad
+    with torch.no_grad():
+        torch.utils.swap_tensors(t, new)  # type: ignore[no-untyped-call]
+    for k in list(t.__dict__):
+        if k != "_ss" and k not in keep:
+            del t.__dict__[k]
+    t.__dict__.update(keep)
+    t.requires_grad_(requires_grad)
+    return True
 
 
 def _metadata_ok(t: torch.Tensor) -> bool:

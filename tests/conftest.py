@@ -87,6 +87,7 @@ SLOW_MODULES = frozenset({
     "test_compile",
     "test_crash_routes",
     "test_distributed",
+    "test_nn_compile",
     "test_import_warnings",
     "test_portable_checkpoints",
     "test_protect",

@@ -1,0 +1,20 @@
+"""Sparse matrices in model code: :class:`SparseLinear`, :class:`SparseMatmul`, optimizer steps.
+
+:class:`SparseLinear` (``y = x @ W.T + b``, a sparse weight with a fixed pattern) and
+:class:`SparseMatmul` (``y = A @ x``, a fixed sparse matrix such as a graph's adjacency) keep
+their pattern as checked index buffers and their stored values as one dense ``nn.Parameter``
+(every ``torch.optim`` optimizer trains it), compute through the ``safesparse`` operators
+(:mod:`safesparse.nn.operators`: ``torch.compile(fullgraph=True)`` and ``torch.export`` trace
+them), and save a state dict of dense tensors with their geometry as extra state
+(:mod:`safesparse.nn.pattern`). :mod:`safesparse.nn.optim` registers the optimizer hook for
+sparse-layout parameters.
+"""
+
+from __future__ import annotations
+
+from .linear import SparseLinear
+from .matmul import SparseMatmul
+from .operators import UnprovenMembersError
+from .optim import SparseParameterError
+
+__all__ = ["SparseLinear", "SparseMatmul", "SparseParameterError", "UnprovenMembersError"]

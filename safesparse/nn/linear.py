@@ -1,0 +1,144 @@
+"""``SparseLinear``: ``y = x @ W.T + b`` for a sparse weight with a fixed, proven pattern.
+
+The product runs through the ``safesparse::linear`` operator (:mod:`safesparse.nn.operators`),
+so models holding the layer compile with ``fullgraph=True`` and export;
+:meth:`SparseLinear.from_dense` prunes an ``nn.Linear`` to its blocks of largest norm.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..factories import sparse_compressed_tensor
+from ..tensor import SafeSparseTensor
+from .forward import linear_forward
+from .operators import LAYOUT_NAMES
+from .pattern import CompressedModule
+
+__all__ = ["SparseLinear"]
+
+
+class SparseLinear(CompressedModule):
+    """``y = F.linear(x, weight, bias)`` for a sparse ``weight`` with a fixed pattern.
+
+    Args:
+        weight: the initial weight, a 2-D sparse tensor of layout CSR, CSC, BSR or BSC (any
+            block shape; no dense dims), plain or ``SafeSparseTensor``. A plain tensor is
+            validated first (``InvariantError`` when invalid). Its values are copied into
+            :attr:`values`.
+        bias: None (no bias), True (a zero bias), or a dense tensor of shape
+            ``(out_features,)`` (copied).
+
+    Attributes:
+        values: the stored values, one dense ``nn.Parameter`` (shape ``(nnz,)`` for CSR / CSC,
+            ``(nnz blocks, r, c)`` for BSR / BSC): what optimizers train.
+        compressed_indices, plain_indices: the pattern, index buffers (``crow`` / ``col`` for
+            the row layouts, ``ccol`` / ``row`` for the column layouts).
+        bias: the bias parameter, or None.
+        layout, in_features, out_features, blocksize: the weight's geometry (``blocksize`` is
+            None for CSR / CSC).
+
+    ``layer.weight`` is the current weight, a checked ``SafeSparseTensor`` rebuilt on the index
+    buffers (no O(nnz) check) whose gradient reaches :attr:`values`; ``layer.weight = W``
+    validates ``W`` (same layout and shape) and replaces pattern and values whole. The forward
+    pass is one ``safesparse::linear`` operator over the buffers and :attr:`values`.
+    ``state_dict()`` holds dense tensors and the geometry (extra state); ``load_state_dict``
+    validates the incoming pattern and raises ``InvariantError`` before anything is written
+    when it is invalid; a valid one with another number of stored elements replaces pattern
+    and values whole.
+    """
+
+    bias: nn.Parameter | None
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | bool | None = None) -> None:
+        super().__init__()
+        self._init_matrix(weight, requires_grad=True)
+        self.out_features, self.in_features = self._size
+        self._layout_name = LAYOUT_NAMES[self.layout]
+        if bias is True:
+            bias = torch.zeros(self.out_features, dtype=self.values.dtype,
+                               device=self.values.device)
+        if isinstance(bias, torch.Tensor):
+            if bias.shape != (self.out_features,):
+                raise ValueError(f"SparseLinear: bias must have shape ({self.out_features},), "
+                                 f"got {tuple(bias.shape)}")
+            self.bias = nn.Parameter(bias.detach().clone())
+        else:
+            self.register_parameter("bias", None)
+
+    @classmethod
+    def from_dense(cls, linear: nn.Linear, blocksize: tuple[int, int] | None,
+                   density: float) -> SparseLinear:
+        """Prune ``linear`` to the blocks of largest Frobenius norm.
+
+        Args:
+            linear: the dense layer (its weight's dtype and device are kept).
+            blocksize: ``(r, c)``, dividing ``(out_features, in_features)``: a BSR weight of
+                r x c blocks; None or ``(1, 1)``: a CSR weight (single entries, the entries of
+                largest magnitude).
+            density: the fraction of blocks kept, in ``[0, 1]``: ``round(density * blocks)``
+                blocks, at least one when ``density > 0``. Ties keep the block that comes
+                first in row-major order.
+
+        Returns:
+            A :class:`SparseLinear` whose stored blocks are the kept blocks' values (blocks
+            of zeros included: the pattern is what was kept), with ``linear``'s bias copied.
+        """
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"SparseLinear.from_dense: expected an nn.Linear, got "
+                            f"{type(linear).__name__}")
+        if not 0.0 <= float(density) <= 1.0:
+            raise ValueError(f"SparseLinear.from_dense: density must be in [0, 1], got "
+                             f"{density}")
+        w = linear.weight.detach()
+        out_f, in_f = int(w.shape[0]), int(w.shape[1])
+        r, c = blocksize or (1, 1)
+        if r < 1 or c < 1 or out_f % r or in_f % c:
+            raise ValueError(
+                f"SparseLinear.from_dense: blocksize {blocksize} does not divide the weight's "
+                f"shape ({out_f}, {in_f})\n  Pick a block shape whose sides divide both.")
+        nr, nc = out_f // r, in_f // c
+        blocks = w.reshape(nr, r, nc, c).transpose(1, 2)  # (nr, nc, r, c)
+        norms = blocks.float().pow(2).sum((2, 3)).flatten()
+        kept = round(float(density) * norms.numel())
+        if density > 0:
+            kept = max(kept, 1)
+        order = torch.argsort(norms, descending=True, stable=True)[:kept]
+        mask = torch.zeros(nr * nc, dtype=torch.bool, device=w.device)
+        mask[order] = True
+        rows, cols = mask.reshape(nr, nc).nonzero(as_tuple=True)  # row-major: sorted
+        crow = torch.zeros(nr + 1, dtype=torch.int64, device=w.device)
+        crow[1:] = torch.bincount(rows, minlength=nr).cumsum(0)
+        if (r, c) == (1, 1):
+            weight: torch.Tensor = sparse_compressed_tensor(
+                crow, cols, blocks[rows, cols, 0, 0].clone(), (out_f, in_f),
+                layout=torch.sparse_csr)
+        else:
+            weight = sparse_compressed_tensor(crow, cols, blocks[rows, cols].clone(),
+                                              (out_f, in_f), layout=torch.sparse_bsr)
+        bias = None if linear.bias is None else linear.bias.detach()
+        return cls(weight, bias)
+
+    @property
+    def weight(self) -> SafeSparseTensor:
+        """The current weight: the checked pattern with the current :attr:`values`."""
+        return self.matrix
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "weight":
+            self._set_matrix(value)
+            return
+        super().__setattr__(name, value)
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size(self._size)
+
+    forward = linear_forward  # (traced by torch.compile: nn/forward.py)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"{self._describe()}, bias={self.bias is not None}")

@@ -1,0 +1,255 @@
+"""A module's proven sparse pattern: index buffers, values parameter, geometry as extra state.
+
+:class:`CompressedModule` is what :class:`~safesparse.nn.SparseLinear` and
+:class:`~safesparse.nn.SparseMatmul` share: a fixed 2-D compressed matrix (CSR, CSC, BSR, BSC,
+any block shape) held as two index buffers (``compressed_indices``, ``plain_indices``) handed
+out by a checked tensor, so that the ``safesparse`` operators can confirm them in O(1), and
+its stored values as one dense ``nn.Parameter`` (``values``).
+
+Data enters, and is validated, in three places: construction, ``load_state_dict`` (a valid
+pattern with another number of stored elements replaces pattern and values whole; an invalid
+one raises before anything is written) and setting a new matrix. Module conversions
+(``.to(dtype)``, ``.half()``, ``.to(device)``, ``copy.deepcopy``) keep the proof: a conversion
+that leaves the index buffers as they are keeps them; one that moves them (another device,
+shared memory) re-proves the buffers through the kept checked tensor (its own conversion is
+checked without an O(nnz) check), or validates them where that route does not apply.
+
+The geometry goes into the state dict as the module's extra state, one small int64 tensor
+``[0x5353, 1, layout, rows, cols, block rows, block cols]`` (layout 0..3 for CSR, CSC, BSR,
+BSC; blocks 1 x 1 for CSR / CSC): a tensor, so every checkpoint format stores it
+(``torch.save`` with ``weights_only`` loads, safetensors) and ``python -m safesparse check``
+finds the triple next to it and validates it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..factories import sparse_compressed_tensor
+from ..invariants import COMPRESSED_LAYOUTS
+from ..tensor import SafeSparseTensor, validate
+
+__all__ = ["EXTRA_TAG", "CompressedModule", "geometry_tensor", "parse_geometry"]
+
+EXTRA_TAG = 0x5353
+_VERSION = 1
+_CODES = {torch.sparse_csr: 0, torch.sparse_csc: 1, torch.sparse_bsr: 2, torch.sparse_bsc: 3}
+_BY_CODE = {code: layout for layout, code in _CODES.items()}
+_BLOCK = (torch.sparse_bsr, torch.sparse_bsc)
+_ROW = (torch.sparse_csr, torch.sparse_bsr)
+_NAMES = ("compressed_indices", "plain_indices", "values")
+
+
+def geometry_tensor(layout: torch.layout, shape: tuple[int, int],
+                    blocksize: tuple[int, int] | None) -> torch.Tensor:
+    """The extra-state tensor of a module holding a ``layout`` matrix of ``shape``."""
+    r, c = blocksize or (1, 1)
+    return torch.tensor([EXTRA_TAG, _VERSION, _CODES[layout], shape[0], shape[1], r, c],
+                        dtype=torch.int64)
+
+
+def parse_geometry(t: Any) -> tuple[torch.layout, tuple[int, int], tuple[int, int] | None]:
+    """``(layout, shape, blocksize)`` from an extra-state tensor; ``ValueError`` when ``t`` is
+    not one."""
+    if (not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.dtype != torch.int64
+            or tuple(t.shape) != (7,)):
+        raise ValueError("the extra state is not a safesparse.nn geometry (an int64 tensor "
+                         "[0x5353, 1, layout, rows, cols, block rows, block cols])")
+    tag, version, code, rows, cols, r, c = (int(v) for v in t.tolist())
+    layout = _BY_CODE.get(code)
+    if tag != EXTRA_TAG or version != _VERSION or layout is None or min(rows, cols) < 0 \
+            or r < 1 or c < 1 or (layout not in _BLOCK and (r, c) != (1, 1)):
+        raise ValueError(f"the extra state {t.tolist()} is not a safesparse.nn geometry "
+                         "(tag 0x5353, version 1, layout 0..3, sizes >= 0, blocks >= 1)")
+    return layout, (rows, cols), ((r, c) if layout in _BLOCK else None)
+
+
+def members(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The compressed and plain index members of a compressed tensor (handed out: a checked
+    tensor's carry its proof)."""
+    if t.layout in _ROW:
+        return t.crow_indices(), t.col_indices()
+    return t.ccol_indices(), t.row_indices()
+
+
+def check_matrix(owner: str, matrix: Any) -> None:
+    if not isinstance(matrix, torch.Tensor) or matrix.layout not in COMPRESSED_LAYOUTS:
+        got = matrix.layout if isinstance(matrix, torch.Tensor) else type(matrix).__name__
+        raise TypeError(
+            f"{owner}: the matrix must be a CSR, CSC, BSR or BSC tensor, got {got}\n"
+            "  Convert a dense one with .to_sparse_csr() or .to_sparse_bsr(blocksize).")
+    if matrix.dim() != 2 or matrix.dense_dim() != 0:
+        raise ValueError(
+            f"{owner}: the matrix must be 2-D without dense dims, got shape "
+            f"{tuple(matrix.shape)} with {matrix.dense_dim()} dense dims")
+
+
+class CompressedModule(nn.Module):
+    """A fixed, proven 2-D compressed matrix as module state (module docstring)."""
+
+    values: nn.Parameter
+    compressed_indices: torch.Tensor
+    plain_indices: torch.Tensor
+
+    def _init_matrix(self, matrix: torch.Tensor, requires_grad: bool) -> None:
+        check_matrix(type(self).__name__, matrix)
+        # the module's own copy (a clone of a checked tensor is checked without validation)
+        own = validate(matrix.detach()).clone()
+        self.layout: torch.layout = own.layout
+        self._size = (int(own.shape[0]), int(own.shape[1]))
+        # values of their own: ``own.values()`` shares ``own``'s version counter, so training
+        # it in place would void the proof of the index buffers at every step
+        self.values = nn.Parameter(own.values().detach().clone(), requires_grad=requires_grad)
+        self._prove(own)
+
+    # -- the proof --------------------------------------------------------------------------
+
+    def _prove(self, proven: SafeSparseTensor) -> None:
+        """Make the index members of the checked ``proven`` (this module's layout and size)
+        this module's buffers: a checked tensor is built on them with the current values (no
+        O(nnz) check) and kept, and its members, which carry its proof, become the buffers."""
+        c, p = members(proven)
+        kept: SafeSparseTensor = sparse_compressed_tensor(
+            c, p, self.values.detach(), self._size, layout=self.layout)
+        self._pattern = kept
+        c, p = members(kept)
+        self._buffers["compressed_indices"] = c
+        self._buffers["plain_indices"] = p
+
+    def _confirmed(self) -> bool:
+        from .. import checked  # (the one place that decides whether a proof holds)
+        c, p = self.compressed_indices, self.plain_indices
+        n_comp = c.shape[0] - 1 if c.dim() == 1 else -1
+        blocks = self.blocksize or (1, 1)
+        n_plain = (self._size[1] // blocks[1] if self.layout in _ROW
+                   else self._size[0] // blocks[0])
+        return checked.confirm(c, p, checked.compressed_geometry(n_comp, n_plain))
+
+    @property
+    def blocksize(self) -> tuple[int, int] | None:
+        v = self.values
+        return (int(v.shape[-2]), int(v.shape[-1])) if self.layout in _BLOCK else None
+
+    @property
+    def matrix(self) -> SafeSparseTensor:
+        """The current matrix: a checked ``SafeSparseTensor`` on the index buffers with the
+        current :attr:`values` (gradients reach them); no O(nnz) check."""
+        out: SafeSparseTensor = sparse_compressed_tensor(
+            self.compressed_indices, self.plain_indices, self.values, self._size,
+            layout=self.layout)
+        return out
+
+    def _set_matrix(self, matrix: torch.Tensor) -> None:
+        """Replace pattern and values whole by those of ``matrix`` (same layout and size),
+        validated first; nothing is written when it is refused."""
+        check_matrix(type(self).__name__, matrix)
+        if matrix.layout != self.layout or tuple(matrix.shape) != self._size:
+            raise ValueError(
+                f"{type(self).__name__}: the new matrix is {matrix.layout} of shape "
+                f"{tuple(matrix.shape)}, the module holds {self.layout} of shape "
+                f"{self._size}\n  Build a new module for another layout or size.")
+        own = validate(matrix.detach()).clone()
+        self._replace(own, own.values().detach().clone(), assign=True)
+
+    def _replace(self, proven: SafeSparseTensor, values: torch.Tensor, assign: bool) -> None:
+        """New pattern ``proven`` (checked) with ``values``: copied into the values parameter
+        when it has their shape (optimizers keep it) unless ``assign``, else a new
+        parameter."""
+        with torch.no_grad():
+            if not assign and values.shape == self.values.shape:
+                self.values.copy_(values)
+            else:
+                self.values = nn.Parameter(values, requires_grad=self.values.requires_grad)
+        self._prove(proven)
+
+    # -- conversions ------------------------------------------------------------------------
+
+    def _apply(self, fn: Any, recurse: bool = True) -> CompressedModule:
+        before = (self.compressed_indices, self.plain_indices)
+        super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
+        c, p = self.compressed_indices, self.plain_indices
+        kept = self._pattern
+        if c is before[0] and p is before[1] and self._confirmed():
+            proven = kept  # the buffers as they were (a dtype conversion): the same proof
+        elif kept.device != c.device and c.shape == before[0].shape \
+                and p.shape == before[1].shape:
+            proven = kept.to(c.device)  # a move: checked without an O(nnz) check
+        else:
+            # buffers written or re-allocated in place (share_memory_, to_empty): validated,
+            # as data entering the module
+            proven = validate(sparse_compressed_tensor(c, p, self.values.detach(), self._size,
+                                                       layout=self.layout))
+        self._prove(proven)  # (also drops the kept tensor's hold on the old values)
+        return self
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # copy.deepcopy and pickling give the buffers new objects: proven again (the kept
+        # tensor's copy is checked: no O(nnz) check for a deepcopy)
+        super().__setstate__(state)  # type: ignore[no-untyped-call]
+        kept = self.__dict__.get("_pattern")
+        if kept is not None and not self._confirmed():
+            c, p = self.compressed_indices, self.plain_indices
+            self._prove(validate(sparse_compressed_tensor(
+                c, p, self.values.detach(), self._size, layout=self.layout)))
+
+    # -- state dict ---------------------------------------------------------------------------
+
+    def get_extra_state(self) -> torch.Tensor:
+        return geometry_tensor(self.layout, self._size, self.blocksize)
+
+    def set_extra_state(self, state: Any) -> None:
+        layout, size, _ = parse_geometry(state)
+        if layout != self.layout or size != self._size:
+            raise ValueError(
+                f"{type(self).__name__}: the checkpoint holds a {layout} matrix of shape "
+                f"{size}, this module a {self.layout} matrix of shape {self._size}\n"
+                "  Build the module with the checkpoint's layout and size.")
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str,
+                              local_metadata: dict[str, Any], strict: bool,
+                              missing_keys: list[str], unexpected_keys: list[str],
+                              error_msgs: list[str]) -> None:
+        """The incoming pattern is validated (with the incoming values, or the current ones)
+        before anything is written: an invalid one raises ``InvariantError`` and the module is
+        unchanged; a valid one replaces pattern and values whole (another number of stored
+        elements included)."""
+        keys = [prefix + n for n in _NAMES]
+        given = [k for k in keys if k in state_dict]
+        extra = state_dict.get(prefix + "_extra_state")
+        if extra is not None:
+            self.set_extra_state(extra)  # (raises before anything is written)
+        proven: SafeSparseTensor | None = None
+        if given:
+            c, p, v = (state_dict[k] if k in state_dict else getattr(self, n).detach()
+                       for k, n in zip(keys, _NAMES, strict=True))
+            if not all(isinstance(t, torch.Tensor) for t in (c, p, v)):
+                raise TypeError(f"{type(self).__name__}: {prefix}{{{', '.join(_NAMES)}}} "
+                                "must be tensors")
+            if v.dtype != self.values.dtype or v.device != self.values.device:
+                v = v.to(self.values.device, self.values.dtype)
+            # InvariantError when invalid; the module's own copy when valid
+            proven = sparse_compressed_tensor(c, p, v.detach(), self._size,
+                                              layout=self.layout)
+            assign = bool(local_metadata.get("assign_to_params_buffers", False))
+            if not assign:
+                proven = proven.clone()
+        rest = {k: t for k, t in state_dict.items() if k not in given} if given else state_dict
+        super()._load_from_state_dict(rest, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        for k in given:
+            if k in missing_keys:
+                missing_keys.remove(k)
+        if proven is not None:
+            values = proven.values().detach()
+            self._replace(proven, values if assign else values.clone(), assign)
+
+    # -- printing -----------------------------------------------------------------------------
+
+    def _describe(self) -> str:
+        """The layout, the block shape and the number of stored elements, counted in blocks
+        for BSR / BSC (as ``python -m safesparse check`` counts them)."""
+        block = "" if self.blocksize is None else f", blocksize={self.blocksize}"
+        return f"layout={self.layout}{block}, nnz={self.values.shape[0]}"
