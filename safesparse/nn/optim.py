@@ -52,16 +52,14 @@ def _sgd_on_pattern(optimizer: torch.optim.Optimizer, group: dict[str, Any],
 
 def _refusal(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> SparseParameterError:
     name = f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
+    grad = p.grad.layout if p.grad is not None else None
     return SparseParameterError(
         f"{name} cannot update a sparse parameter ({p.layout}, shape {tuple(p.shape)}, "
-        f"gradient {p.grad.layout if p.grad is not None else None}): torch 2.13's optimizers "
-        "have no kernels for a sparse-layout parameter (their step would fail inside torch's "
-        "kernels). Train the values "
-        "instead: safesparse.nn.SparseLinear(weight) keeps the pattern as checked buffers and "
-        "the nonzero values as one dense nn.Parameter, which every optimizer trains (or keep "
-        "values = nn.Parameter(w.values()) and rebuild the weight with ss.sparse_*_tensor; "
-        "docs/models.md). torch.optim.SGD (foreach=False, fused=False; no weight decay for "
-        "BSR / BSC) updates a checked CSR / CSC / BSR / BSC parameter on its pattern.")
+        f"gradient {grad}): torch 2.13's optimizers have no kernels for it\n"
+        "to repair: train the values instead: safesparse.nn.SparseLinear(weight) keeps the "
+        "pattern as buffers and the values as one dense nn.Parameter (docs/models.md)\n"
+        "or: torch.optim.SGD(foreach=False; no weight decay for BSR / BSC) updates a checked "
+        "sparse parameter on its pattern")
 
 
 def _pre_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
