@@ -32,10 +32,10 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from . import ops
-from .factories import sparse_compressed_tensor
-from .invariants import COMPRESSED_LAYOUTS
-from .tensor import SafeSparseTensor, validate
+from .catalog.invariants import COMPRESSED_LAYOUTS
+from .factories.core import sparse_compressed_tensor
+from .tensor import ops
+from .tensor.core import SafeSparseTensor, validate
 
 __all__ = ["SparseLinear", "SparseParameterError"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from safesparse import checked
+from safesparse.state import checked
 
 
 def really_valid(t: torch.Tensor) -> bool:

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import safesparse as ss
-from safesparse import _apidoc
+from tools import apidoc as _apidoc
 
 ROOT = Path(__file__).resolve().parent.parent
 API_MD = ROOT / "docs" / "api.md"
@@ -118,11 +118,11 @@ def test_module_entry_point_reports_how_to_regenerate(tmp_path: Path) -> None:
     stale = tmp_path / "api.md"
     stale.write_text("stale\n", encoding="utf-8")
     result = subprocess.run(
-        [sys.executable, "-m", "safesparse._apidoc", "--check", "-o", str(stale)],
+        [sys.executable, "tools/apidoc.py", "--check", "-o", str(stale)],
         capture_output=True, text=True, cwd=ROOT, timeout=300,
     )
     assert result.returncode == 1
-    assert "python -m safesparse._apidoc" in result.stderr
+    assert "python tools/apidoc.py" in result.stderr
 
 
 # --- the docstring converter -------------------------------------------------------------------
@@ -130,7 +130,7 @@ def test_module_entry_point_reports_how_to_regenerate(tmp_path: Path) -> None:
 
 def test_sections_become_bullets_and_literals_fences() -> None:
     doc = inspect.cleandoc(
-        """Summary with ``code`` and :class:`~safesparse.errors.InvariantError`.
+        """Summary with ``code`` and :class:`~safesparse.catalog.errors.InvariantError`.
 
         Body mentions [<LAYOUT> <id>] outside code.
 

@@ -2,7 +2,7 @@
 
 torch 2.13 on CPU multiplies only square-block BSR tensors, forward, and has no kernel for the
 gradient with respect to the dense operand, for non-square blocks, for BSC or for ``A.mT @ g``
-(the BSC view of a BSR ``A``). safesparse computes all of them (safesparse/blocks.py). Every
+(the BSC view of a BSR ``A``). safesparse computes all of them (safesparse/tensor/blocks.py). Every
 result is compared with the same computation on the dense matrix; gradients with ``gradcheck``
 (float64) and with the dense gradients (float32 and float64).
 """
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import safesparse as ss
-from safesparse import blocks
+from safesparse.tensor import blocks
 
 BSR, BSC = torch.sparse_bsr, torch.sparse_bsc
 LAYOUTS = [BSR, BSC]

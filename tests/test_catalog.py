@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import safesparse as ss
-from safesparse import invariants
+from safesparse.catalog import invariants
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "invariants.md"
 START, END = "<!-- catalog:start -->", "<!-- catalog:end -->"
@@ -107,8 +107,8 @@ def test_doc_embeds_the_rendered_catalog() -> None:
     embedded = _embedded_catalog(DOC.read_text(encoding="utf-8"))
     expected = invariants.render_markdown()
     assert embedded == "\n" + expected, (
-        "docs/invariants.md is out of date with safesparse.invariants; regenerate the table "
-        "between the catalog markers from render_markdown()"
+        "docs/invariants.md is out of date with safesparse.catalog.invariants; regenerate the "
+        "table between the catalog markers from render_markdown()"
     )
 
 

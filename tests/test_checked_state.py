@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import safesparse as ss
-import safesparse.checked
+import safesparse.state.checked
 
 CROW = [0, 2, 3, 4]
 COL = [0, 2, 1, 2]
@@ -369,15 +369,15 @@ def _build_and_drop(n: int) -> None:
 
 def test_cache_does_not_grow_with_dropped_tensors() -> None:
     gc.collect()
-    baseline = safesparse.checked.cache_size()
+    baseline = safesparse.state.checked.cache_size()
     keep = build()
-    assert safesparse.checked.cache_size() == baseline + 1
+    assert safesparse.state.checked.cache_size() == baseline + 1
     _build_and_drop(100)
     gc.collect()
-    assert safesparse.checked.cache_size() == baseline + 1
+    assert safesparse.state.checked.cache_size() == baseline + 1
     del keep
     gc.collect()
-    assert safesparse.checked.cache_size() == baseline
+    assert safesparse.state.checked.cache_size() == baseline
 
 
 def test_cache_holds_no_strong_references() -> None:
@@ -449,7 +449,7 @@ def test_repeated_unchecked_rebuilds_keep_the_witnesses_bounded() -> None:
 
 
 def test_proof_cache_is_shared_on_proven_data_and_dropped_with_the_proof() -> None:
-    from safesparse import checked
+    from safesparse.state import checked
 
     a = ss.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([0, 1]), torch.ones(2), (2, 2))
     cache = checked.proof_cache(a)
@@ -467,7 +467,7 @@ def test_proof_cache_is_shared_on_proven_data_and_dropped_with_the_proof() -> No
 
 
 def test_no_proof_cache_in_debug_mode() -> None:
-    from safesparse import checked
+    from safesparse.state import checked
 
     a = ss.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([0, 1]), torch.ones(2), (2, 2))
     assert checked.proof_cache(a) is not None

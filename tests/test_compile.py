@@ -101,7 +101,7 @@ def test_import_does_not_load_dynamo_and_compile_arms_the_boundary() -> None:
 
     code = (
         "import sys, torch, safesparse as ss\n"
-        "from safesparse import _compile\n"
+        "from safesparse.base import compiling as _compile\n"
         "assert 'torch._dynamo' not in sys.modules, 'import safesparse loaded dynamo'\n"
         "assert not _compile._armed\n"
         "torch.compile(lambda x: x + 1)\n"

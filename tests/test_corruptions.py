@@ -19,7 +19,7 @@ import torch
 from strategies import SS_FACTORIES, TORCH_FACTORIES, layout_id
 
 import safesparse as ss
-import safesparse._originals as ss_originals
+import safesparse.base.originals as ss_originals
 
 CSR, CSC, BSR, BSC, COO = (
     torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc, torch.sparse_coo,
@@ -124,7 +124,7 @@ def torch_spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
             return _orig(*args, **kwargs)
 
         monkeypatch.setattr(torch, name, spy)
-        # safesparse calls torch's factories as held at import (safesparse._originals)
+        # safesparse calls torch's factories as held at import (safesparse.base.originals)
         if hasattr(ss_originals, name):
             monkeypatch.setattr(ss_originals, name, spy)
     yield calls
@@ -386,7 +386,7 @@ def test_1_4_requested_dtype_is_converted_not_refused() -> None:
 
 
 def test_1_4_engine_refuses_values_of_another_dtype() -> None:
-    from safesparse.validation import validate_compressed
+    from safesparse.engine.validation import validate_compressed
 
     m = base(BSR)
     with pytest.raises(ss.InvariantError) as excinfo:
@@ -398,7 +398,7 @@ def test_1_4_engine_refuses_values_of_another_dtype() -> None:
 def test_4_4_engine_refuses_values_on_another_device() -> None:
     """4.4 is not reachable through the factories on CPU: the values define the device and
     ``device=`` moves every member. The engine still checks it."""
-    from safesparse.validation import validate_compressed
+    from safesparse.engine.validation import validate_compressed
 
     m = base(CSC)
     with pytest.raises(ss.InvariantError) as excinfo:

@@ -1,4 +1,4 @@
-"""Texts said in several places are said alike (safesparse._doctext): the meaning of the
+"""Texts said in several places are said alike (safesparse.catalog.doctext): the meaning of the
 factories' ``check_invariants`` is one text, in every factory docstring (so ``help()`` and the
 generated docs/api.md), the factories module, README.md and docs/protecting.md."""
 
@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 import safesparse as ss
-from safesparse import _doctext, factories
-from safesparse._doctext import CHECK_INVARIANTS, markdown, normalized
+from safesparse.catalog import doctext as _doctext
+from safesparse.catalog.doctext import CHECK_INVARIANTS, markdown, normalized
+from safesparse.factories import core as factories
 
 ROOT = Path(__file__).resolve().parent.parent
 FACTORIES: list[Callable[..., Any]] = [

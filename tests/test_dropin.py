@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import safesparse as ss
-from safesparse._doctext import CHECK_INVARIANTS
+from safesparse.catalog.doctext import CHECK_INVARIANTS
 
 CSR, CSC, BSR, BSC, COO = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr,
                            torch.sparse_bsc, torch.sparse_coo)

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import safesparse as ss
-from safesparse import _originals
+from safesparse.base import originals as _originals
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = ("sparse_coo_tensor", "sparse_compressed_tensor", "sparse_csr_tensor",

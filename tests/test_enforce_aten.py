@@ -25,10 +25,10 @@ import pytest
 import torch
 
 import safesparse as ss
-from safesparse import enforce as _enforce_fn  # noqa: F401  (the package attribute is the function)
+from safesparse.enforcement import mode as _enforce_fn  # noqa: F401  (the package attribute is the function)
 from safesparse_hooks import env
 
-enforce_module = sys.modules["safesparse.enforce"]
+enforce_module = sys.modules["safesparse.enforcement.mode"]
 ATEN_CONSTRUCTORS: tuple[str, ...] = enforce_module.ATEN_CONSTRUCTORS
 ROOT = Path(__file__).resolve().parent.parent
 ORIGINAL = {name: getattr(torch.ops.aten, name) for name in ATEN_CONSTRUCTORS}

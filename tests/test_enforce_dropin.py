@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import safesparse as ss
-from safesparse import _printing
+from safesparse.tensor import printing as _printing
 from safesparse_hooks import env
 
 ROOT = Path(__file__).resolve().parent.parent

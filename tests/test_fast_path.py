@@ -36,8 +36,8 @@ from strategies import (
 )
 
 import safesparse as ss
-from safesparse import metadata as M
-from safesparse import validation as V
+from safesparse.engine import metadata as M
+from safesparse.engine import validation as V
 
 CHILD = os.environ.get("SAFESPARSE_FUZZ_CHILD") == "1"
 child_only = pytest.mark.skipif(not CHILD, reason="runs inside test_fuzz_in_subprocess")

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import safesparse as ss
-import safesparse.checked
+import safesparse.state.checked
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -268,9 +268,9 @@ def test_a_state_forgets_dead_storages_and_their_proofs() -> None:
     for _ in range(30):
         ss.sparse_csr_tensor(crow, torch.tensor([1, 0]), torch.ones(2), (2, 2))
         gc.collect()
-    rec = safesparse.checked.record(keep)
+    rec = safesparse.state.checked.record(keep)
     assert rec is not None
-    state = safesparse.checked.state_of(rec)
+    state = safesparse.state.checked.state_of(rec)
     assert state is not None and len(state.ranges) <= 4
     assert ss.is_checked(keep)
 

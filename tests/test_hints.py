@@ -1,4 +1,4 @@
-"""Messages in plain words and repair hints (one source of truth: safesparse.invariants).
+"""Messages in plain words and repair hints (one source of truth: safesparse.catalog.invariants).
 
 Every index invariant (5.x, both families) is explained in plain words beside the catalog's
 terms ("column 1000000000 is out of range for 3 columns"), and each common refusal ends with
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import safesparse as ss
-from safesparse import invariants
+from safesparse.catalog import invariants
 
 CANONICALISE = {("compressed", "5.6"), ("coo", "5.3")}
 INDEX_IDS = {("compressed", f"5.{i}") for i in range(1, 7)} | {
@@ -212,7 +212,7 @@ def test_factory_errors_carry_the_hint_and_words_through_context_and_pickling() 
 
 
 def test_errors_pickled_before_explanations_existed_still_load() -> None:
-    from safesparse.errors import _rebuild_error
+    from safesparse.catalog.errors import _rebuild_error
 
     err = _rebuild_error(torch.sparse_csr, "5.5", "row 0", {}, None, None)
     assert err.explanation == "" and str(err).startswith("[CSR 5.5] ")

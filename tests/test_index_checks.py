@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import safesparse as ss
-import safesparse._originals as ss_originals
+import safesparse.base.originals as ss_originals
 
 CSR, CSC, BSR, BSC, COO = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr,
                            torch.sparse_bsc, torch.sparse_coo)

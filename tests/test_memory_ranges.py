@@ -296,7 +296,7 @@ def _while_validating(monkeypatch: pytest.MonkeyPatch, during: Any) -> list[Base
     """Run ``during()`` once, inside the next index validation (the moment another thread,
     with the GIL released by torch's checker, would run); returns the list its error goes to
     (the validation would swallow it)."""
-    from safesparse import validation
+    from safesparse.engine import validation
 
     pending = [during]
     errors: list[BaseException] = []

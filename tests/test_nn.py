@@ -355,7 +355,7 @@ def test_optimizer_steps_keep_the_proof_and_the_cached_structure(
         layout: torch.layout, blocksize: tuple[int, int] | None) -> None:
     """Training the values in place never touches the index buffers' proof: no validation
     per step, and the block structure kept with the proof survives the steps."""
-    from safesparse import blocks
+    from safesparse.tensor import blocks
 
     checked_weight = ss.validate(sparse(dense_weight(blocksize), layout, blocksize))
     ss.reset_stats()

@@ -56,7 +56,8 @@ _DANGLING = re.compile(r"SPEC\.md|SPEC section|\bseed 0\d\d\b|/work/")
 
 @pytest.mark.parametrize(
     "path",
-    [*sorted((ROOT / "safesparse").glob("*.py")), *sorted((ROOT / "docs").glob("*.md")),
+    [*sorted((ROOT / "safesparse").rglob("*.py")), *sorted((ROOT / "tools").glob("*.py")),
+     *sorted((ROOT / "docs").glob("*.md")),
      ROOT / "README.md"],
     ids=lambda p: str(p.relative_to(ROOT)),
 )

@@ -1,4 +1,4 @@
-"""The SciPy bridge: ss.from_scipy / ss.to_scipy (safesparse.interop).
+"""The SciPy bridge: ss.from_scipy / ss.to_scipy (safesparse.factories.interop).
 
 Tests that need SciPy skip cleanly without it; the ImportError for a missing SciPy is tested
 either way.

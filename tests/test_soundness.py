@@ -19,8 +19,9 @@ from oracle import really_valid
 from torch._C import DisableTorchFunctionSubclass
 
 import safesparse as ss
-from safesparse import checked, tensor
-from safesparse.invariants import SPARSE_LAYOUTS
+from safesparse.catalog.invariants import SPARSE_LAYOUTS
+from safesparse.state import checked
+from safesparse.tensor import core as tensor
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZE = (3, 3)
@@ -234,7 +235,7 @@ def test_write_during_validate_is_not_proven(monkeypatch: pytest.MonkeyPatch) ->
 def test_write_during_factory_validation_is_not_proven(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from safesparse import build
+    from safesparse.factories import build
 
     crow, col, values = members()
     # the fast path checks and builds in one call of torch's checked constructor; the write

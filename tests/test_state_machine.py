@@ -30,7 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from oracle import really_valid
 
 import safesparse as ss
-from safesparse import checked
+from safesparse.state import checked
 
 SIZE = (4, 4)
 THOROUGH = os.environ.get("HYPOTHESIS_PROFILE") == "thorough"

@@ -428,7 +428,7 @@ def test_classify_with_a_classifier(
 
 
 def test_implements_decorator(restore_op_table: dict[Any, Any], t: ss.SafeSparseTensor) -> None:
-    from safesparse.tensor import wrap_results
+    from safesparse.tensor.core import wrap_results
 
     calls: list[str] = []
 
@@ -550,7 +550,7 @@ if __name__ == "__main__":  # regenerate the list: PYTHONPATH=. python tests/tes
 
 
 def _values_only_forms() -> list[Any]:
-    from safesparse.ops import VALUES_ONLY
+    from safesparse.tensor.ops import VALUES_ONLY
 
     forms = []
     for name in VALUES_ONLY:

@@ -1,4 +1,4 @@
-"""Short tracebacks (safesparse.tracebacks): an uncaught InvariantError is shown without
+"""Short tracebacks (safesparse.catalog.tracebacks): an uncaught InvariantError is shown without
 safesparse's frames, by default, in plain Python, under ``python -m safesparse run``, in
 threads and under pytest; ``SAFESPARSE_TRACEBACK=full`` (and pytest's ``--full-trace``) show
 everything. Nothing runs on the happy path. The programs that fail run in child processes."""
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import safesparse as ss
-from safesparse import tracebacks
+from safesparse.catalog import tracebacks
 
 PACKAGE = os.path.dirname(os.path.abspath(ss.__file__))
 ROOT = os.path.dirname(PACKAGE)
@@ -94,7 +94,7 @@ def test_a_refused_unmodified_script_under_run_prints_a_short_traceback(
     assert lines[0] == "Traceback (most recent call last):"
     assert [line.split(", in ")[-1] for line in lines if line.startswith("  File ")] == [
         "<module>", "main", "build"]  # the user's frames stay, in order
-    assert any(line.startswith("safesparse.errors.InvariantError: [CSR 5.5] ")
+    assert any(line.startswith("safesparse.catalog.errors.InvariantError: [CSR 5.5] ")
                for line in lines)
     assert tracebacks.NOTE in lines
 
