@@ -57,6 +57,11 @@ SECTIONS: dict[str, str] = {
     "safesparse.catalog.invariants": "The invariant catalog",
 }
 
+#: Modules whose names join another module's section (one topic, split across layers).
+SAME_SECTION: dict[str, str] = {
+    "safesparse.base.stats": "safesparse.state.checked",  # the counters sit below the state
+}
+
 #: Submodules users import by name (``import safesparse.distributed as ssd``), with their
 #: section titles: every name in their ``__all__`` gets an entry, titled ``module.name``.
 PUBLIC_MODULES: dict[str, str] = {
@@ -376,7 +381,8 @@ def render(package: Any = None) -> str:
     groups: dict[str, list[str]] = {}
     for name in sorted(names, key=str.lower):
         obj = getattr(pkg, name)
-        groups.setdefault(_defining_module(name, obj), []).append(name)
+        module = _defining_module(name, obj)
+        groups.setdefault(SAME_SECTION.get(module, module), []).append(name)
     order = [m for m in SECTIONS if m in groups] + sorted(m for m in groups if m not in SECTIONS)
     extra = package is None  # a fake package (tests) gets its own names only
     out = [

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
+from ..base import stats
 from ..catalog.errors import InvariantError
-from ..state import checked
 from .convert import _as_size, _coo_index
 from .metadata import LAYOUTS, check_compressed_metadata, check_coo_metadata, index_contiguous
 from .validation import check_compressed_indices as _compressed_index_stage
@@ -84,7 +84,7 @@ def check_coo_indices(
     values = torch.zeros((), device=idx.device).expand(nnz, *dense)
     meta = check_coo_metadata(idx, values, shape, device=idx.device)
     meta = _coo_engine_stage(meta, idx, is_coalesced=is_coalesced, estimate=shape is None)
-    checked.count("validations")
+    stats.count("validations")
     return torch.Size(meta.size)
 
 
@@ -146,5 +146,5 @@ def check_compressed_indices(
     meta = check_compressed_metadata(compressed, plain, values, shape, layout,
                                      device=compressed.device)
     meta = _compressed_index_stage(meta, compressed, plain, estimate=shape is None)
-    checked.count("validations")
+    stats.count("validations")
     return torch.Size(meta.size)
