@@ -1,7 +1,7 @@
 """Texts that several docstrings and documents must say alike, written once.
 
 Each is reST, as docstrings are written; :func:`markdown` gives the form the Markdown
-documents use (the one ``docs/api.md`` renders). ``tests/test_doctext.py`` checks that every
+documents use (the one ``docs/api.md`` renders). ``tests/catalog/test_doctext.py`` checks that every
 docstring and document that states one of them states it in exactly these words, so they
 cannot drift apart again.
 """

@@ -238,7 +238,7 @@ def _accept_compressed_metadata(
     """The common case of :func:`check_compressed_metadata` in few operations: the meta when
     every 1.x-4.x invariant visibly holds (explicit size, non-empty blocks, fully contiguous
     members on the CPU or CUDA), else None, and the id-ordered stages decide. It accepts
-    nothing they would reject and returns the same meta (tests/test_fast_path.py compares the
+    nothing they would reject and returns the same meta (tests/tensor/test_fast_path.py compares the
     two). Written for speed: every factory call on members in their final form runs it."""
     info = LAYOUTS.get(layout)
     if info is None:
