@@ -24,9 +24,12 @@ in the ``docs/`` directory of the source distribution and the repository.
 
 from __future__ import annotations
 
+# first: torch imported without its NumPy warning (base/import_torch.py)
+from .base import import_torch as _import_torch  # noqa: F401
+
+# isort: split
 from . import nn as nn  # sparse weights in model code (SparseLinear; optimizer steps)
 from . import serialization as _serialization  # noqa: F401  (the name pickled files give)
-from .base import import_torch as _import_torch  # noqa: F401  (first: torch without its NumPy warning)
 from .base.debug_flag import debug, is_debug, set_debug
 from .catalog.errors import InvariantError
 from .catalog.invariants import CATALOG, Invariant
