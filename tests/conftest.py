@@ -6,10 +6,10 @@ Profiles:
 * ``dev`` - 40 examples per property, for quick local runs.
 * ``thorough`` - 5000 random examples per property, for bug hunting (never selected by default).
 
-``dev`` is loaded unless another is asked for: ``--hypothesis-profile=ci`` (hypothesis's own
-pytest option; ``.ci/run`` runs the property tests that way, ``-m hypothesis``) or
-``HYPOTHESIS_PROFILE=<name>``. The ``CI`` variable selects nothing: the README's command takes
-the same few minutes everywhere.
+``dev`` is loaded unless another is asked for: ``HYPOTHESIS_PROFILE=<name>`` (``.ci/run``
+runs the property tests with ``HYPOTHESIS_PROFILE=ci python -m pytest -q -m hypothesis``) or
+hypothesis's own option ``--hypothesis-profile=<name>`` (not seen by child processes). The
+``CI`` variable selects nothing: the README's command takes the same few minutes everywhere.
 
 Also: the suite runs in parallel (pytest-xdist, pyproject.toml's ``addopts``); the modules in
 :data:`SHARED_SESSION_MODULES` keep their tests on one worker, and the number of tests collected

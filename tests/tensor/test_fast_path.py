@@ -310,6 +310,7 @@ def test_fuzz_coo_sparse_dim_zero(nnz: int, coalesced: bool, dense: int) -> None
     assert fast[0] == ("err" if coalesced else "ok")
 
 
+@pytest.mark.hypothesis  # it runs the fuzz properties: `-m hypothesis` selects it with them
 def test_fuzz_in_subprocess() -> None:
     """Run the fuzz tests above in a child pytest: a native crash fails this test with the
     child's signal instead of killing the test run."""
