@@ -301,7 +301,7 @@ def test_readme_states_the_number_of_tests_collected() -> None:
     if conftest.COLLECTED.get("files") != every:
         pytest.skip("the count is checked when the whole suite is collected")
     text = README.read_text(encoding="utf-8")
-    found = re.search(r"about ([\d,]+) tests in", text)
+    found = re.search(r"about ([\d,]+) tests\b", text)
     assert found, "README's 'Set up' no longer says how many tests the suite runs"
     stated = int(found.group(1).replace(",", ""))
     collected = conftest.COLLECTED["count"]
