@@ -1,4 +1,4 @@
-"""Speed of the block kernels (safesparse.blockkernels) against the dense products they replace.
+"""Speed of the block kernels (safesparse.kernels.blocks) against the dense products they replace.
 
 Standalone script (no pytest). A 1024 x 1024 weight with a random pattern of 16 x 16 blocks
 (each block kept with probability ``density``), batch 256, CPU, ``--threads`` torch threads
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from safesparse import blockkernels as bk
+from safesparse.kernels import blocks as bk
 
 TARGETS = {0.05: (0.35, 0.30), 0.10: (0.60, 0.50), 0.25: (1.00, 0.90)}
 

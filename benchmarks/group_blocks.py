@@ -1,6 +1,6 @@
 """Group ``blocks``: BSR / BSC products with a dense operand, forward and backward.
 
-Side by side in one process: safesparse's block route (safesparse/blocks.py), torch's own BSR
+Side by side in one process: safesparse's block route (safesparse/tensor/blocks.py), torch's own BSR
 kernel where it has one (square blocks on CPU, forward only), and the dense matmul of the same
 matrix, on a 2048 x 2048 matrix with 5 % of its blocks stored, times a 2048 x 64 operand.
 """

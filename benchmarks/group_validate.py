@@ -171,8 +171,8 @@ def bench_validate(cfg: Config) -> list[Table]:
     table.notes += [
         "torch checked: torch.sparse_*_tensor(..., check_invariants=True) (COO with "
         + "is_coalesced=True/False; torch checks the order only when told it is coalesced).",
-        "safesparse: safesparse.validation.validate_compressed / validate_coo on the members, "
-        + "then the unchecked torch build: a first validation plus the build, without the "
+        "safesparse: safesparse.engine.validation.validate_compressed / validate_coo on the "
+        + "members, then the unchecked torch build: a first validation plus the build, without the "
         + "SafeSparseTensor wrapper. ratio: safesparse / torch (medians); ratio (min): of the "
         + "fastest blocks. met: the better of the two against validate.engine_ratio ("
         + target_text("validate.engine_ratio") + ").",
@@ -190,7 +190,7 @@ def bench_validate(cfg: Config) -> list[Table]:
         + "machine was busy (rerun, or --stat min).",
     ]
     if validation is None:
-        table.notes.append("safesparse.validation could not be imported: columns empty.")
+        table.notes.append("safesparse.engine.validation could not be imported: columns empty.")
     if cfg.plot is not None:
         table.notes.append(write_plot(cfg.plot))
     return [table]

@@ -15,7 +15,7 @@ the invariant catalog :data:`CATALOG`, and ``python -m safesparse check FILE``.
 
 An uncaught :class:`InvariantError` is shown without safesparse's own frames (the user's frames
 and the error stay); ``SAFESPARSE_TRACEBACK=full`` shows the whole traceback (see
-:mod:`safesparse.tracebacks`).
+:mod:`safesparse.catalog.tracebacks`).
 
 Every public name documents itself: ``help(safesparse.NAME)``. The guides (invariants,
 operations, checkpoints, debug mode, model code) and the API reference are the Markdown files
@@ -24,18 +24,19 @@ in the ``docs/`` directory of the source distribution and the repository.
 
 from __future__ import annotations
 
-from . import _import_torch  # noqa: F401  (first: torch without its NumPy warning)
-from . import blocks as _blocks  # noqa: F401  (BSR / BSC products: mm, matmul, @, addmm)
-from . import debug_mode as _debug_mode  # noqa: F401  (debug mode sees plain tensors)
+# first: torch imported without its NumPy warning (base/import_torch.py)
+from .base import import_torch as _import_torch  # noqa: F401
+
+# isort: split
 from . import nn as nn  # sparse weights in model code (SparseLinear; optimizer steps)
-from . import ops as _ops  # noqa: F401  (fills the op table)
 from . import serialization as _serialization  # noqa: F401  (the name pickled files give)
-from . import transpose as _transpose  # noqa: F401  (zero-copy transposes)
-from .checked import Stats, clear_cache, reset_stats, stats
-from .debug import debug, is_debug, set_debug
-from .enforce import enforce, is_enforced, set_enforce
-from .errors import InvariantError
-from .factories import (
+from .base.debug_flag import debug, is_debug, set_debug
+from .catalog.errors import InvariantError
+from .catalog.invariants import CATALOG, Invariant
+from .catalog.tracebacks import install as _install_tracebacks
+from .enforcement.mode import enforce, is_enforced, set_enforce
+from .engine.indices import check_compressed_indices, check_coo_indices
+from .factories.core import (
     sparse_bsc_tensor,
     sparse_bsr_tensor,
     sparse_compressed_tensor,
@@ -43,12 +44,14 @@ from .factories import (
     sparse_csc_tensor,
     sparse_csr_tensor,
 )
+from .factories.interop import from_scipy, to_scipy
 from .files import load, save, unwrap_all  # also registers SafeSparseTensor's pickling
-from .indices import check_compressed_indices, check_coo_indices
-from .interop import from_scipy, to_scipy
-from .invariants import CATALOG, Invariant
-from .tensor import OpKind, SafeSparseTensor, is_checked, unwrap, validate
-from .tracebacks import install as _install_tracebacks
+from .state.checked import Stats, clear_cache, reset_stats, stats
+from .tensor import blocks as _blocks  # noqa: F401  (BSR / BSC products: mm, matmul, @, addmm)
+from .tensor import debug_mode as _debug_mode  # noqa: F401  (debug mode sees plain tensors)
+from .tensor import ops as _ops  # noqa: F401  (fills the op table)
+from .tensor import transpose as _transpose  # noqa: F401  (zero-copy transposes)
+from .tensor.core import OpKind, SafeSparseTensor, is_checked, unwrap, validate
 
 SafeSparseTensor._freeze_fast_path()  # the op table is complete: the fast path may apply
 _install_tracebacks()  # uncaught InvariantErrors are shown without safesparse's own frames

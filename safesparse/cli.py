@@ -36,12 +36,12 @@ from typing import Any, TextIO
 
 import torch
 
-from . import _originals
+from .base import originals as _originals
+from .catalog.invariants import layout_name
 from .files import Found, LoadResult, SparseRecord, load_and_validate
 from .files.modules import ModuleMatrix, member_of, module_matrices
 from .files.safetensors import load_and_validate as safetensors_load_and_validate
-from .invariants import layout_name
-from .tensor import unwrap
+from .tensor.core import unwrap
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -494,7 +494,7 @@ def write_demo_checkpoint(path: str | os.PathLike[str]) -> None:
     """A small state dict: a valid BSR and a valid COO tensor, a tampered CSR tensor whose
     column index is 10**9 in a 3 x 3 matrix (built with torch's unchecked factory, the way a
     corrupted or malicious file would carry it), and a dense bias."""
-    from .tensor import validate
+    from .tensor.core import validate
 
     blocks = torch.tensor([[1.0, 2.0, 0.0, 0.0, 3.0, 4.0],
                            [5.0, 6.0, 0.0, 0.0, 7.0, 8.0],
@@ -622,7 +622,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "run", add_help=False,
         help="run a program with enforce mode on: run [--debug] script.py|-m module [args...]",
-    )  # parsed by safesparse.runner (see main)
+    )  # parsed by safesparse.enforcement.runner (see main)
     demo = sub.add_parser(
         "demo",
         help="check a small checkpoint with a valid and a tampered tensor",
@@ -638,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["run"]:  # the program's own arguments are not ours to parse
-        from .runner import main as run_main
+        from .enforcement.runner import main as run_main
 
         return run_main(argv[1:])
     parser = _parser()

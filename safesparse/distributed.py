@@ -41,10 +41,10 @@ import torch
 import torch.distributed as dist
 from torch._C import DisableTorchFunctionSubclass
 
-from .errors import InvariantError
-from .factories import sparse_compressed_tensor, sparse_coo_tensor
-from .metadata import compressed_members, members
-from .tensor import SafeSparseTensor, validate
+from .catalog.errors import InvariantError
+from .engine.metadata import compressed_members, members
+from .factories.core import sparse_compressed_tensor, sparse_coo_tensor
+from .tensor.core import SafeSparseTensor, validate
 
 __all__ = [
     "HEADER_LEN",

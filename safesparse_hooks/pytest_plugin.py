@@ -52,7 +52,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
                                   args: list[str]) -> None:
     mode = _mode(early_config)
     if mode is not None:
-        from safesparse.runner import protect_process
+        from safesparse.enforcement.runner import protect_process
 
         protect_process(debug=mode == "debug")
 
@@ -70,7 +70,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     """A failure's traceback loses safesparse's frames before pytest renders it (only when
     safesparse is imported and the failure is an ``InvariantError``; nothing is imported)."""
     excinfo = call.excinfo
-    tracebacks = sys.modules.get("safesparse.tracebacks")
+    tracebacks = sys.modules.get("safesparse.catalog.tracebacks")
     if (excinfo is not None and tracebacks is not None
             and not item.config.getoption("fulltrace", default=False)):
         tracebacks.shorten(excinfo.value, excinfo.tb)

@@ -6,8 +6,14 @@ Profiles:
 * ``dev`` - 40 examples per property, for quick local runs.
 * ``thorough`` - 5000 random examples per property, for bug hunting (never selected by default).
 
-``ci`` is loaded when the ``CI`` environment variable is set, ``dev`` otherwise;
-``HYPOTHESIS_PROFILE=<name>`` overrides both.
+``dev`` is loaded unless another is asked for: ``HYPOTHESIS_PROFILE=<name>`` (``.ci/run``
+runs the property tests with ``HYPOTHESIS_PROFILE=ci python -m pytest -q -m hypothesis``) or
+hypothesis's own option ``--hypothesis-profile=<name>`` (not seen by child processes). The
+``CI`` variable selects nothing: the README's command takes the same few minutes everywhere.
+
+Also: the suite runs in parallel (pytest-xdist, pyproject.toml's ``addopts``); the modules in
+:data:`SHARED_SESSION_MODULES` keep their tests on one worker, and the number of tests collected
+is kept for tests/package/test_docs.py, which holds the README's count to it.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ settings.register_profile(
     print_blob=True,
 )
 settings.register_profile(
-    "thorough",  # bug hunting: HYPOTHESIS_PROFILE=thorough pytest tests/test_properties.py
+    "thorough",  # bug hunting: HYPOTHESIS_PROFILE=thorough pytest tests/engine/test_properties.py
     max_examples=5000,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
@@ -52,10 +58,7 @@ settings.register_profile(
 
 
 def _profile_name() -> str:
-    explicit = os.environ.get("HYPOTHESIS_PROFILE")
-    if explicit:
-        return explicit
-    return "ci" if os.environ.get("CI") else "dev"
+    return os.environ.get("HYPOTHESIS_PROFILE") or "dev"
 
 
 settings.load_profile(_profile_name())
@@ -98,8 +101,24 @@ SLOW_MODULES = frozenset({
 })
 
 
+#: Test modules whose tests share one expensive module-scoped fixture (a 2-process distributed
+#: session, a child process loading every hostile file): run on one xdist worker, so the fixture
+#: runs once.
+SHARED_SESSION_MODULES = frozenset({"test_distributed", "test_safetensors"})
+
+#: What the session collected, before ``-m`` / ``-k`` deselect anything: the number of tests and
+#: the test files they came from (each xdist worker collects the whole suite).
+COLLECTED: dict[str, object] = {}
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    COLLECTED["count"] = len(items)
+    COLLECTED["files"] = frozenset(Path(str(item.path)).resolve() for item in items)
     for item in items:
         module = getattr(item, "module", None)
-        if module is not None and module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:
+        name = module.__name__.rsplit(".", 1)[-1] if module is not None else ""
+        if name in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+        if name in SHARED_SESSION_MODULES:
+            item.add_marker(pytest.mark.xdist_group(name))

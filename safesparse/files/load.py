@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..errors import source_name
+from ..catalog.errors import source_name
 from . import safetensors as _safetensors
 from .atomic import is_path
 from .results import Found, LoadResult

@@ -3,9 +3,10 @@
 A ``SparseLinear`` / ``SparseMatmul`` state dict holds dense tensors only: under a prefix,
 ``compressed_indices``, ``plain_indices``, ``values`` and ``_extra_state``, the geometry
 tensor ``[0x5353, 1, layout, rows, cols, block rows, block cols]``
-(:mod:`safesparse.nn.pattern`). :func:`module_matrices` finds every such group in a mapping
-(a flat state dict, as ``torch.save(model.state_dict())`` and safetensors files hold it) and
-validates each with the safe factory: the indices are checked before torch builds anything.
+(:mod:`safesparse.catalog.module_geometry`). :func:`module_matrices` finds every such group in
+a mapping (a flat state dict, as ``torch.save(model.state_dict())`` and safetensors files hold
+it) and validates each with the safe factory: the indices are checked before torch builds
+anything.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 
 import torch
 
-from ..errors import InvariantError
+from ..catalog.errors import InvariantError
+from ..catalog.module_geometry import parse_geometry
 
 __all__ = ["ModuleMatrix", "member_of", "module_matrices"]
 
@@ -49,7 +51,6 @@ def member_of(error: InvariantError) -> str:
 def module_matrices(obj: Any) -> list[ModuleMatrix]:
     """Every ``safesparse.nn`` module matrix in the mapping ``obj``, validated."""
     from ..factories import sparse_compressed_tensor
-    from ..nn.pattern import parse_geometry
 
     if not isinstance(obj, Mapping):
         return []

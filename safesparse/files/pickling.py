@@ -13,7 +13,7 @@ defined it there, and :mod:`safesparse.serialization` still re-exports it): its 
 says so, so that files written before and after the move read alike.
 
 The registration runs when this module is imported (by :mod:`safesparse.files`, which
-``safesparse/__init__.py`` imports), which keeps :mod:`safesparse.tensor` free of any import of
+``safesparse/__init__.py`` imports), which keeps :mod:`safesparse.tensor.core` free of any import of
 the loader.
 """
 
@@ -24,13 +24,10 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from ..factories import (
-    sparse_compressed_tensor,
-    sparse_coo_tensor,
-)
-from ..invariants import COMPRESSED_LAYOUTS
-from ..metadata import compressed_members
-from ..tensor import SafeSparseTensor
+from ..catalog.invariants import COMPRESSED_LAYOUTS
+from ..engine.metadata import compressed_members
+from ..factories.core import sparse_compressed_tensor, sparse_coo_tensor
+from ..tensor.core import SafeSparseTensor
 from .session import (
     LEGACY_SAFE_MESSAGE,
     SparseRecord,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvariantError
-from ..tensor import SafeSparseTensor
+from ..catalog.errors import InvariantError
+from ..tensor.core import SafeSparseTensor
 from .session import SparseRecord
 
 

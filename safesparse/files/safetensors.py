@@ -44,11 +44,11 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from ..errors import InvariantError, source_name
-from ..factories import sparse_compressed_tensor, sparse_coo_tensor
-from ..invariants import SPARSE_LAYOUTS
-from ..metadata import members
-from ..tensor import SafeSparseTensor, is_checked, unwrap, validate
+from ..catalog.errors import InvariantError, source_name
+from ..catalog.invariants import SPARSE_LAYOUTS
+from ..engine.metadata import members
+from ..factories.core import sparse_compressed_tensor, sparse_coo_tensor
+from ..tensor.core import SafeSparseTensor, is_checked, unwrap, validate
 from .atomic import replacing
 from .owned import own_copy
 from .results import Found, LoadResult, PathKey

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..tensor import SafeSparseTensor, unwrap
+from ..tensor.core import SafeSparseTensor, unwrap
 from .atomic import is_path, replacing
 from .results import Found
 from .session import SparseRecord, _Session

@@ -21,9 +21,11 @@ from torch._C import DisableTorchFunctionSubclass
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import _originals
-from ..errors import InvariantError
-from ..factories import (
+from ..base import originals as _originals
+from ..catalog.errors import InvariantError
+from ..catalog.invariants import SPARSE_LAYOUTS
+from ..engine.metadata import members
+from ..factories.core import (
     sparse_bsc_tensor,
     sparse_bsr_tensor,
     sparse_compressed_tensor,
@@ -31,9 +33,7 @@ from ..factories import (
     sparse_csc_tensor,
     sparse_csr_tensor,
 )
-from ..invariants import SPARSE_LAYOUTS
-from ..metadata import members
-from ..tensor import SafeSparseTensor, _is_sparse, is_checked, validate
+from ..tensor.core import SafeSparseTensor, _is_sparse, is_checked, validate
 from .owned import own_copy
 
 # Members of tensors that were not built

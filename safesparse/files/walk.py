@@ -13,22 +13,13 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from ..factories import (
-    sparse_compressed_tensor,
-    sparse_coo_tensor,
-)
-from ..invariants import SPARSE_LAYOUTS
-from ..metadata import compressed_members
-from ..tensor import SafeSparseTensor, is_checked, unwrap
+from ..catalog.invariants import SPARSE_LAYOUTS
+from ..engine.metadata import compressed_members
+from ..factories.core import sparse_compressed_tensor, sparse_coo_tensor
+from ..tensor.core import SafeSparseTensor, is_checked, unwrap
 from .owned import own_copy
 from .results import Found, LoadResult, Path, PathKey, path_str
-from .session import (
-    SparseRecord,
-    _index_members,
-    _members_of,
-    _Pending,
-    _Session,
-)
+from .session import SparseRecord, _index_members, _members_of, _Pending, _Session
 
 # ---------------------------------------------------------------------------------------------
 # The walk

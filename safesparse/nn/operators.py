@@ -26,9 +26,10 @@ from typing import Any
 import torch
 from torch.library import custom_op
 
-from .. import blockkernels, checked
-from ..debug import is_debug
+from ..base.debug_flag import is_debug
 from ..factories import sparse_compressed_tensor
+from ..kernels import blocks as blockkernels
+from ..state import checked
 
 __all__ = ["LAYOUT_NAMES", "UnprovenMembersError", "linear", "matmul"]
 

@@ -24,9 +24,8 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from .. import ops
-from ..invariants import COMPRESSED_LAYOUTS
-from ..tensor import SafeSparseTensor
+from ..catalog.invariants import COMPRESSED_LAYOUTS
+from ..tensor import SafeSparseTensor, ops
 
 __all__ = ["SparseParameterError"]
 

@@ -28,43 +28,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..catalog.invariants import COMPRESSED_LAYOUTS
+from ..catalog.module_geometry import geometry_tensor, parse_geometry
 from ..factories import sparse_compressed_tensor
-from ..invariants import COMPRESSED_LAYOUTS
+from ..state import checked  # (the one place that decides whether a proof holds)
 from ..tensor import SafeSparseTensor, validate
 
-__all__ = ["EXTRA_TAG", "CompressedModule", "geometry_tensor", "parse_geometry"]
+__all__ = ["CompressedModule"]
 
-EXTRA_TAG = 0x5353
-_VERSION = 1
-_CODES = {torch.sparse_csr: 0, torch.sparse_csc: 1, torch.sparse_bsr: 2, torch.sparse_bsc: 3}
-_BY_CODE = {code: layout for layout, code in _CODES.items()}
 _BLOCK = (torch.sparse_bsr, torch.sparse_bsc)
 _ROW = (torch.sparse_csr, torch.sparse_bsr)
 _NAMES = ("compressed_indices", "plain_indices", "values")
-
-
-def geometry_tensor(layout: torch.layout, shape: tuple[int, int],
-                    blocksize: tuple[int, int] | None) -> torch.Tensor:
-    """The extra-state tensor of a module holding a ``layout`` matrix of ``shape``."""
-    r, c = blocksize or (1, 1)
-    return torch.tensor([EXTRA_TAG, _VERSION, _CODES[layout], shape[0], shape[1], r, c],
-                        dtype=torch.int64)
-
-
-def parse_geometry(t: Any) -> tuple[torch.layout, tuple[int, int], tuple[int, int] | None]:
-    """``(layout, shape, blocksize)`` from an extra-state tensor; ``ValueError`` when ``t`` is
-    not one."""
-    if (not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.dtype != torch.int64
-            or tuple(t.shape) != (7,)):
-        raise ValueError("the extra state is not a safesparse.nn geometry (an int64 tensor "
-                         "[0x5353, 1, layout, rows, cols, block rows, block cols])")
-    tag, version, code, rows, cols, r, c = (int(v) for v in t.tolist())
-    layout = _BY_CODE.get(code)
-    if tag != EXTRA_TAG or version != _VERSION or layout is None or min(rows, cols) < 0 \
-            or r < 1 or c < 1 or (layout not in _BLOCK and (r, c) != (1, 1)):
-        raise ValueError(f"the extra state {t.tolist()} is not a safesparse.nn geometry "
-                         "(tag 0x5353, version 1, layout 0..3, sizes >= 0, blocks >= 1)")
-    return layout, (rows, cols), ((r, c) if layout in _BLOCK else None)
 
 
 def members(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,7 +94,6 @@ class CompressedModule(nn.Module):
         self._buffers["plain_indices"] = p
 
     def _confirmed(self) -> bool:
-        from .. import checked  # (the one place that decides whether a proof holds)
         c, p = self.compressed_indices, self.plain_indices
         n_comp = c.shape[0] - 1 if c.dim() == 1 else -1
         blocks = self.blocksize or (1, 1)

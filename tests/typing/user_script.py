@@ -1,4 +1,4 @@
-"""A user's script, type-checked with ``mypy --strict`` (tests/test_typing.py and .ci/run):
+"""A user's script, type-checked with ``mypy --strict`` (tests/package/test_typing.py and .ci/run):
 what a user chains on a SafeSparseTensor stays a SafeSparseTensor for the type checker, and
 ``ss.is_checked`` narrows, so no ``cast`` is needed."""
 

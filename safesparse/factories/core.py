@@ -1,0 +1,591 @@
+"""Safe factories: drop-in replacements for ``torch.sparse_*_tensor``.
+
+Each factory converts its inputs the way torch does (tensors, nested lists, NumPy arrays;
+``dtype=``/``device=`` conversion), validates every invariant of the catalog before torch sees
+the data, and only then builds the tensor with torch's own factory and
+``check_invariants=False`` (no second validation, no "implicitly disabled" warning).
+
+``check_invariants``: ``None`` (default) or ``True``: validate every invariant first. ``False``
+keeps torch's meaning: the tensor is built *without* validation and is unchecked
+(``ss.is_checked(t) is False``); its first operation validates it (the guard: no torch kernel
+reads unchecked sparse data), and ``ss.validate(t)`` validates it at once. Debug mode validates
+regardless. Enforce mode ignores ``False`` when torch's own factory is called.
+
+Index data already validated together (same tensors, unmodified, same geometry) is not checked
+again: only the O(1) metadata checks run (see :mod:`safesparse.state.checked`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..base import originals as _originals
+from ..base.compiling import not_traced
+from ..base.debug_flag import is_debug
+from ..catalog.invariants import COMPRESSED_LAYOUTS
+from ..engine.convert import _as_index, _as_size, _coo_index
+from ..engine.indices import per_batch_contiguous
+from ..engine.metadata import (
+    LAYOUTS,
+    check_compressed_metadata,
+    check_coo_metadata,
+    values_layout_ok,
+)
+from ..tensor.core import SafeSparseTensor
+from . import build
+
+DeviceLike = torch.device | str | int | None
+SizeLike = Sequence[int] | torch.Size | None
+
+
+def _device(device: DeviceLike) -> torch.device | None:
+    return None if device is None else torch.device(device)
+
+
+def _as_values(x: Any, dtype: torch.dtype | None, device: torch.device | None) -> torch.Tensor:
+    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x, dtype=dtype)
+    if (dtype is not None and t.dtype != dtype) or (device is not None and t.device != device):
+        t = t.to(device=device, dtype=dtype)
+    return t
+
+
+def _pin(pin_memory: bool) -> dict[str, Any]:
+    """``pin_memory`` as a keyword torch's factories take (missing from torch's type stubs)."""
+    return {"pin_memory": pin_memory}
+
+
+def _wants_check(check_invariants: bool | None) -> bool:
+    return check_invariants is None or bool(check_invariants) or is_debug()
+
+
+#: Values a factory takes as they are on its fast path (a Parameter: a layer's weights).
+_VALUE_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+@not_traced
+def sparse_compressed_tensor(
+    compressed_indices: Any,
+    plain_indices: Any,
+    values: Any,
+    size: SizeLike = None,
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: DeviceLike = None,
+    pin_memory: bool = False,
+    requires_grad: bool = False,
+    check_invariants: bool | None = None,
+) -> SafeSparseTensor:
+    """Validated ``torch.sparse_compressed_tensor``: any compressed layout, chosen by ``layout``.
+
+    The general form of :func:`sparse_csr_tensor`, :func:`sparse_csc_tensor`,
+    :func:`sparse_bsr_tensor` and :func:`sparse_bsc_tensor` (which call it): the same inputs,
+    defaults and result as torch's, every invariant of the catalog checked before torch sees
+    the data, and index tensors already validated together not checked again.
+
+    Args:
+        compressed_indices: ``crow_indices`` (CSR, BSR) or ``ccol_indices`` (CSC, BSC), shape
+            ``batch + (n_compressed + 1,)``, int32 or int64.
+        plain_indices: ``col_indices`` (CSR, BSR) or ``row_indices`` (CSC, BSC), shape
+            ``batch + (nnz,)``, the same dtype.
+        values: ``batch + (nnz,) + dense`` (CSR, CSC) or ``batch + (nnz, b0, b1) + dense``
+            (BSR, BSC); copied when not contiguous (or, BSR/BSC, not contiguous after
+            swapping the two block dims: 3.7), where torch keeps them strided.
+        size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the members.
+        layout: ``torch.sparse_csr``, ``sparse_csc``, ``sparse_bsr`` or ``sparse_bsc``;
+            required, as in torch (any other layout is invariant 2.4).
+        dtype: the values dtype; default: that of ``values`` (torch's default dtype for
+            Python floats). ``values`` are converted when it differs.
+        device: the device of the result; default: that of ``values`` (the CPU for lists and
+            NumPy arrays). Members on another device are moved.
+        pin_memory: build the result in pinned memory (CPU only), as torch does.
+        requires_grad: make the result an autograd leaf that requires grad (``.grad`` is
+            filled by ``backward()``). Values that already require grad keep their graph
+            connected instead.
+        check_invariants: ``None`` (default) or ``True``: validate every invariant first.
+            ``False`` keeps torch's meaning: the tensor is built *without* validation and is
+            unchecked (``ss.is_checked(t) is False``); its first operation validates it (the
+            guard: no torch kernel reads unchecked sparse data), and ``ss.validate(t)``
+            validates it at once. Debug mode validates regardless. Enforce mode ignores
+            ``False`` when torch's own factory is called.
+
+    Returns:
+        A checked :class:`SafeSparseTensor` of the requested layout (unchecked if
+        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
+
+    Raises:
+        InvariantError: an invariant is broken (``[CSR 5.6]``, ``[BSC 3.1]`` ...), with the
+            location of the first violation; nothing is built. A missing or non-compressed
+            ``layout`` is ``[<LAYOUT> 2.4]``.
+        TypeError: an argument is not sparse data at all, with the exception type torch
+            raises for it (e.g. a non-integral ``size``).
+    """
+    out = build.fast_compressed(compressed_indices, plain_indices, values, size, layout, dtype,
+                                device, pin_memory, requires_grad, check_invariants)
+    if out is not None:  # the common case: members in their final form, a size, checks on
+        return out
+    shape = _as_size(size)
+    dev = _device(device)
+    compressed, plain, vals, lay = _compressed_args(
+        compressed_indices, plain_indices, values, dtype, layout, dev)
+    if not _wants_check(check_invariants):
+        sized = () if shape is None else (shape,)  # torch takes no explicit size=None
+        plain_t = _originals.sparse_compressed_tensor(
+            compressed, plain, vals, *sized, dtype=vals.dtype, layout=lay, device=dev,
+            check_invariants=False, requires_grad=requires_grad, **_pin(pin_memory),
+        )
+        return build.unchecked(plain_t, (compressed, plain))
+    meta = check_compressed_metadata(
+        compressed, plain, vals, shape, lay, dtype=dtype, device=dev, requested_layout=lay,
+    )
+    return build.compressed(compressed, plain, vals, meta, requires_grad=requires_grad,
+                            pin_memory=pin_memory, estimate=shape is None)
+
+
+def sparse_csr_tensor(
+    crow_indices: Any,
+    col_indices: Any,
+    values: Any,
+    size: SizeLike = None,
+    *,
+    dtype: torch.dtype | None = None,
+    device: DeviceLike = None,
+    pin_memory: bool = False,
+    requires_grad: bool = False,
+    check_invariants: bool | None = None,
+) -> SafeSparseTensor:
+    """Validated ``torch.sparse_csr_tensor``: every invariant is checked before torch sees the data.
+
+    Same signature, inputs, defaults and result as ``torch.sparse_csr_tensor``, with
+    one difference: index data that breaks an invariant of the catalog (``ss.CATALOG``,
+    ``docs/invariants.md``) raises :class:`InvariantError` instead of building a malformed
+    tensor that a later kernel may read out of bounds. The result is built by torch's own
+    factory (with ``check_invariants=False``: no second validation, no warning).
+
+    Example::
+
+        a = ss.sparse_csr_tensor([0, 2, 3], [0, 2, 1], [1.0, 2.0, 3.0], size=(2, 3))
+        ss.sparse_csr_tensor([0, 2, 3], [2, 0, 1], [1.0, 2.0, 3.0], size=(2, 3))  # [CSR 5.6]
+
+    Index tensors already validated together (the same tensors, unmodified, the same shape)
+    are not checked again: rebuilding with new values in a training loop, e.g.
+    ``ss.sparse_csr_tensor(t.crow_indices(), t.col_indices(), new_values, t.shape)``,
+    costs only O(1) metadata checks.
+
+    Args:
+        crow_indices: the compressed indices, ``batch + (n_rows + 1,)``:
+            where each row starts in ``col_indices``; int32 or int64 (a tensor, nested
+            list or NumPy array; any strides).
+        col_indices: the column index of each specified element, ``batch + (nnz,)``,
+            sorted within each row; the same dtype.
+        values: ``batch + (nnz,) + dense``
+            (a tensor, nested list, NumPy array or scalar); copied when not contiguous
+            (3.7), where torch keeps them strided.
+        size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the
+            members, as torch does.
+        dtype: the values dtype; default: that of ``values`` (torch's default dtype for
+            Python floats). ``values`` are converted when it differs.
+        device: the device of the result; default: that of ``values`` (the CPU for lists and
+            NumPy arrays). Members on another device are moved.
+        pin_memory: build the result in pinned memory (CPU only), as torch does.
+        requires_grad: make the result an autograd leaf that requires grad (``.grad`` is
+            filled by ``backward()``). Values that already require grad keep their graph
+            connected instead.
+        check_invariants: ``None`` (default) or ``True``: validate every invariant first.
+            ``False`` keeps torch's meaning: the tensor is built *without* validation and is
+            unchecked (``ss.is_checked(t) is False``); its first operation validates it (the
+            guard: no torch kernel reads unchecked sparse data), and ``ss.validate(t)``
+            validates it at once. Debug mode validates regardless. Enforce mode ignores
+            ``False`` when torch's own factory is called.
+
+    Returns:
+        A checked :class:`SafeSparseTensor` of layout ``torch.sparse_csr`` (unchecked if
+        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
+
+    Raises:
+        InvariantError: an invariant of the catalog is broken; ``str(err)`` starts with
+            ``[CSR <id>]`` and names the first violation's location (batch, row,
+            position, value). Nothing is built and no torch kernel has read the data.
+        TypeError: an argument is not sparse data at all, with the exception type torch
+            raises for it (e.g. a non-integral ``size``).
+    """
+    out = build.fast_compressed(crow_indices, col_indices, values, size, torch.sparse_csr, dtype,
+                                device, pin_memory, requires_grad, check_invariants)
+    if out is not None:
+        return out
+    return sparse_compressed_tensor(
+        crow_indices, col_indices, values, size, dtype=dtype, layout=torch.sparse_csr,
+        device=device, pin_memory=pin_memory, requires_grad=requires_grad,
+        check_invariants=check_invariants,
+    )
+
+
+def sparse_csc_tensor(
+    ccol_indices: Any,
+    row_indices: Any,
+    values: Any,
+    size: SizeLike = None,
+    *,
+    dtype: torch.dtype | None = None,
+    device: DeviceLike = None,
+    pin_memory: bool = False,
+    requires_grad: bool = False,
+    check_invariants: bool | None = None,
+) -> SafeSparseTensor:
+    """Validated ``torch.sparse_csc_tensor``: every invariant is checked before torch sees the data.
+
+    Same signature, inputs, defaults and result as ``torch.sparse_csc_tensor``, with
+    one difference: index data that breaks an invariant of the catalog (``ss.CATALOG``,
+    ``docs/invariants.md``) raises :class:`InvariantError` instead of building a malformed
+    tensor that a later kernel may read out of bounds. The result is built by torch's own
+    factory (with ``check_invariants=False``: no second validation, no warning).
+
+    Index tensors already validated together (the same tensors, unmodified, the same shape)
+    are not checked again: rebuilding with new values in a training loop, e.g.
+    ``ss.sparse_csc_tensor(t.ccol_indices(), t.row_indices(), new_values, t.shape)``,
+    costs only O(1) metadata checks.
+
+    Args:
+        ccol_indices: the compressed indices, ``batch + (n_columns + 1,)``:
+            where each column starts in ``row_indices``; int32 or int64 (a tensor, nested
+            list or NumPy array; any strides).
+        row_indices: the row index of each specified element, ``batch + (nnz,)``,
+            sorted within each column; the same dtype.
+        values: ``batch + (nnz,) + dense``
+            (a tensor, nested list, NumPy array or scalar); copied when not contiguous
+            (3.7), where torch keeps them strided.
+        size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the
+            members, as torch does.
+        dtype: the values dtype; default: that of ``values`` (torch's default dtype for
+            Python floats). ``values`` are converted when it differs.
+        device: the device of the result; default: that of ``values`` (the CPU for lists and
+            NumPy arrays). Members on another device are moved.
+        pin_memory: build the result in pinned memory (CPU only), as torch does.
+        requires_grad: make the result an autograd leaf that requires grad (``.grad`` is
+            filled by ``backward()``). Values that already require grad keep their graph
+            connected instead.
+        check_invariants: ``None`` (default) or ``True``: validate every invariant first.
+            ``False`` keeps torch's meaning: the tensor is built *without* validation and is
+            unchecked (``ss.is_checked(t) is False``); its first operation validates it (the
+            guard: no torch kernel reads unchecked sparse data), and ``ss.validate(t)``
+            validates it at once. Debug mode validates regardless. Enforce mode ignores
+            ``False`` when torch's own factory is called.
+
+    Returns:
+        A checked :class:`SafeSparseTensor` of layout ``torch.sparse_csc`` (unchecked if
+        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
+
+    Raises:
+        InvariantError: an invariant of the catalog is broken; ``str(err)`` starts with
+            ``[CSC <id>]`` and names the first violation's location (batch, column,
+            position, value). Nothing is built and no torch kernel has read the data.
+        TypeError: an argument is not sparse data at all, with the exception type torch
+            raises for it (e.g. a non-integral ``size``).
+    """
+    out = build.fast_compressed(ccol_indices, row_indices, values, size, torch.sparse_csc, dtype,
+                                device, pin_memory, requires_grad, check_invariants)
+    if out is not None:
+        return out
+    return sparse_compressed_tensor(
+        ccol_indices, row_indices, values, size, dtype=dtype, layout=torch.sparse_csc,
+        device=device, pin_memory=pin_memory, requires_grad=requires_grad,
+        check_invariants=check_invariants,
+    )
+
+
+def sparse_bsr_tensor(
+    crow_indices: Any,
+    col_indices: Any,
+    values: Any,
+    size: SizeLike = None,
+    *,
+    dtype: torch.dtype | None = None,
+    device: DeviceLike = None,
+    pin_memory: bool = False,
+    requires_grad: bool = False,
+    check_invariants: bool | None = None,
+) -> SafeSparseTensor:
+    """Validated ``torch.sparse_bsr_tensor``: every invariant is checked before torch sees the data.
+
+    Same signature, inputs, defaults and result as ``torch.sparse_bsr_tensor``, with
+    one difference: index data that breaks an invariant of the catalog (``ss.CATALOG``,
+    ``docs/invariants.md``) raises :class:`InvariantError` instead of building a malformed
+    tensor that a later kernel may read out of bounds. The result is built by torch's own
+    factory (with ``check_invariants=False``: no second validation, no warning).
+
+    Index tensors already validated together (the same tensors, unmodified, the same shape)
+    are not checked again: rebuilding with new values in a training loop, e.g.
+    ``ss.sparse_bsr_tensor(t.crow_indices(), t.col_indices(), new_values, t.shape)``,
+    costs only O(1) metadata checks.
+
+    Args:
+        crow_indices: the compressed indices, ``batch + (n_block_rows + 1,)``:
+            where each block row starts in ``col_indices``; int32 or int64 (a tensor, nested
+            list or NumPy array; any strides).
+        col_indices: the column index of each specified block, ``batch + (nnz,)``,
+            sorted within each block row; the same dtype.
+        values: ``batch + (nnz, b0, b1) + dense``: one dense block per
+            specified block; the blocksize ``(b0, b1)`` is read off its shape
+            (a tensor, nested list, NumPy array or scalar); copied unless contiguous,
+            or contiguous after swapping the two block dims (3.7); torch keeps them strided.
+        size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the members (for BSR,
+            ncols = max(col_indices.max() + 1, crow_indices.diff(dim=-1).max())
+            blocks), as torch does.
+        dtype: the values dtype; default: that of ``values`` (torch's default dtype for
+            Python floats). ``values`` are converted when it differs.
+        device: the device of the result; default: that of ``values`` (the CPU for lists and
+            NumPy arrays). Members on another device are moved.
+        pin_memory: build the result in pinned memory (CPU only), as torch does.
+        requires_grad: make the result an autograd leaf that requires grad (``.grad`` is
+            filled by ``backward()``). Values that already require grad keep their graph
+            connected instead.
+        check_invariants: ``None`` (default) or ``True``: validate every invariant first.
+            ``False`` keeps torch's meaning: the tensor is built *without* validation and is
+            unchecked (``ss.is_checked(t) is False``); its first operation validates it (the
+            guard: no torch kernel reads unchecked sparse data), and ``ss.validate(t)``
+            validates it at once. Debug mode validates regardless. Enforce mode ignores
+            ``False`` when torch's own factory is called.
+
+    Returns:
+        A checked :class:`SafeSparseTensor` of layout ``torch.sparse_bsr`` (unchecked if
+        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
+
+    Raises:
+        InvariantError: an invariant of the catalog is broken; ``str(err)`` starts with
+            ``[BSR <id>]`` and names the first violation's location (batch, block row,
+            position, value). Nothing is built and no torch kernel has read the data.
+        TypeError: an argument is not sparse data at all, with the exception type torch
+            raises for it (e.g. a non-integral ``size``).
+    """
+    out = build.fast_compressed(crow_indices, col_indices, values, size, torch.sparse_bsr, dtype,
+                                device, pin_memory, requires_grad, check_invariants)
+    if out is not None:
+        return out
+    return sparse_compressed_tensor(
+        crow_indices, col_indices, values, size, dtype=dtype, layout=torch.sparse_bsr,
+        device=device, pin_memory=pin_memory, requires_grad=requires_grad,
+        check_invariants=check_invariants,
+    )
+
+
+def sparse_bsc_tensor(
+    ccol_indices: Any,
+    row_indices: Any,
+    values: Any,
+    size: SizeLike = None,
+    *,
+    dtype: torch.dtype | None = None,
+    device: DeviceLike = None,
+    pin_memory: bool = False,
+    requires_grad: bool = False,
+    check_invariants: bool | None = None,
+) -> SafeSparseTensor:
+    """Validated ``torch.sparse_bsc_tensor``: every invariant is checked before torch sees the data.
+
+    Same signature, inputs, defaults and result as ``torch.sparse_bsc_tensor``, with
+    one difference: index data that breaks an invariant of the catalog (``ss.CATALOG``,
+    ``docs/invariants.md``) raises :class:`InvariantError` instead of building a malformed
+    tensor that a later kernel may read out of bounds. The result is built by torch's own
+    factory (with ``check_invariants=False``: no second validation, no warning).
+
+    Index tensors already validated together (the same tensors, unmodified, the same shape)
+    are not checked again: rebuilding with new values in a training loop, e.g.
+    ``ss.sparse_bsc_tensor(t.ccol_indices(), t.row_indices(), new_values, t.shape)``,
+    costs only O(1) metadata checks.
+
+    Args:
+        ccol_indices: the compressed indices, ``batch + (n_block_columns + 1,)``:
+            where each block column starts in ``row_indices``; int32 or int64 (a tensor, nested
+            list or NumPy array; any strides).
+        row_indices: the row index of each specified block, ``batch + (nnz,)``,
+            sorted within each block column; the same dtype.
+        values: ``batch + (nnz, b0, b1) + dense``: one dense block per
+            specified block; the blocksize ``(b0, b1)`` is read off its shape
+            (a tensor, nested list, NumPy array or scalar); copied unless contiguous,
+            or contiguous after swapping the two block dims (3.7); torch keeps them strided.
+        size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the members (for BSR,
+            ncols = max(col_indices.max() + 1, crow_indices.diff(dim=-1).max())
+            blocks), as torch does.
+        dtype: the values dtype; default: that of ``values`` (torch's default dtype for
+            Python floats). ``values`` are converted when it differs.
+        device: the device of the result; default: that of ``values`` (the CPU for lists and
+            NumPy arrays). Members on another device are moved.
+        pin_memory: build the result in pinned memory (CPU only), as torch does.
+        requires_grad: make the result an autograd leaf that requires grad (``.grad`` is
+            filled by ``backward()``). Values that already require grad keep their graph
+            connected instead.
+        check_invariants: ``None`` (default) or ``True``: validate every invariant first.
+            ``False`` keeps torch's meaning: the tensor is built *without* validation and is
+            unchecked (``ss.is_checked(t) is False``); its first operation validates it (the
+            guard: no torch kernel reads unchecked sparse data), and ``ss.validate(t)``
+            validates it at once. Debug mode validates regardless. Enforce mode ignores
+            ``False`` when torch's own factory is called.
+
+    Returns:
+        A checked :class:`SafeSparseTensor` of layout ``torch.sparse_bsc`` (unchecked if
+        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
+
+    Raises:
+        InvariantError: an invariant of the catalog is broken; ``str(err)`` starts with
+            ``[BSC <id>]`` and names the first violation's location (batch, block column,
+            position, value). Nothing is built and no torch kernel has read the data.
+        TypeError: an argument is not sparse data at all, with the exception type torch
+            raises for it (e.g. a non-integral ``size``).
+    """
+    out = build.fast_compressed(ccol_indices, row_indices, values, size, torch.sparse_bsc, dtype,
+                                device, pin_memory, requires_grad, check_invariants)
+    if out is not None:
+        return out
+    return sparse_compressed_tensor(
+        ccol_indices, row_indices, values, size, dtype=dtype, layout=torch.sparse_bsc,
+        device=device, pin_memory=pin_memory, requires_grad=requires_grad,
+        check_invariants=check_invariants,
+    )
+
+
+def _compressed_args(
+    compressed_indices: Any, plain_indices: Any, values: Any, dtype: torch.dtype | None,
+    layout: torch.layout | None, dev: torch.device | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.layout]:
+    """The members as tensors, converted as torch converts them. Copied: index members whose
+    last dim is not unit-stride (3.5 / 3.6) and values that break 3.7; the others are kept."""
+    # a member whose last dim is not unit-stride (which torch refuses) is copied; any batch
+    # strides are kept, as torch keeps them (3.5 / 3.6: contiguous per batch). COO indices
+    # may have any strides, as in torch.
+    compressed = per_batch_contiguous(_as_index(compressed_indices, dev))
+    plain = per_batch_contiguous(_as_index(plain_indices, dev))
+    vals = _as_values(values, dtype, dev)
+    lay = layout if layout is not None else torch.strided  # torch requires a layout: 2.4
+    info = LAYOUTS.get(lay)
+    if info is not None and not values_layout_ok(vals, compressed.dim() - 1, info.blocked):
+        # torch accepts any strides (and its 2.13 CPU kernels read them correctly); a checked
+        # tensor has contiguous values (3.7), so they are copied
+        vals = vals.contiguous()
+    return compressed, plain, vals, lay
+
+
+_NO_VALUES: Any = object()
+
+
+def _coo_args(
+    indices: Any, values: Any, size: Any, dtype: torch.dtype | None, dev: torch.device | None,
+    is_coalesced: bool | None, check: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...] | None]:
+    """torch's two overloads: ``(indices, values, size=None)`` and the size-only ``(size)``
+    (an empty tensor of that size: ``sparse_dim == len(size)``, no dense dims). Scalar values
+    are one specified element, as in torch."""
+    if values is _NO_VALUES or values is None:
+        if size is not None and (indices is _NO_VALUES or indices is None):
+            indices = size  # sparse_coo_tensor(size=(2, 3))
+        elif size is not None or indices is _NO_VALUES or indices is None:
+            raise TypeError("sparse_coo_tensor() takes (indices, values, size=None) or (size)")
+        if is_coalesced is not None:
+            raise TypeError("sparse_coo_tensor(size) takes no is_coalesced argument")
+        shape = _as_size(indices, "sparse_coo_tensor")
+        assert shape is not None
+        vals = torch.empty((0,), dtype=dtype, device=dev)
+        return torch.empty((len(shape), 0), dtype=torch.int64, device=vals.device), vals, shape
+    shape = _as_size(size, "sparse_coo_tensor")
+    idx = _coo_index(indices, dev, check=check)
+    vals = _as_values(values, dtype, dev)
+    if vals.dim() == 0 and vals.layout == torch.strided:
+        vals = vals.expand(1)  # one specified element, as torch expands it
+    return idx, vals, shape
+
+
+@not_traced
+def sparse_coo_tensor(
+    indices: Any = _NO_VALUES,
+    values: Any = _NO_VALUES,
+    size: SizeLike = None,
+    *,
+    dtype: torch.dtype | None = None,
+    device: DeviceLike = None,
+    pin_memory: bool = False,
+    requires_grad: bool = False,
+    check_invariants: bool | None = None,
+    is_coalesced: bool | None = None,
+) -> SafeSparseTensor:
+    """Validated ``torch.sparse_coo_tensor``: every invariant is checked before torch sees the data.
+
+    Same signature, overloads, accepted inputs, defaults and result as
+    ``torch.sparse_coo_tensor``, with one difference: index data that breaks an invariant of
+    the catalog raises :class:`InvariantError` instead of building a tensor that a later kernel
+    may read out of bounds. Also ``sparse_coo_tensor(size, *, dtype=None, device=None,
+    requires_grad=False)``: an empty tensor of that size.
+
+    Index tensors already validated (the same tensor, unmodified, the same sparse sizes) are not
+    checked again, so rebuilding with new values costs only O(1) metadata checks.
+
+    Example::
+
+        t = ss.sparse_coo_tensor([[0, 1, 1], [2, 0, 2]], [3.0, 4.0, 5.0], (2, 3))
+
+    Args:
+        indices: ``(sparse_dim, nnz)`` indices; integer, bool and floating point indices are
+            converted to int64 as torch does (a tensor, nested list or NumPy array).
+        values: ``(nnz,) + size[sparse_dim:]``; a scalar is one specified element.
+        size: the full shape; ``None`` estimates the sparse sizes as ``max index + 1`` per
+            sparse dim.
+        dtype: the values dtype; default: that of ``values`` (torch's default dtype for
+            Python floats). ``values`` are converted when it differs.
+        device: the device of the result; default: that of ``values`` (the CPU for lists and
+            NumPy arrays). Members on another device are moved.
+        pin_memory: build the result in pinned memory (CPU only), as torch does.
+        requires_grad: make the result an autograd leaf that requires grad (``.grad`` is
+            filled by ``backward()``). Values that already require grad keep their graph
+            connected instead.
+        check_invariants: ``None`` (default) or ``True``: validate every invariant first.
+            ``False`` keeps torch's meaning: the tensor is built *without* validation and is
+            unchecked (``ss.is_checked(t) is False``); its first operation validates it (the
+            guard: no torch kernel reads unchecked sparse data), and ``ss.validate(t)``
+            validates it at once. Debug mode validates regardless. Enforce mode ignores
+            ``False`` when torch's own factory is called.
+        is_coalesced: ``True`` marks the result coalesced, which is verified (5.3: indices
+            sorted lexicographically, no duplicates); ``None``/``False``: torch's default.
+
+    Returns:
+        A checked :class:`SafeSparseTensor` of layout ``torch.sparse_coo`` (unchecked if
+        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
+
+    Raises:
+        InvariantError: an invariant is broken, e.g. ``[COO 5.2]`` for an index past its size,
+            with the position and value; ``[COO 5.3]`` for ``is_coalesced=True`` on unsorted
+            or duplicate indices. Nothing is built.
+        TypeError: an argument is not sparse data at all, with the exception type torch
+            raises for it (e.g. a non-integral ``size``).
+    """
+    out = build.fast_coo(indices, values, size, dtype, device, pin_memory, requires_grad,
+                         check_invariants, is_coalesced)
+    if out is not None:  # the common case: int64 indices, values and a size, checks on
+        return out
+    dev = _device(device)
+    idx, vals, shape = _coo_args(indices, values, size, dtype, dev, is_coalesced,
+                                 _wants_check(check_invariants))
+    # torch's meta device holds no data: an empty tensor there (the size-only overload) is
+    # built as torch builds it, unchecked (4.1 admits only devices with data)
+    meta_empty = vals.device.type == "meta" and idx.numel() == 0 and vals.numel() == 0
+    if not _wants_check(check_invariants) or meta_empty:
+        args = (idx, vals) if shape is None else (idx, vals, shape)
+        plain_t = _originals.sparse_coo_tensor(
+            *args, dtype=vals.dtype, device=dev, **_pin(pin_memory),
+            check_invariants=False, is_coalesced=is_coalesced, requires_grad=requires_grad,
+        )
+        return build.unchecked(plain_t, (idx,))
+    meta = check_coo_metadata(idx, vals, shape, dtype=dtype, device=dev)
+    return build.coo(idx, vals, meta, is_coalesced, requires_grad=requires_grad,
+                     pin_memory=pin_memory, estimate=shape is None)
+
+
+__all__ = [
+    "COMPRESSED_LAYOUTS",
+    "sparse_bsc_tensor",
+    "sparse_bsr_tensor",
+    "sparse_compressed_tensor",
+    "sparse_coo_tensor",
+    "sparse_csc_tensor",
+    "sparse_csr_tensor",
+]

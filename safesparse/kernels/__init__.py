@@ -1,0 +1,7 @@
+"""Kernels: CPU products over the dense members of a compressed matrix (torch ops only).
+
+:mod:`safesparse.kernels.blocks` computes ``x @ W.T``, ``A @ x`` and their gradients for a
+CSR / CSC / BSR / BSC matrix given by its members, trusting its caller (``safesparse.nn``'s
+operators, which confirm the members are proven first). This layer knows nothing of the rest of
+safesparse.
+"""

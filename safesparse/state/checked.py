@@ -1,0 +1,819 @@
+"""Checked state: the one module that decides whether a tensor counts as checked.
+
+When is a tensor checked
+------------------------
+A SafeSparseTensor is checked when validation has passed on its current index data, or when an
+operation known to keep index data (a view or a copy of it) made it from tensors that were
+checked before and after the operation ran. It stops being checked as soon as anything that can
+write that index memory writes it in place (every tensor built or adopted on overlapping memory,
+the index tensors it was built from, the members it handed out), unless the write is one known
+to keep it valid. Index memory this process cannot watch (inference tensors, storage shared
+with other processes, file mappings) is never remembered: it is validated whenever asked.
+
+How it is remembered
+--------------------
+torch bumps a tensor's *version counter* on every in-place write through it or anything sharing
+that counter (its views, ``detach()``, and, for a sparse tensor, the members its accessors hand
+out). Each SafeSparseTensor carries a :class:`Record` (``t._ss``): aliases of its index members
+(``m0``, ``m1``, sharing its counter), their data pointers, the counter value its proof holds for
+(``ver``), and the proven geometry. There are three kinds:
+
+* **sole** (``state is None``): only this record's counter can write the index memory. Checked
+  means ``m0._version == ver`` and the member pointers unmoved: two attribute reads, no lock,
+  nothing registered.
+* **private** (``state is None``, ``extra`` set): also the caller's index tensors can write it
+  (a factory's result on fresh index memory); their counters are checked too, still without a
+  state (shortcut 5).
+* **shared** (``state`` an :class:`IndexState`): other counters can write the memory too.
+  Checked additionally means the state still holds the proof ``(view key, geometry)`` and no
+  counter it watches moved.
+
+An :class:`IndexState` belongs to index *memory*: it is found by the memory range of the
+storages of the index members (device, start, end), so every storage over overlapping memory
+shares one state, whatever object it is (a batch and one sample, an edge list and its prefix,
+two ``torch.from_numpy`` views of one array, ``frombuffer``, ``from_dlpack``, ``set_`` on a
+storage). States that come to overlap are merged. A state watches one counter per
+:class:`Watch`: an alias sharing the counter, and its value when the proofs were made. A moved
+counter voids every proof of the state. The range lookup happens when a state is created or
+joined (a factory call, an adoption, the first hand-out of a member), never per operation.
+
+The shortcuts, and why each is sound
+------------------------------------
+1. *Fresh results are born sole* (``A * 2``, ``.to(dtype)``, ``clone``, values-only ops: see
+   :mod:`safesparse.fastpath`). These ops either reuse the input's index tensors whole or copy
+   them; the result's member pointers are compared with the input's, and only a result whose
+   index memory torch allocated inside the op gets a sole record. Nothing else can reach that
+   memory: the only routes to it are the result's accessors, which share its counter. The
+   result counts as checked only if the input was checked before the op (the guard) and after
+   it (a write landing while torch copied the data is never blessed).
+2. *A sole record becomes shared (:func:`share`) before anything that could give its memory a
+   second counter leaves safesparse*: a member handed out (``crow_indices()``, ``_indices()``,
+   their ``torch.ops.aten`` overloads), :func:`safesparse.unwrap`, any operation of the general
+   path (whose implementation may build a tensor with its own counter on the input's memory),
+   a factory call on its members. The watch on a record's counter is owned by the record, which
+   every tensor carrying it and every member it handed out keeps alive, so the counter is
+   watched while anything can write through it.
+3. *Views share their input's record object* (``.mT``, ``.t()``, sparse-dim ``transpose`` of a
+   non-hybrid compressed tensor, ``detach()``): torch gives them the input's counter and index
+   memory, and a transpose of the sparse dims keeps ``(n_compressed, n_plain)``, so the proof
+   is literally the same statement. A tensor whose members are replaced in place (``set_``,
+   ``t.data = ...``, in-place ops torch implements by swapping members) gets a *new* record
+   (:func:`renew`); a record object is never repointed at other memory.
+4. *Rebuilds on handed-out members* (``ss.sparse_csr_tensor(t.crow_indices(), t.col_indices(),
+   v, t.shape)``): a member carries ``(record, id(member))``; a factory call whose two members
+   carry the same record, at that record's data pointers, shapes and strides, with the same
+   geometry, while the record is checked, is proven through it (no storage lookup, no O(nnz)
+   check). A copy of a member (``copy.copy``: its own counter) carries the dict but not the id:
+   its claim is refused.
+5. *First validations are private until their memory is looked up* (a factory call on index
+   memory no state or pending record covers; build.py): the result's record watches its own
+   counter and the caller's index tensors (``extra``) without a state, and is listed as
+   *pending* with the memory ranges of its members. Every registry lookup first shares the
+   pending records overlapping the memory it looks up (see the section on private records), so
+   a later build or adoption on that memory finds their counters exactly as if they had been
+   registered at birth; and every route by which a private record's own counter can write its
+   memory (a hand-out, unwrap, the general path) shares it first. A pending record holds its
+   members, so its memory cannot be freed and reused while it is listed. It is listed *before*
+   the call looks for states and other pending records, and a registration looks at the list
+   after inserting its ranges, so calls racing on one memory in two threads always meet (see
+   the section on private records: :func:`announce`, :func:`settle`).
+6. *Lock-free reads of a shared state.* Each read is atomic under the GIL, and a proof is only
+   added under the lock with every watch at its recorded version, so seeing the proof with
+   every version unmoved means it holds. A state whose watch dicts change during the read is
+   read again under the lock.
+
+When in doubt the sound path runs: anything the fast path does not recognise goes through the
+general path (the guard over every sparse argument, results joined by memory range).
+
+Limits: writes that bypass version counters are not seen (NumPy views of the memory, raw
+pointers, ``.data`` of a member, a ``detach()`` of a handed-out member once that member and its
+tensor are gone, private APIs that skip ``__torch_function__`` such as
+``torch._C.DisableTorchFunctionSubclass``). Debug mode ignores all of this and validates every
+input and result.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+from collections.abc import Hashable, Sequence
+from typing import Any, Final
+
+import torch
+from torch._C import DisableTorchFunctionSubclass
+
+from ..base.debug_flag import is_debug
+from ..base.stats import Stats, count, reset_stats, stats
+from .members import compressed_geometry, coo_geometry, geometry_of, plain_members
+from .memory import (
+    IndexKey,
+    IndexState,
+    Snapshot,
+    Spans,
+    Tags,
+    all_states,
+    claims,
+    foreign,
+    index_key,
+    memory_state_count,
+    overlaps_registered,
+    resolve,
+    spans_of,
+)
+from .memory import register as _register
+
+__all__ = [
+    "UNCHECKED",
+    "VOLATILE",
+    "IndexKey",
+    "IndexState",
+    "Record",
+    "Snapshot",
+    "Stats",
+    "Tags",
+    "cache_size",
+    "claims",
+    "clear_cache",
+    "compressed_geometry",
+    "coo_geometry",
+    "count",
+    "foreign",
+    "geometry_of",
+    "holds",
+    "index_key",
+    "index_members",
+    "plain_members",
+    "proof_cache",
+    "record",
+    "register",
+    "reset_stats",
+    "share",
+    "stats",
+]
+
+#: ``Record.ver`` of a tensor that is not checked; of one whose memory cannot be watched.
+UNCHECKED: Final = -1
+VOLATILE: Final = -2
+
+#: Bumped by :func:`clear_cache`: records proven before it are not trusted after it.
+_generation = 0
+_share_lock = threading.RLock()  # (sharing one record may share the pending ones it meets)
+
+
+# ---------------------------------------------------------------------------------------------
+# Members, keys and geometries of sparse tensors
+
+
+def index_members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The index tensors of a sparse tensor (compressed + plain, or the COO indices). A
+    SafeSparseTensor's record is shared first: whoever takes its members may build a tensor
+    with a counter of its own on them (checked.py, shortcut 2)."""
+    rec = record(t)
+    if rec is not None and rec.state is None:
+        share(rec)
+    with DisableTorchFunctionSubclass():
+        m0, m1 = plain_members(t)
+    return (m0,) if m1 is None else (m0, m1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Records
+
+
+class Record:
+    """The checked state of the tensors that carry it (one tensor, its views, ``detach()``).
+
+    ``m0``, ``m1``: aliases of the index members sharing the owner's version counter (COO:
+    ``m1`` None); ``p0``, ``p1``: their data pointers when the record was made (storage moved
+    since, e.g. by ``share_memory_()``, makes it unchecked); ``ver``: the counter value its
+    proof holds for (:data:`UNCHECKED`, :data:`VOLATILE`: validated whenever asked); ``geom``:
+    the proven geometry; ``state``: None (sole) or the shared :class:`IndexState`, with ``key``
+    the view key and ``seen`` the state's epoch when the proof was last seen there.
+    """
+
+    __slots__ = ("__weakref__", "extra", "gen", "geom", "key", "m0", "m1", "p0", "p1", "seen",
+                 "state", "ver")
+
+    def __init__(self, m0: torch.Tensor, m1: torch.Tensor | None, ver: int,
+                 geom: Hashable) -> None:
+        self.m0 = m0
+        self.m1 = m1
+        self.p0 = m0.data_ptr()
+        self.p1 = 0 if m1 is None else m1.data_ptr()
+        self.ver = ver
+        self.gen = _generation
+        self.geom = geom
+        self.state: IndexState | None = None
+        self.key: IndexKey = ()
+        self.seen = -1
+        #: a *private* record's other counters: ``(tensor, version at the proof)`` for the
+        #: caller's index tensors (see :func:`announce`, :func:`settle`); () once shared
+        self.extra: tuple[tuple[torch.Tensor, int], ...] = ()
+
+    def set_checked(self, ver: int, geom: Hashable) -> None:
+        """The proof holds at counter value ``ver`` for ``geom`` (callers made sure)."""
+        self.geom = geom
+        self.gen = _generation
+        self.ver = ver
+
+    def members(self) -> tuple[torch.Tensor, ...]:
+        return (self.m0,) if self.m1 is None else (self.m0, self.m1)
+
+    def proof(self) -> Hashable:
+        return (self.key, self.geom)
+
+
+def holds(r: Record) -> bool:
+    """:func:`proves` for ``r``'s own tensors: ``r``'s proof holds now (see the module
+    docstring). Never for volatile records (those are validated by the caller)."""
+    ver = r.ver
+    if ver < 0:  # (inference tensors, which volatile records hold, have no counter to read)
+        return False
+    m0 = r.m0
+    if m0._version != ver or m0.data_ptr() != r.p0:
+        return False
+    m1 = r.m1
+    if m1 is not None and m1.data_ptr() != r.p1:
+        return False
+    extra = r.extra  # read before the state: share() sets the state, then clears extra
+    st = r.state
+    if st is None:
+        for x, v in extra:
+            if x._version != v:
+                return False
+        return r.gen == _generation  # (clear_cache voids states; sole records by generation)
+    return _shared_holds(r, st)
+
+
+def proves(r: Record, m0: torch.Tensor, m1: torch.Tensor | None,
+           geometries: tuple[Hashable, ...]) -> bool:
+    """The one question every module asks before it trusts index data: does ``r``'s proof hold
+    now for the index tensors ``m0`` / ``m1`` (compressed and plain; COO: indices and None),
+    presented in the roles of ``r``'s members, as a tensor of one of ``geometries``?
+
+    Why a True answer is sound. A proof names everything the validity of the data depends on:
+
+    * *the members' objects*: ``r.m0`` / ``r.m1`` are aliases that only ``r`` (and the tensors
+      carrying it) hold, and the tensor they describe was built on detached aliases of the
+      caller's index tensors (build.py), so no outside object can swap, shrink or move its
+      members (``col.data = col[:1]``, ``nn.Module._apply``): ``.data =`` on the caller's
+      tensor changes that tensor only;
+    * *the memory*: ``r.m0`` / ``r.m1`` hold their storages, so an equal data pointer is the
+      same live memory (it cannot have been freed and reused);
+    * *the view*: ``m0`` / ``m1`` must have ``r``'s members' data pointer, shape, strides,
+      dtype and device: a tensor presented as a member whose shape or memory changed without a
+      counter moving (``.data =`` on a handed-out member) is not the proven one;
+    * *the counters*: :func:`holds`: the record's own counter unmoved and, for a shared record,
+      every counter that can write the memory (the state's watches) unmoved, or for a private
+      one the caller's index tensors' counters (``extra``) unmoved, and no
+      :func:`clear_cache` since;
+    * *the geometry*: ``(n_compressed, n_plain)`` (COO: sparse size and coalesced flag) is the
+      proven one; the metadata stage checked everything else about the new tensor in O(1).
+
+    Every other module asks this function (or :func:`holds`, its form for a record's own
+    tensors, :func:`vouch` for members a record handed out) and never compares a record's
+    fields itself."""
+    if r.geom not in geometries:
+        return False
+    if not _same_view(r.m0, m0):
+        return False
+    r1 = r.m1
+    if r1 is None or m1 is None:
+        if r1 is not m1:
+            return False
+    elif not _same_view(r1, m1):
+        return False
+    return holds(r)
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``b`` is at ``a``'s view of the same memory (``a`` holds that memory alive)."""
+    return a is b or (b.data_ptr() == a.data_ptr() and b.shape == a.shape
+                      and b.stride() == a.stride() and b.dtype == a.dtype
+                      and b.get_device() == a.get_device())
+
+
+def vouch(m0: torch.Tensor, m1: torch.Tensor | None,
+          geometries: tuple[Hashable, ...]) -> Record | None:
+    """The record that proves ``m0`` / ``m1`` (index tensors a checked tensor handed out, each
+    carrying its record: see :func:`hand_out`) for one of ``geometries`` now, or None. A
+    rebuild on such members needs no O(nnz) check (shortcut 4)."""
+    r = claims.get(m0)
+    if r is None or (m1 is not None and claims.get(m1) is not r):
+        return None
+    return r if proves(r, m0, m1, geometries) else None
+
+
+def confirm(compressed: torch.Tensor, plain: torch.Tensor, geometry: Hashable) -> bool:
+    """Whether ``compressed`` / ``plain`` are index members a checked tensor handed out, still
+    proven for ``geometry`` (:func:`vouch`): the O(1) run-time check of model code's
+    operators."""
+    return vouch(compressed, plain, (geometry,)) is not None
+
+
+def _shared_holds(r: Record, st: IndexState) -> bool:
+    """Lock-free read of a shared record's state (shortcut 6 of the module docstring)."""
+    if st.merged is not None:
+        st = r.state = resolve(st)  # type: ignore[assignment]
+        r.seen = -1
+    try:
+        epoch = st.epoch  # read first: a removal after this read changes it
+        if r.seen != epoch:
+            if (r.key, r.geom) not in st.proven:
+                return False
+            r.seen = epoch
+        for w in st.watches.values():
+            if w.alias._version != w.version:
+                return False
+        for w in st.retired:  # noqa: SIM110  (a loop: no generator on the hot path)
+            if w.alias._version != w.version:
+                return False
+        return True
+    except RuntimeError:  # a watch dict changed size while we read it
+        with st.lock:
+            return (r.key, r.geom) in st.proven and st._holds()
+
+
+def is_volatile(r: Record) -> bool:
+    """Whether ``r``'s index memory cannot be watched: its tensor is validated whenever asked."""
+    return r.ver == VOLATILE
+
+
+def proven_geometry(t: torch.Tensor) -> Hashable:
+    """The geometry ``t``'s proof is for when ``t`` carries a proof (its index data and
+    extents are unchanged since, or the proof does not hold and nothing is trusted on it),
+    else the geometry read from ``t`` (:func:`geometry_of`)."""
+    rec = record(t)
+    if rec is not None and rec.ver >= 0:
+        return rec.geom
+    return geometry_of(t)
+
+
+def born(r: Record, m0: torch.Tensor, m1: torch.Tensor | None,
+         coalesced: bool | None) -> Record | None:
+    """A sole record for the result of a copying op on ``r``'s checked tensor (shortcut 1),
+    whose index members are ``m0`` / ``m1`` (aliases sharing the result's counter) and, for
+    COO, whose coalesced flag is ``coalesced``; checked if ``r`` still holds after the op.
+    None when the result's index memory is not fresh (the input's, or empty) or its flag is
+    not the proven one: the caller wraps it the general way (joined by memory range)."""
+    if coalesced is not None and coalesced != r.geom[2]:  # type: ignore[index]
+        return None
+    p0 = m0.data_ptr()
+    if p0 == r.p0 or p0 == 0 or (m1 is not None and (m1.data_ptr() == r.p1
+                                                    or m1.data_ptr() == 0)):
+        return None
+    return Record(m0, m1, m0._version if holds(r) else UNCHECKED, r.geom)
+
+
+def rebuilt(r: Record, m0: torch.Tensor, m1: torch.Tensor | None, ver: int,
+            geom: Hashable = None, nnz: int = 0) -> Record:
+    """A record for a tensor built on the index data ``r`` proves (a rebuild that
+    :func:`vouch` accepted), on ``r``'s state and view; ``geom``: the new tensor's geometry
+    (None: ``r``'s). A COO geometry other than ``r``'s is proven only where ``r``'s implies it
+    (:func:`implied_coo`); else the record is unchecked (validated at its first use)."""
+    state = share(r)
+    assert state is not None  # (a record that handed out members is shared)
+    if geom is None or geom == r.geom:
+        return shared_record((m0, m1), state, r.key, ver, r.geom)
+    implied_coo(state, r.key, geom, nnz)
+    rec = shared_record((m0, m1), state, r.key, UNCHECKED, geom)
+    if state.is_proven((r.key, geom)):
+        rec.set_checked(ver, geom)
+    return rec
+
+
+def implied_coo(state: IndexState, key: IndexKey, geom: Hashable, nnz: int) -> None:
+    """Add to ``state`` the COO proof ``(key, geom)`` where another proof of the same view
+    implies it: indices proven coalesced are valid uncoalesced, and at most one entry is
+    trivially coalesced (torch marks such a tensor coalesced)."""
+    sparse: tuple[int, ...] = geom[1]  # type: ignore[index]
+    flag: bool = geom[2]  # type: ignore[index]
+    with state.lock:
+        proven = state.proven
+        if (key, geom) not in proven:
+            other = (key, coo_geometry(sparse, not flag))
+            if other in proven and (not flag or nnz <= 1):
+                proven.add((key, geom))
+
+
+def record(t: torch.Tensor) -> Record | None:
+    rec: Record | None = t.__dict__.get("_ss")
+    return rec
+
+
+def sole_record(plain: torch.Tensor, ver: int, geom: Hashable) -> Record:
+    """A sole record for a tensor whose index memory only its own counter can write (shortcut
+    1); ``ver``: its counter now if checked, else :data:`UNCHECKED`."""
+    m0, m1 = plain_members(plain)
+    return Record(m0, m1, ver, geom)
+
+
+def attach(t: torch.Tensor, rec: Record) -> Record:
+    t.__dict__["_ss"] = rec
+    return rec
+
+
+def state_of(rec: Record) -> IndexState | None:
+    """``rec``'s state, following merges (and remembering the survivor)."""
+    state = rec.state
+    if state is not None and state.merged is not None:
+        state = rec.state = resolve(state)
+        rec.seen = -1
+    return state
+
+
+def share(rec: Record) -> IndexState | None:
+    """Make ``rec`` shared (shortcut 2): join the state of its index memory, watched there by
+    its own counter; a sole record that held keeps its proof. Returns the state (None for a
+    volatile record)."""
+    state = state_of(rec)
+    if state is not None or rec.ver == VOLATILE:
+        return state
+    with _share_lock:
+        if rec.state is not None:  # another thread shared it meanwhile
+            return state_of(rec)
+        ok = holds(rec)
+        members = rec.members()
+        key = index_key(members)
+        _unpend(rec)
+        state = register(members, key)
+        with state.lock:
+            w = state._witness(rec, rec.m0)
+            ok = ok and w.version == rec.ver
+            for x, v in rec.extra:  # a private record's other counters, at their proof
+                wx = state._witness(x, x.detach())
+                ok = ok and wx.version == v
+            if ok and state._holds():
+                state.proven.add((key, rec.geom))
+        rec.key = key
+        rec.state = state
+        rec.extra = ()
+    return state
+
+
+# -- private records: first validations that nothing else has seen -----------------------------
+#
+# A factory's first validation of index memory no state covers gives its result a *private*
+# record: its own counter plus the caller's index tensors' counters (``extra``), checked in
+# :func:`holds` without a state. The record is *pending*: listed with the memory ranges of its
+# members, not registered. Every registry lookup (:func:`register`) shares the pending records
+# whose ranges overlap the memory looked up, so a tensor built or adopted later on that memory
+# finds their counters as if they had been registered at birth; records that died before any
+# lookup touched their memory never cost a registration. The list is short and scanned (a
+# lookup compares its memory with each entry): past :data:`_PENDING_MAX` entries, the live ones
+# are all shared (registered), so many live first validations cost what eager registration
+# costs, amortised, and a scan never meets more than that many. A pending record holds its
+# members and the caller's tensors, so its memory cannot be freed (and its address reused)
+# while it is listed.
+#
+# Racing first validations (another thread builds or adopts on the same memory while this one
+# validates, with the GIL released by torch's checker): the record is listed *before* the
+# lookup (:func:`announce`: list, then look) and a registration looks at the list *after* it
+# inserted its ranges (:func:`register`: insert, then share the pending records on its
+# memory). Under the GIL's sequential order, of two such calls the second to look sees the
+# other: two announcements see each other's record (one at least), or a registration shares the
+# announced record, or the announcement finds the registered range. A record shared before it
+# was settled holds no proof (its counter was UNCHECKED when shared): :func:`settle` refuses it
+# and the factory takes the registering path, which validates under the state.
+
+_PENDING_MAX = 16
+#: (a deque: appends and pops are atomic, so a birth takes no lock; _flush takes the lock
+#: against other flushes and pops only the entries that were there when it started)
+_pending: collections.deque[tuple[Spans, weakref.ref[Record]]] = collections.deque()
+_pending_lock = threading.Lock()
+
+
+def announce(spans: Spans, m0: torch.Tensor, m1: torch.Tensor | None) -> Record | None:
+    """Open a first validation of the index memory ``spans`` (the caller's index tensors
+    ``m0``/``m1``): a pending record, unchecked, is listed, *then* the states and the other
+    pending records are looked at (see above). Returns the record, to :func:`settle` once the
+    tensor is built on proven data; None when memory overlapping ``spans`` may be covered (the
+    caller takes the registering path; the listed record dies with the call)."""
+    rec = Record(m0, m1, UNCHECKED, None)
+    entry = (spans, weakref.ref(rec))
+    with _pending_lock:  # (a scan rotates the list: only under the lock is every entry in it)
+        _pending.append(entry)
+        if len(_pending) > 1 and _others_overlap(spans, rec):
+            return None
+    if overlaps_registered(spans):
+        return None
+    return rec
+
+
+def settle(rec: Record, m0: torch.Tensor, m1: torch.Tensor | None, ver: int, geom: Hashable,
+           extra: tuple[tuple[torch.Tensor, int], ...]) -> bool:
+    """Close an announced first validation: ``rec`` becomes the private record of the tensor just
+    built on proven index data (members ``m0``/``m1``, sharing its counter, at ``ver``; the
+    caller's index tensors ``extra`` at the versions validation read). False when a registration
+    shared ``rec`` meanwhile (a racing build or adoption on the same memory): the caller takes
+    the registering path."""
+    with _share_lock:  # (share() sets rec.state under it: settled or shared, never both)
+        if rec.state is not None:
+            return False
+        rec.m0 = m0
+        rec.p0 = m0.data_ptr()
+        if m1 is not rec.m1:
+            rec.m1 = m1
+            rec.p1 = 0 if m1 is None else m1.data_ptr()
+        rec.geom = geom
+        rec.extra = extra
+        rec.gen = _generation
+        rec.ver = ver
+    if len(_pending) > _PENDING_MAX:
+        _flush(None)
+    return True
+
+
+def _unpend(rec: Record) -> None:
+    with _pending_lock:
+        for _ in range(len(_pending)):
+            entry = _pending.popleft()
+            if entry[1]() is not rec:
+                _pending.append(entry)
+
+
+def _overlap(a: Spans,
+             b: Spans) -> bool:
+    for dev, s0, e0 in a:
+        for dev1, s1, e1 in b:
+            if s0 < e1 and s1 < e0 and dev == dev1:
+                return True
+    return False
+
+
+def _flush(spans: Spans | None) -> None:
+    """Share the pending records overlapping ``spans`` (None: all of them); drop dead ones."""
+    with _pending_lock:
+        due: list[Record] = []
+        for _ in range(len(_pending)):  # (entries appended meanwhile wait for the next one)
+            entry = _pending.popleft()
+            rec = entry[1]()
+            if rec is None:
+                continue
+            if spans is None or _overlap(entry[0], spans):
+                due.append(rec)
+            else:
+                _pending.append(entry)
+    for rec in due:
+        share(rec)
+
+
+def _others_overlap(spans: Spans, own: Record) -> bool:
+    """Whether a live pending record other than ``own`` overlaps ``spans`` (dead entries are
+    dropped). ``_pending_lock`` held."""
+    hit = False
+    for _ in range(len(_pending)):
+        entry = _pending.popleft()
+        rec = entry[1]()
+        if rec is None:
+            continue
+        _pending.append(entry)
+        hit = hit or (rec is not own and _overlap(entry[0], spans))
+    return hit
+
+
+def register(members: Sequence[torch.Tensor], key: IndexKey | None = None) -> IndexState:
+    """The one state of the memory of ``members`` (:func:`safesparse.memory.register`), after
+    sharing the pending records that overlap it."""
+    if _pending:
+        _flush(spans_of(members))
+    state = _register(members, key)
+    # first validations announced while this registered (see above): their records are shared
+    # now, on this memory's state (under the lock, never skipped on a glance at the list: a
+    # scan in another thread can hold its one entry out of it for a moment)
+    _flush(spans_of(members))
+    return resolve(state)  # type: ignore[return-value]
+
+
+def shared_record(members: tuple[torch.Tensor, torch.Tensor | None], state: IndexState,
+                  key: IndexKey, ver: int, geom: Hashable) -> Record:
+    """A record on ``state`` for a tensor whose members (aliases sharing its counter) are
+    ``members``, watched there by its own counter."""
+    rec = Record(members[0], members[1], ver, geom)
+    rec.key = key
+    rec.state = state
+    state.witness(rec, rec.m0)
+    return rec
+
+
+def volatile(plain: torch.Tensor) -> bool:
+    """Whether the index memory of ``plain`` can be written where no counter of this process
+    sees it: inference tensors (no counter), storage shared with other processes, file
+    mappings (SPEC 4)."""
+    with DisableTorchFunctionSubclass():
+        m0, m1 = plain_members(plain)
+    return foreign((m0,) if m1 is None else (m0, m1))
+
+
+def join(t: torch.Tensor, ver: int = UNCHECKED, geom: Hashable = None) -> Record:
+    """Give ``t`` a record on the state of its index memory (found by range), watched there by
+    its own counter; volatile if that memory cannot be watched."""
+    with DisableTorchFunctionSubclass():
+        members = plain_members(t)
+        if volatile(t):
+            rec = Record(members[0], members[1], VOLATILE, geom)
+        else:
+            ms = (members[0],) if members[1] is None else (members[0], members[1])
+            key = index_key(ms)
+            rec = shared_record(members, register(ms, key), key, ver, geom)
+    return attach(t, rec)
+
+
+def current(t: torch.Tensor) -> Record:
+    """``t``'s record, renewed (unchecked, joined by range) if ``t``'s members are not the
+    record's any more (replaced in place) or it has none."""
+    rec = record(t)
+    if rec is not None:
+        with DisableTorchFunctionSubclass():
+            m0, m1 = plain_members(t)
+        r1 = rec.m1
+        if (m0.data_ptr() == rec.p0 and m0.shape == rec.m0.shape
+                and m0.stride() == rec.m0.stride()
+                and (m1 is None) == (r1 is None)
+                and (m1 is None or r1 is None or (m1.data_ptr() == rec.p1
+                                                  and m1.shape == r1.shape
+                                                  and m1.stride() == r1.stride()))):
+            return rec
+    return join(t)
+
+
+def renew(t: torch.Tensor) -> Record:
+    """``t`` ran an in-place op that may have replaced or rewritten its members: a new,
+    unchecked record on its current members (the old record object, which views may share,
+    is left to its counters)."""
+    return join(t)
+
+
+# -- marking -----------------------------------------------------------------------------------
+
+
+def mark_validated(rec: Record, geometry: Hashable, snap: Snapshot, ver: int) -> bool:
+    """Validation passed on ``rec``'s data as it was at ``snap`` (``ver``: its own counter
+    then). Returns False (it stays unchecked) if a counter moved meanwhile."""
+    if rec.ver == VOLATILE:
+        rec.geom = geometry
+        return True
+    state = state_of(rec)
+    ok = rec.m0._version == ver if state is None else state.prove((rec.key, geometry), snap)
+    if ok:
+        rec.set_checked(ver, geometry)
+    return ok
+
+
+def snapshot(rec: Record) -> tuple[Snapshot, int]:
+    """Counters before validation reads the data: the state's, and the record's own."""
+    if rec.ver == VOLATILE:
+        return {}, VOLATILE
+    if rec.state is None and rec.extra:
+        share(rec)  # a private record's other counters are re-armed by the state's proof
+    state = state_of(rec)
+    ver = rec.m0._version
+    return (state.snapshot() if state is not None else {}), ver
+
+
+def mark_derived(rec: Record, geometry: Hashable) -> bool:
+    """``rec``'s tensor was made by a known op from tensors checked before and after it ran,
+    and has ``geometry``: checked without validation, while its state holds."""
+    if rec.ver == VOLATILE:
+        return False
+    state = state_of(rec)
+    ver = rec.m0._version
+    ok = state is None or state.derive((rec.key, geometry))
+    if ok:
+        rec.set_checked(ver, geometry)
+    return ok
+
+
+def known(rec: Record, geometry: Hashable, watched: bool) -> bool:
+    """Whether ``rec``'s index data is already proven for ``geometry`` on its state (a cache
+    hit: no O(nnz) check needed) and no write through ``rec``'s own counter can have been
+    missed (``watched``: the record saw every write through its counter; else nothing wrote
+    through its members yet)."""
+    state = state_of(rec)
+    return (state is not None and state.is_proven((rec.key, geometry))
+            and (watched or all(m._version == 0 for m in rec.members())))
+
+
+def mark_known(rec: Record, geometry: Hashable) -> bool:
+    """``rec`` (just made, shared) is on index data whose state proves ``geometry`` (a cache
+    hit). Returns False if the state stopped proving it meanwhile."""
+    state = state_of(rec)
+    if state is None or not state.is_proven((rec.key, geometry)):
+        return False
+    rec.set_checked(rec.m0._version, geometry)
+    return True
+
+
+def mark_copied(rec: Record, geometry: Hashable, snap: Snapshot) -> bool:
+    """``rec``'s tensor was just overwritten in place (``copy_``) with index data known valid for
+    ``geometry``; ``snap`` was taken before the write. Proven if no *other* counter moved (the
+    copy moved the tensor's own); every other proof on that memory is void (the copy wrote it)."""
+    state = state_of(rec)
+    if state is None:
+        return False  # (volatile) validated when asked
+    with state.lock:
+        mine = state._watch_of(rec)
+        if mine is not None:
+            snap = {**snap, id(mine): mine.alias._version}
+    ok = state.prove((rec.key, geometry), snap)
+    if ok:
+        rec.set_checked(rec.m0._version, geometry)
+    return ok
+
+
+def same_index_data(a: Record, b: Record) -> bool:
+    """Both records are on one view of one piece of index memory, with the same geometry."""
+    if a is b:
+        return True
+    sa = state_of(a)
+    return (sa is not None and sa is state_of(b) and a.key == b.key and a.geom == b.geom)
+
+
+def rearm(rec: Record) -> bool:
+    """A known values-only in-place op ran on ``rec``'s checked tensor: take its counter as it
+    is now (shared: if every other watch still holds)."""
+    if rec.ver < 0:
+        return False
+    state = state_of(rec)
+    if state is not None and not state.rearm(rec, rec.proof()):
+        return False
+    rec.set_checked(rec.m0._version, rec.geom)
+    return True
+
+
+def hand_out(t: torch.Tensor, member: torch.Tensor) -> None:
+    """``t`` handed out ``member`` (an index member alias sharing its counter): its record is
+    shared from now on, and the member carries it (keeping its watch alive, and claiming it for
+    a rebuild)."""
+    rec = record(t)
+    if rec is None or rec.ver == VOLATILE:
+        return
+    share(rec)
+    claims.set(member, rec)
+
+
+def claim(x: torch.Tensor) -> Record | None:
+    """The record whose counter ``x`` shares (a member it handed out), if any."""
+    rec: Record | None = claims.get(x)
+    return rec
+
+
+def watch(rec: Record, owner: torch.Tensor) -> None:
+    """``owner`` (a plain tensor: an index tensor ``rec``'s tensor was built from) can write its
+    index memory: watch its counter too."""
+    state = state_of(rec)
+    if state is None:
+        return
+    c = claim(owner)
+    if c is not None and state_of(c) is state:
+        return  # a member handed out on this state: its record's watch covers its counter
+    state.witness(owner, owner.detach())
+
+
+def proof_cache(t: torch.Tensor) -> dict[Hashable, Any] | None:
+    """A dict for what is derived from ``t``'s index data alone (e.g. a regrouped block
+    structure), tied to the proof that makes ``t`` checked: every tensor on the same proven
+    index data (same view, same geometry) gets the same dict, and it is dropped with the proof
+    (any write through anything that can write that data, a storage that died or moved,
+    :func:`clear_cache`), so a later call gets a new, empty one. None when ``t`` is not checked
+    now, or its index data cannot be watched (volatile): compute afresh then.
+
+    Only what depends on the index data and the geometry may be cached (never values). In
+    debug mode, which trusts no remembered state, there is no cache (None)."""
+    rec = record(t)
+    if rec is None or rec.ver < 0 or not holds(rec) or is_debug():
+        return None
+    state = share(rec)
+    if state is None:
+        return None
+    proof = (rec.key, rec.geom)
+    with state.lock:
+        if proof not in state.proven or not state._holds():
+            return None
+        cache = state.caches.get(proof)
+        if cache is None:
+            cache = state.caches[proof] = {}
+        return cache
+
+
+def cache_size() -> int:
+    """Number of live index states with memory (for tests and diagnostics); pending private
+    records are shared first, so each is counted."""
+    _flush(None)
+    return memory_state_count()
+
+
+def clear_cache() -> None:
+    """Forget every validation proof: the next build or ``validate`` checks its indices again.
+
+    Tensors that were checked become unchecked until validated again (``ss.is_checked`` is
+    ``False`` for them). Useful in tests and benchmarks; normal code never needs it, since
+    in-place writes to index data already drop the checked state.
+    """
+    global _generation
+    _generation += 1  # sole records (in no state) proven before now are not trusted
+    for state in all_states():
+        with state.lock:
+            state._void()
+

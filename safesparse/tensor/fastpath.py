@@ -1,0 +1,265 @@
+"""The fast path of ``SafeSparseTensor.__torch_function__``: the common operations on one
+checked tensor, in a straight line.
+
+An entry of :data:`FAST` handles one torch function when its arguments have the expected form
+(no keyword arguments, the first argument a checked ``SafeSparseTensor``, the others Python
+scalars, non-tensors or one plain dense tensor, by the entry's rule) and debug mode is off.
+Then that tensor is the only sparse argument, so the guard is one check of its record
+(:func:`safesparse.state.checked.holds`), and the result needs no search:
+
+* ``FRESH`` / ``MOVE`` (values-only ops, ``clone``, multiplication/division by a scalar, a
+  positive power; dtype/device moves): torch copied the index data into memory it allocated in
+  the op, so the result is born with a *sole* record (checked.py, shortcut 1), checked if the
+  input still holds after the op. A move also re-checks the two O(1) invariants a move can
+  break (1.5 values dtype, 4.1 device type).
+* ``VIEW`` (``.mT``, ``.t()``, sparse-dim ``transpose`` of a non-hybrid compressed tensor) and
+  ``DETACH``: torch's own view of the input (same counter, same index memory, same geometry):
+  the result carries the input's record object (shortcut 3).
+* ``PRODUCT`` (``A @ x``, ``mm``, ``matmul``, ``torch.sparse.mm`` with a plain dense ``x``,
+  non-block layouts): the result is strided; nothing to wrap.
+
+A handler returns :data:`MISS` before running anything when the call does not fit; the general
+path then handles it as before. A result that turns out not to fit after the op ran (torch
+returned memory shared with the input, or more references than its own) goes to the general
+path's wrapping (``fallback``) with the input known checked before the op.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, Final
+
+import torch
+
+from ..base.debug_flag import is_debug
+from ..engine.metadata import _UNSUPPORTED_VALUE_DTYPES, SUPPORTED_DEVICE_TYPES
+from ..state.checked import Record, born, holds
+from .optable import VALUES_ONLY
+
+__all__ = ["FAST", "MISS", "Fallback", "Handler"]
+
+T = torch.Tensor
+_run: Callable[..., Any] = torch._C._disabled_torch_function_impl
+_getrefcount = sys.getrefcount
+_COO = torch.sparse_coo
+_STRIDED = torch.strided
+_SCALARS = (int, float)
+_DENSE_TYPES = (torch.Tensor, torch.nn.Parameter)
+_SWAPPED = {torch.sparse_csr: torch.sparse_csc, torch.sparse_csc: torch.sparse_csr,
+            torch.sparse_bsr: torch.sparse_bsc, torch.sparse_bsc: torch.sparse_bsr}
+_BLOCKED = (torch.sparse_bsr, torch.sparse_bsc)
+_ROW = (torch.sparse_csr, torch.sparse_bsr)
+_CSR = torch.sparse_csr
+_LAYOUT = T.layout.__get__  # type: ignore[attr-defined]
+
+
+def _layout(a: Any) -> torch.layout:
+    """``a.layout`` without a ``__torch_function__`` round trip (``a`` is a SafeSparseTensor)."""
+    lay: torch.layout = _run(_LAYOUT, (), (a,), {})
+    return lay
+
+#: Returned by a handler that did not handle the call (nothing has run).
+MISS: Final[Any] = object()
+
+#: ``fallback(func, args, ret)``: wrap ``ret`` the general way (the first argument was checked
+#: before the op ran).
+Fallback = Callable[[Callable[..., Any], tuple[Any, ...], Any], Any]
+Handler = Callable[[type, Callable[..., Any], Any, tuple[Any, ...], Fallback], Any]
+
+
+def _checked(a: Any) -> Record | None:
+    """``a``'s record if ``a`` is a checked SafeSparseTensor and debug mode is off."""
+    r: Record | None = a.__dict__.get("_ss")
+    if r is None or not holds(r) or is_debug():
+        return None
+    return r
+
+
+def _born(cls: type, a: Any, r: Record, ret: Any, move: bool, func: Callable[..., Any],
+          args: tuple[Any, ...], fallback: Fallback) -> Any:
+    """``ret``, the result of a copying op on checked ``a``: retyped and given a sole record if
+    its index memory is fresh (see the module docstring), else the general wrapping."""
+    if ret is a:
+        return a  # (e.g. ``t.to(t.dtype)``): nothing was made, a's state stands
+    # 2: our parameter and getrefcount's argument; more: someone else holds it too
+    if (type(ret) is not T or _getrefcount(ret) != 2 or ret.layout is not _layout(a)
+            or ret.is_inference()):  # (no counter to watch: joined as volatile there)
+        return fallback(func, args, ret)
+    if move and (ret.dtype in _UNSUPPORTED_VALUE_DTYPES
+                 or ret.device.type not in SUPPORTED_DEVICE_TYPES):
+        return fallback(func, args, ret)  # 1.5 / 4.1 are decided there
+    lay = ret.layout
+    coalesced = None
+    if lay is _COO:
+        m0, m1 = ret._indices(), None
+        coalesced = ret.is_coalesced()
+    elif lay in _ROW:
+        m0, m1 = ret.crow_indices(), ret.col_indices()
+    else:
+        m0, m1 = ret.ccol_indices(), ret.row_indices()
+    # checked.born: None when not fresh (or empty): joined by memory range; checked only if
+    # the input still holds after the op (a write while torch copied it is never blessed)
+    rec = born(r, m0, m1, coalesced)
+    if rec is None:
+        return fallback(func, args, ret)
+    ret.__class__ = cls
+    ret.__dict__["_ss"] = rec
+    return ret
+
+
+def _fresh(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ...],
+           fallback: Fallback) -> Any:
+    """``t.op()``: a values-only op, ``clone``, a unary dunder."""
+    if len(args) != 1:
+        return MISS
+    a = args[0]
+    r = _checked(a)
+    if r is None:
+        return MISS
+    return _born(cls, a, r, _run(func, types, args, {}), False, func, args, fallback)
+
+
+def _scalar(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ...],
+            fallback: Fallback) -> Any:
+    """``t * 2``, ``2 * t``, ``t / 2``: one int/float scalar after the tensor."""
+    if len(args) != 2 or type(args[1]) not in _SCALARS:
+        return MISS
+    a = args[0]
+    r = _checked(a)
+    if r is None:
+        return MISS
+    return _born(cls, a, r, _run(func, types, args, {}), False, func, args, fallback)
+
+
+def _power(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ...],
+           fallback: Fallback) -> Any:
+    """``t ** p`` for a scalar ``p > 0`` (zeros stay zero)."""
+    if len(args) != 2 or type(args[1]) not in _SCALARS or not args[1] > 0:
+        return MISS
+    a = args[0]
+    r = _checked(a)
+    if r is None:
+        return MISS
+    return _born(cls, a, r, _run(func, types, args, {}), False, func, args, fallback)
+
+
+def _move(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ...],
+          fallback: Fallback) -> Any:
+    """``t.to(torch.float64)``, ``t.double()``, ``t.cpu()``: no tensor among the arguments."""
+    for x in args[1:]:
+        if isinstance(x, T):
+            return MISS
+    a = args[0]
+    r = _checked(a)
+    if r is None:
+        return MISS
+    return _born(cls, a, r, _run(func, types, args, {}), True, func, args, fallback)
+
+
+def _view(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ...],
+          fallback: Fallback) -> Any:
+    """``t.mT``, ``t.t()``, ``t.transpose(-2, -1)`` of a non-hybrid compressed tensor: torch's
+    own view, carrying the input's record. Anything else (COO, hybrid, other dims, an error)
+    returns MISS: the general path (transpose.py) runs it again."""
+    n = len(args)
+    if n != 1 and not (n == 3 and type(args[1]) is int and type(args[2]) is int):
+        return MISS
+    a = args[0]
+    lay = _layout(a)
+    if lay not in _SWAPPED:
+        return MISS
+    r = _checked(a)
+    if r is None:
+        return MISS
+    try:
+        ret = _run(func, types, args, {})
+    except (RuntimeError, IndexError):
+        return MISS  # (torch refuses hybrid transposes; the general path handles them)
+    # a layout swapped by torch's own view of a: the sparse dims of a non-hybrid tensor
+    if type(ret) is not T or ret.layout is not _SWAPPED[lay] or ret._base is not a:
+        return MISS
+    ret.__class__ = cls
+    ret.__dict__["_ss"] = r
+    return ret
+
+
+def _detach(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ...],
+            fallback: Fallback) -> Any:
+    """``t.detach()``: the same counter and index memory, so the same record."""
+    if len(args) != 1:
+        return MISS
+    a = args[0]
+    r = _checked(a)
+    if r is None:
+        return MISS
+    ret = _run(func, types, args, {})
+    if type(ret) is not T:
+        return fallback(func, args, ret)
+    ret.__class__ = cls
+    ret.__dict__["_ss"] = r
+    return ret
+
+
+def _product(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ...],
+             fallback: Fallback) -> Any:
+    """``A @ x``, ``torch.mm(A, x)``, ``torch.matmul(A, x)`` with a plain dense ``x`` and a
+    CSR, CSC or COO ``A`` (block layouts take the block route of the general path): a strided
+    result, returned as torch computes it."""
+    if len(args) != 2:
+        return MISS
+    a = args[0]
+    x = args[1]
+    if type(x) not in _DENSE_TYPES or x.layout is not _STRIDED or _layout(a) in _BLOCKED:
+        return MISS
+    if _checked(a) is None:
+        return MISS
+    return _run(func, types, args, {})
+
+
+def _sparse_mm(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ...],
+               fallback: Fallback) -> Any:
+    """``torch.sparse.mm(A, x[, reduce])`` of a checked CSR or COO ``A`` and a plain dense
+    ``x`` (torch has no backward for a CSC ``A``: the general path computes that product with
+    ``torch.mm``; block layouts take the block route)."""
+    n = len(args)
+    if n != 2 and not (n == 3 and type(args[2]) is str):
+        return MISS
+    a = args[0]
+    x = args[1]
+    lay = _layout(a)
+    if (type(x) not in _DENSE_TYPES or x.layout is not _STRIDED
+            or (lay is not _CSR and lay is not _COO)):
+        return MISS
+    if _checked(a) is None:
+        return MISS
+    return _run(func, types, args, {})
+
+
+def _table() -> dict[Callable[..., Any], Handler]:
+    table: dict[Callable[..., Any], Handler] = {}
+    for name in VALUES_ONLY:
+        for f in (getattr(torch, name, None), getattr(T, name, None)):
+            if f is not None:
+                table[f] = _fresh
+    for f in (T.clone, torch.clone, T.__neg__, T.__pos__, T.__abs__):
+        table[f] = _fresh
+    for f in (T.mul, torch.mul, T.__mul__, T.__rmul__, T.div, torch.div, T.__truediv__):
+        table[f] = _scalar
+    for f in (T.pow, torch.pow, T.__pow__):
+        table[f] = _power
+    for f in (T.to, T.cpu, T.cuda, T.float, T.double, T.half, T.bfloat16, T.int, T.long,
+              T.bool, T.type):
+        table[f] = _move
+    for f in (T.mT.__get__, T.t, torch.t, T.transpose, torch.transpose):  # type: ignore[attr-defined]
+        table[f] = _view
+    for f in (T.detach, torch.detach):
+        table[f] = _detach
+    for f in (T.__matmul__, T.matmul, torch.matmul, T.mm, torch.mm):
+        table[f] = _product
+    table[torch.sparse.mm] = _sparse_mm
+    return table
+
+
+#: torch function -> fast handler (see the module docstring).
+FAST: Final[dict[Callable[..., Any], Handler]] = _table()

@@ -1,0 +1,128 @@
+"""The op table's vocabulary: the kinds of operations, a table entry, and the torch functions
+that only read metadata or hand out members (the ones no check or wrapping applies to).
+
+:class:`safesparse.SafeSparseTensor` holds the table itself (per class, see
+:mod:`safesparse.tensor.core`); :mod:`safesparse.tensor.ops` fills it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "INDEX_ACCESSORS",
+    "INSPECTION",
+    "VALUES_ONLY",
+    "Classifier",
+    "Handler",
+    "OpEntry",
+    "OpKind",
+    "op_name",
+]
+
+
+class OpKind(enum.Enum):
+    """How an operation's sparse result relates to the index data of its inputs.
+
+    The kinds of the op table (:meth:`SafeSparseTensor.classify`):
+
+    * ``PRESERVING``: the result has its input's index data (a view or a copy): checked
+      without validation when every sparse input is checked before and after the op.
+    * ``NEW_INDICES``: torch builds new index data (coalesce, add, conversions, sparse @
+      sparse): the result is validated before it counts as checked, repaired where torch is
+      known to build it wrongly, and refused (``InvariantError`` naming the op) otherwise.
+    * ``UNKNOWN``: anything else (the default for ops not in the table): the result is
+      unchecked.
+    """
+
+    PRESERVING = "preserving"  # keeps the inputs' index data (a view or a copy): no validation
+    NEW_INDICES = "new_indices"  # torch builds new index data: validated before it is checked
+    UNKNOWN = "unknown"  # anything else: the result is unchecked
+
+
+Handler = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+Classifier = Callable[[tuple[Any, ...], dict[str, Any]], OpKind]
+
+
+@dataclass(frozen=True)
+class OpEntry:
+    """One row of the op table: the kind of the op, or a function deciding it from the args,
+    and optionally an implementation replacing torch's (e.g. the zero-copy transposes)."""
+
+    kind: OpKind | Classifier
+    impl: Handler | None = None
+
+    def kind_for(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpKind:
+        return self.kind if isinstance(self.kind, OpKind) else self.kind(args, kwargs)
+
+
+_T = torch.Tensor
+#: Runs a torch function with subclass dispatch off and returns its raw result (torch's C impl).
+_run_plain: Callable[..., Any] = torch._C._disabled_torch_function_impl
+#: Ops that only read metadata or return member tensors: passed straight to torch (also in
+#: debug mode: they run no kernel over the index data and return nothing sparse).
+_GETTERS = ("shape", "layout", "dtype", "device", "requires_grad", "is_sparse", "grad_fn",
+            "is_leaf", "ndim", "is_cuda", "_base", "grad", "nbytes", "itemsize", "names",
+            "_version", "is_sparse_csr", "is_meta", "is_quantized", "is_nested", "is_cpu",
+            "output_nr", "_cdata")
+INSPECTION: frozenset[Callable[..., Any]] = frozenset({
+    *(getattr(_T, name).__get__ for name in _GETTERS
+      if hasattr(getattr(_T, name, None), "__get__")),
+    _T.dim, _T.size, _T.numel, _T.nelement, _T.sparse_dim, _T.dense_dim, _T._nnz,
+    _T.crow_indices, _T.col_indices, _T.ccol_indices, _T.row_indices, _T.values,
+    _T._values, _T._indices, _T.indices, _T.is_coalesced, _T.data_ptr, _T.element_size,
+    _T.get_device, _T.is_floating_point, _T.is_complex, _T._is_view, _T.is_inference,
+})
+_aten = torch.ops.aten
+#: The accessors that hand out index members (sharing the tensor's version counter), torch's
+#: ``aten`` overloads included (decompositions and compiled code call those).
+INDEX_ACCESSORS: frozenset[Callable[..., Any]] = frozenset({
+    _T.crow_indices, _T.col_indices, _T.ccol_indices, _T.row_indices, _T._indices, _T.indices,
+    *(f for name in ("crow_indices", "col_indices", "ccol_indices", "row_indices", "_indices",
+                     "indices")
+      for f in (getattr(_aten, name), getattr(_aten, name).default)),  # packet and overload
+})
+INSPECTION = INSPECTION | INDEX_ACCESSORS | {
+    *(f for name in ("values", "_values", "_nnz", "sparse_dim", "dense_dim", "is_coalesced",
+                     "_dimI", "_dimV", "dim", "numel", "size")
+      for f in (getattr(_aten, name), getattr(_aten, name).default)),
+    _aten.size.int, _T.__len__, _T.is_contiguous, _T.storage_offset, _T.stride, _T.__format__,
+}
+
+
+_INPLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ipow__",
+                              "__ifloordiv__", "__imod__", "__iand__", "__ior__", "__ixor__",
+                              "__ilshift__", "__irshift__", "__imatmul__", "__setitem__",
+                              "__delitem__", "__set__"})
+
+
+def _mutates(func: Callable[..., Any]) -> bool:
+    """Whether ``func`` writes its first argument in place (torch's naming: a trailing
+    underscore, or an in-place dunder)."""
+    name = getattr(func, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__")) or name in _INPLACE_DUNDERS
+
+
+def op_name(func: Callable[..., Any]) -> str:
+    """A readable name: ``mul``, or ``mT`` for a property getter."""
+    name: str = getattr(func, "__name__", None) or repr(func)
+    if name in ("__get__", "__set__"):  # a property: name the descriptor, not its accessor
+        name = getattr(getattr(func, "__self__", None), "__name__", name)
+    return name
+
+
+#: Zero-preserving elementwise ops torch applies to the values of a sparse tensor alone (f(0) is
+#: 0, so the index data of the result is the input's): function, method and in-place forms.
+#: The op table (ops.py) lists them as preserving; the fast path (fastpath.py) takes them.
+VALUES_ONLY = (
+    "abs", "absolute", "angle", "arcsin", "arcsinh", "arctan", "arctanh", "asin", "asinh",
+    "atan", "atanh", "ceil", "conj_physical", "deg2rad", "erf", "erfinv", "expm1", "fix",
+    "floor", "frac", "isinf", "isnan", "isneginf", "isposinf", "log1p", "nan_to_num", "neg",
+    "negative", "positive", "rad2deg", "relu", "round", "sgn", "sign", "signbit", "sin", "sinh",
+    "sqrt", "square", "tan", "tanh", "trunc",
+)
