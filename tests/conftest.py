@@ -90,6 +90,7 @@ SLOW_MODULES = frozenset({
     "test_compile",
     "test_crash_routes",
     "test_distributed",
+    "test_fork",
     "test_nn_compile",
     "test_import_warnings",
     "test_portable_checkpoints",

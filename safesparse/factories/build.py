@@ -235,7 +235,9 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
     checked.count("validations")
     cd = c.detach()
     pd = p.detach()
-    plain = build(cd, pd, _own(v), shape, check_invariants=False)
+    # (_own inlined: the factories' hot path)
+    plain = build(cd, pd, v.view_as(v) if v.requires_grad else v.detach(), shape,
+                  check_invariants=False)
     if c._version != vc or p._version != vp:
         return compressed(c, p, v, meta)  # written meanwhile: the general way decides
     if plain.is_inference():

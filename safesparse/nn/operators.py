@@ -9,7 +9,7 @@ stored block), so compiled backward graphs hold them the same way.
 
 Validation stays where data enters (the modules' construction, ``load_state_dict``, setting a
 new weight). At run time every real implementation confirms in O(1), with one question to
-:func:`safesparse.checked.confirm`, that the index members it was given are the ones proven
+:func:`safesparse.state.checked.confirm`, that the index members it was given are the ones proven
 for this geometry, unwritten since, and refuses anything else (:class:`UnprovenMembersError`),
 before any kernel reads them. The metadata the kernels rely on beyond the proof (the values'
 shape against the number of stored blocks, the block shape against the sizes, the dense

@@ -40,7 +40,7 @@ joined (a factory call, an adoption, the first hand-out of a member), never per 
 The shortcuts, and why each is sound
 ------------------------------------
 1. *Fresh results are born sole* (``A * 2``, ``.to(dtype)``, ``clone``, values-only ops: see
-   :mod:`safesparse.fastpath`). These ops either reuse the input's index tensors whole or copy
+   :mod:`safesparse.tensor.fastpath`). These ops either reuse the input's index tensors whole or copy
    them; the result's member pointers are compared with the input's, and only a result whose
    index memory torch allocated inside the op gets a sole record. Nothing else can reach that
    memory: the only routes to it are the result's accessors, which share its counter. The
@@ -84,6 +84,17 @@ The shortcuts, and why each is sound
 
 When in doubt the sound path runs: anything the fast path does not recognise goes through the
 general path (the guard over every sparse argument, results joined by memory range).
+
+The questions other modules ask (none reads a record's fields)
+------------------------------------------------------------------
+*Does a proof hold?* :func:`proves` (the rule, for given members and geometries), :func:`holds`
+(for a record's own tensors), :func:`vouch` (members a checked tensor handed out: a rebuild),
+:func:`confirm` (model code's operators), :func:`known` (a state already proves a view).
+*What is proven?* :func:`proven_geometry`, :func:`is_volatile`, :func:`proof_cache`.
+*Record a proof or a tensor:* :func:`announce` / :func:`settle` (a first validation, private),
+:func:`register` + :func:`shared_record` (on a state), :func:`rebuilt` (a proven rebuild),
+:func:`born` (a fresh result), :func:`implied_coo`, the ``mark_*`` functions, :func:`join`,
+:func:`renew`, :func:`share`, :func:`hand_out`, :func:`watch`.
 
 Limits: writes that bypass version counters are not seen (NumPy views of the memory, raw
 pointers, ``.data`` of a member, a ``detach()`` of a handed-out member once that member and its
@@ -574,7 +585,7 @@ def _others_overlap(spans: Spans, own: Record) -> bool:
 
 
 def register(members: Sequence[torch.Tensor], key: IndexKey | None = None) -> IndexState:
-    """The one state of the memory of ``members`` (:func:`safesparse.memory.register`), after
+    """The one state of the memory of ``members`` (:func:`safesparse.state.memory.register`), after
     sharing the pending records that overlap it."""
     if _pending:
         _flush(spans_of(members))

@@ -248,15 +248,6 @@ class IndexState:
             mine.version = mine.alias._version
             return True
 
-    def knows(self, x: torch.Tensor) -> bool:
-        """Whether writes through the plain tensor ``x`` are seen here: it is a watched owner,
-        or a member handed out by a record watched here (sharing that record's counter)."""
-        rec = claims.get(x)
-        if rec is not None and resolve(rec.state) is self:
-            return True
-        with self.lock:
-            return self._watch_of(x) is not None
-
     def watch_count(self) -> int:
         with self.lock:
             self._prune()

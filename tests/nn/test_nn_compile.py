@@ -129,7 +129,7 @@ def test_trainable_sparse_matmul_values_get_gradients() -> None:
 def test_compiled_program_receives_the_module_buffers() -> None:
     """What the O(1) confirmation rests on: the operator sees the module's buffer objects
     (their claims) in compiled programs, forward and backward, and in exported ones."""
-    from safesparse import checked
+    from safesparse.state import checked
 
     m = model(CSR, None, True)
     seen: list[bool] = []
