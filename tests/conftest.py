@@ -88,6 +88,7 @@ SLOW_MODULES = frozenset({
     "test_crash_routes",
     "test_distributed",
     "test_nn_compile",
+    "test_nn_distributed",
     "test_import_warnings",
     "test_portable_checkpoints",
     "test_protect",
