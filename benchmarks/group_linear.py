@@ -1,18 +1,22 @@
-"""Group ``linear``: sparse weights in model code (SPEC 9; issue 25's figures).
+"""Group ``linear``: sparse weights in model code (SPEC 9 and 10; issues 25 and 35's figures).
 
-Side by side in one process, on a 2048 x 2048 weight with 5 % of its 16 x 16 blocks stored and
-a dense operand of 64 columns (``x`` of shape 64 x 2048 for ``F.linear``, 2048 x 64 for
-``W @ x``):
+Side by side in one process (interleaved rounds, the harness's statistic):
 
-* ``F.linear(x, W)`` for a checked square-block BSR ``W``, no bias, no gradient, against
-  torch's own BSR kernel on the same data (``torch.mm(W, x.mT).mT``; torch's ``F.linear`` on
-  the plain tensor is shown too);
-* BSC ``W @ x`` against the dense matmul of the same matrix (the block route: the regrouped
-  structure kept with the index proof, one gather of the values, one CSR product);
-* ``SparseLinear`` forward + backward against a dense ``nn.Linear`` of the same size;
-* a training step with ``torch.optim.Adam`` (zero_grad, forward, MSE loss, backward, step) of
-  ``SparseLinear`` against the hand-written module docs/models.md used to show
-  (:class:`HandWritten`).
+* ``SparseLinear`` (BSR, 16 x 16 blocks, pruned with ``SparseLinear.from_dense`` from a random
+  ``nn.Linear``) against a dense ``nn.Linear`` of the same size, 1024 x 1024, batch 256, at
+  5 %, 10 % and 25 % of the blocks stored: forward + backward (gradients to the input, the
+  values and the bias), and forward alone under ``torch.no_grad()``;
+* a model (Linear, ReLU, SparseLinear 10 %, ReLU, Linear; 1024 wide, batch 256) compiled with
+  ``torch.compile(model, fullgraph=True)`` against the same model eager, forward + backward
+  (compiled once, outside the timed region);
+* on a 2048 x 2048 weight with 5 % of its 16 x 16 blocks stored and a dense operand of 64
+  columns: ``F.linear(x, W)`` for a checked square-block BSR ``W`` against torch's own BSR
+  kernel (``torch.mm(W, x.mT).mT``; torch's ``F.linear`` on the plain tensor is shown too),
+  BSC ``W @ x`` against the dense matmul of the same matrix, and a training step with
+  ``torch.optim.Adam`` of ``SparseLinear`` against the hand-written module docs/models.md used
+  to show (:class:`HandWritten`).
+
+``--quick`` runs every statement at small sizes (256 wide, batch 64; 512 for the products).
 """
 
 from __future__ import annotations
@@ -49,8 +53,21 @@ TARGETS = [
      "safesparse / torch's BSR kernel (`torch.mm(W, x.mT).mT`)", 1.10, "x"),
     ("linear.bsc_vs_dense", "BSC `W @ x` (16 x 16 blocks), forward: safesparse / dense matmul "
      "of the same matrix", 0.30, "x"),
-    ("linear.layer_vs_dense", "`SparseLinear` forward + backward (BSR, 16 x 16 blocks) / dense "
-     "`nn.Linear` forward + backward", 0.5, "x"),
+    ("linear.fwd_bwd_five", "`SparseLinear` (BSR 16 x 16, 5 % of blocks) / `nn.Linear`, "
+     "1024 x 1024, batch 256, forward + backward", 0.35, "x"),
+    ("linear.fwd_bwd_ten", "`SparseLinear` (BSR 16 x 16, 10 % of blocks) / `nn.Linear`, "
+     "1024 x 1024, batch 256, forward + backward", 0.60, "x"),
+    ("linear.fwd_bwd_quarter", "`SparseLinear` (BSR 16 x 16, 25 % of blocks) / `nn.Linear`, "
+     "1024 x 1024, batch 256, forward + backward", 1.00, "x"),
+    ("linear.forward_five", "`SparseLinear` (BSR 16 x 16, 5 % of blocks) / `nn.Linear`, "
+     "1024 x 1024, batch 256, forward under `no_grad`", 0.30, "x"),
+    ("linear.forward_ten", "`SparseLinear` (BSR 16 x 16, 10 % of blocks) / `nn.Linear`, "
+     "1024 x 1024, batch 256, forward under `no_grad`", 0.50, "x"),
+    ("linear.forward_quarter", "`SparseLinear` (BSR 16 x 16, 25 % of blocks) / `nn.Linear`, "
+     "1024 x 1024, batch 256, forward under `no_grad`", 0.90, "x"),
+    ("linear.compiled_model", "model (Linear, ReLU, SparseLinear 10 %, ReLU, Linear; 1024 "
+     "wide, batch 256) forward + backward: `torch.compile(model, fullgraph=True)` / eager",
+     1.05, "x"),
     ("linear.adam_step", "`SparseLinear` training step with `torch.optim.Adam` / the "
      "hand-written module docs/models.md showed (BSR, 16 x 16 blocks)", 1.05, "x"),
 ]
@@ -64,6 +81,12 @@ SIZE, QUICK_SIZE = 2048, 512
 DENSITY = 0.05
 BLOCK = (16, 16)
 K = 64
+#: The layer rows: width and batch (full, quick), and (density, fwd+bwd key, forward key).
+LAYER, QUICK_LAYER = (1024, 256), (256, 64)
+DENSITIES = [(0.05, "linear.fwd_bwd_five", "linear.forward_five"),
+             (0.10, "linear.fwd_bwd_ten", "linear.forward_ten"),
+             (0.25, "linear.fwd_bwd_quarter", "linear.forward_quarter")]
+MODEL_DENSITY = 0.10
 
 
 class HandWritten(nn.Module):
@@ -88,33 +111,102 @@ class HandWritten(nn.Module):
         return torch.addmm(self.bias.unsqueeze(1), self.weight(), x.mT).mT
 
 
-@register("linear", "sparse weights in model code: F.linear vs torch's BSR kernel, BSC @ x vs "
-          "dense, SparseLinear vs nn.Linear and vs the hand-written module (2048 x 2048, 5 % "
-          "of 16 x 16 blocks, 64 columns)")
+@register("linear", "sparse weights in model code: SparseLinear vs nn.Linear at 5/10/25 % of "
+          "16 x 16 blocks (1024 x 1024, batch 256), a compiled model vs eager, F.linear vs "
+          "torch's BSR kernel, BSC @ x vs dense, the Adam step vs the hand-written module")
 def bench_linear(cfg: Config) -> list[Table]:
     ss = load_safesparse()
+    width, rows = QUICK_LAYER if cfg.quick else LAYER
+    layers = Table(f"linear layers: {width} x {width}, batch {rows}, {BLOCK[0]} x {BLOCK[1]} "
+                   "blocks", COLUMNS)
     n = QUICK_SIZE if cfg.quick else SIZE
     table = Table(f"linear: {n} x {n} weight ({DENSITY:.0%} of {BLOCK[0]} x {BLOCK[1]} "
                   f"blocks), {K} columns", COLUMNS)
     if ss is None:
         table.notes.append("safesparse could not be imported: nothing to measure.")
-        return [table]
+        return [layers, table]
     gen = torch.Generator().manual_seed(SEED)
-    r, c = BLOCK
-    mask = torch.rand(n // r, n // c, generator=gen) < DENSITY
-    full = mask.repeat_interleave(r, 0).repeat_interleave(c, 1)
-    dense = torch.randn(n, n, generator=gen) * full
     with DebugOff(ss):
+        _densities(layers, cfg, ss, width, rows, gen)
+        gc.collect()
+        _compiled(layers, cfg, ss, width, rows, gen)
+        gc.collect()
+        r, c = BLOCK
+        mask = torch.rand(n // r, n // c, generator=gen) < DENSITY
+        full = mask.repeat_interleave(r, 0).repeat_interleave(c, 1)
+        dense = torch.randn(n, n, generator=gen) * full
         _products(table, cfg, ss, dense, gen)
         gc.collect()
         _layers(table, cfg, ss, dense, gen)
+    layers.notes += [
+        "float32, CPU. The pattern: `SparseLinear.from_dense(nn.Linear(...), (16, 16), "
+        + "density)` of a randomly initialised layer (the blocks of largest norm). Forward + "
+        + "backward: `torch.autograd.grad` of the output to the input and every parameter; "
+        + "forward: under `torch.no_grad()`; both layers with a bias.",
+        "Compiled: `torch.compile(model, fullgraph=True)` (inductor), compiled and warmed up "
+        + "before the timed rounds; the baseline is the same module eager.",
+    ]
     table.notes += [
-        "float32, CPU. Forward rows without a gradient; the layer rows with the values (and "
+        "float32, CPU. Forward rows without a gradient; the Adam rows with the values (and "
         + "the bias) requiring grad, the input not.",
         "`F.linear` on the plain BSR tensor is torch's own route for the same call (shown, "
         + "not judged).",
     ]
-    return [table]
+    return [layers, table]
+
+
+def _densities(table: Table, cfg: Config, ss: ModuleType, width: int, rows: int,
+               gen: torch.Generator) -> None:
+    """``SparseLinear`` / ``nn.Linear`` at each density: forward + backward, forward alone."""
+    torch.manual_seed(SEED)
+    linear = nn.Linear(width, width)
+    x = torch.randn(rows, width, generator=gen, requires_grad=True)
+    gy = torch.randn(rows, width, generator=gen)
+    for density, key_train, key_forward in DENSITIES:
+        layer = ss.nn.SparseLinear.from_dense(nn.Linear(width, width), BLOCK, density)
+        label = f"{density:.0%} of blocks"
+        tm = measure({"sparse": _fwd_bwd(layer, x, gy, list(layer.parameters())),
+                      "dense": _fwd_bwd(linear, x, gy, list(linear.parameters()))},
+                     cfg, f"linear {label} fwd+bwd")
+        _add(table, f"SparseLinear fwd+bwd, {label}", tm["sparse"], "nn.Linear fwd+bwd",
+             tm["dense"], key_train)
+        with torch.no_grad():
+            tf = measure({"sparse": lambda m=layer: m(x), "dense": lambda: linear(x)}, cfg,
+                         f"linear {label} forward")
+        _add(table, f"SparseLinear forward (no_grad), {label}", tf["sparse"],
+             "nn.Linear forward", tf["dense"], key_forward)
+
+
+def _fwd_bwd(m: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, gy: torch.Tensor,
+             params: list[nn.Parameter]) -> Callable[[], object]:
+    """One forward and backward: gradients to ``x`` and to ``params``."""
+    inputs = [x, *params]
+    return lambda: torch.autograd.grad(m(x), inputs, gy)
+
+
+def _compiled(table: Table, cfg: Config, ss: ModuleType, width: int, rows: int,
+              gen: torch.Generator) -> None:
+    """The model compiled with ``fullgraph=True`` against the same model eager."""
+    torch.manual_seed(SEED)
+    model = nn.Sequential(
+        nn.Linear(width, width), nn.ReLU(),
+        ss.nn.SparseLinear.from_dense(nn.Linear(width, width), BLOCK, MODEL_DENSITY),
+        nn.ReLU(), nn.Linear(width, width))
+    params = list(model.parameters())
+    x = torch.randn(rows, width, generator=gen, requires_grad=True)
+    gy = torch.randn(rows, width, generator=gen)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    step = _fwd_bwd(compiled, x, gy, params)
+    try:
+        for _ in range(3):  # compile (forward and backward graphs), then warm up
+            step()
+    except Exception:  # measure() records the error cell and the problem
+        pass
+    tm = measure({"compiled": step, "eager": _fwd_bwd(model, x, gy, params)}, cfg,
+                 "linear compiled model")
+    _add(table, f"compiled model fwd+bwd ({MODEL_DENSITY:.0%} sparse layer)", tm["compiled"],
+         "same model eager", tm["eager"], "linear.compiled_model")
 
 
 def _products(table: Table, cfg: Config, ss: ModuleType, dense: torch.Tensor,
@@ -146,16 +238,9 @@ def _layers(table: Table, cfg: Config, ss: ModuleType, dense: torch.Tensor,
             gen: torch.Generator) -> None:
     n = dense.shape[0]
     layer = ss.nn.SparseLinear(dense.to_sparse_bsr(BLOCK), True)
-    linear = nn.Linear(n, n)
     hand = HandWritten(dense.to_sparse_bsr(BLOCK), ss)
     x = torch.randn(K, n, generator=gen)
     target = torch.randn(K, n, generator=gen)
-    gy = torch.randn(K, n, generator=gen)
-
-    def fwd_bwd(m: nn.Module) -> Callable[[], object]:
-        params = [p for p in m.parameters() if p.requires_grad]
-        return lambda: torch.autograd.grad(m(x), params, gy)
-
     opts = {name: torch.optim.Adam(m.parameters(), lr=1e-4)
             for name, m in (("layer", layer), ("hand", hand))}
 
@@ -168,10 +253,6 @@ def _layers(table: Table, cfg: Config, ss: ModuleType, dense: torch.Tensor,
             opt.step()
         return run
 
-    tm = measure({"layer": fwd_bwd(layer), "linear": fwd_bwd(linear)}, cfg,
-                 "linear layer fwd+bwd")
-    _add(table, "SparseLinear fwd+bwd", tm["layer"], "nn.Linear fwd+bwd", tm["linear"],
-         "linear.layer_vs_dense")
     ts = measure({"layer": step("layer", layer), "hand": step("hand", hand)}, cfg,
                  "linear adam step")
     _add(table, "SparseLinear Adam step", ts["layer"], "hand-written module step",

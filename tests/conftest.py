@@ -92,6 +92,7 @@ SLOW_MODULES = frozenset({
     "test_distributed",
     "test_fork",
     "test_nn_compile",
+    "test_nn_distributed",
     "test_import_warnings",
     "test_portable_checkpoints",
     "test_protect",
