@@ -1,6 +1,6 @@
 """One rank of the 2-process gloo session behind tests/test_nn_distributed.py.
 
-Run as ``python tests/_ddp_nn_worker.py RANK WORLD INIT_FILE OUT_JSON``. Both ranks run every
+Run as ``python tests/support/ddp_nn_worker.py RANK WORLD INIT_FILE OUT_JSON``. Both ranks run every
 scenario of :data:`SCENARIOS` in order: a model (Linear, ReLU, SparseLinear BSR 4 x 4, ReLU,
 Linear) trained a few SGD steps under ``DistributedDataParallel``, eager and compiled, each rank
 on its half of one batch. After every step each rank gathers both replicas' parameters and
@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import safesparse.distributed as ssd
 from safesparse.nn import SparseLinear, UnprovenMembersError

@@ -1,6 +1,6 @@
 """DistributedDataParallel trains models holding ``SparseLinear`` (issue 35, item 7).
 
-Two gloo processes on 127.0.0.1 (``tests/_ddp_nn_worker.py``, one session per module, under a
+Two gloo processes on 127.0.0.1 (``tests/support/ddp_nn_worker.py``, one session per module, under a
 timeout) train Linear, ReLU, SparseLinear (BSR 4 x 4), ReLU, Linear for a few SGD steps, each
 rank on half of one batch: eager, compiled with ``fullgraph=True`` and then wrapped, and
 wrapped and then compiled. After every step the replicas hold equal parameters and the same
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-WORKER = Path(__file__).resolve().parent / "_ddp_nn_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "support" / "ddp_nn_worker.py"
 ROOT = WORKER.parent.parent
 SESSION_TIMEOUT = 240  # seconds: generous for a loaded 2-core machine; a run takes ~15 s
 
