@@ -40,8 +40,8 @@ joined (a factory call, an adoption, the first hand-out of a member), never per 
 The shortcuts, and why each is sound
 ------------------------------------
 1. *Fresh results are born sole* (``A * 2``, ``.to(dtype)``, ``clone``, values-only ops: see
-   :mod:`safesparse.tensor.fastpath`). These ops either reuse the input's index tensors whole or copy
-   them; the result's member pointers are compared with the input's, and only a result whose
+   :mod:`safesparse.tensor.fastpath`). These ops either reuse the input's index tensors whole
+   or copy them; the result's member pointers are compared with the input's, and only a result whose
    index memory torch allocated inside the op gets a sole record. Nothing else can reach that
    memory: the only routes to it are the result's accessors, which share its counter. The
    result counts as checked only if the input was checked before the op (the guard) and after
