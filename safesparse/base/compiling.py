@@ -73,14 +73,14 @@ def _skip(fn: Callable[..., Any]) -> None:
 
 #: the package's one file dynamo traces: the forward passes of ``safesparse.nn``'s modules,
 #: which hold only strided tensors and call the ``safesparse`` operators (SPEC 10)
-TRACED = Path(__file__).resolve().parent / "nn" / "forward.py"
+TRACED = Path(__file__).resolve().parents[1] / "nn" / "forward.py"
 
 
 def _skip_package() -> None:
     """Every file of the package joins dynamo's skipped paths, except :data:`TRACED`."""
     from torch._dynamo import trace_rules
 
-    root = Path(__file__).resolve().parent
+    root = Path(__file__).resolve().parents[1]  # (the package: this file is in base/)
     skipped = [f"{p.as_posix()}" for p in sorted(root.rglob("*.py")) if p != TRACED]
     trace_rules.SKIP_DIRS.extend(skipped)
     trace_rules._recompile_re()
