@@ -207,13 +207,15 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
         if r is None:
             return compressed(c, p, v, meta)
         checked.count("skipped")
-        pd = p.detach()
-        built = build(c.detach(), pd, _own(v), shape, check_invariants=False)
+        # built on the record's own aliases of the proven members (see _own), not on the
+        # caller's handed-out tensors; m1: the new tensor's own plain member
+        own0, own1 = checked.proven_members(r)
+        built = build(own0, own1, v.view_as(v) if v.requires_grad else v.detach(), shape,
+                      check_invariants=False)
         if built.is_inference():
             return _volatile(built, geom)
-        # m1: the new tensor's own plain member (a detached alias of the handed-out one)
         m0 = built.crow_indices() if meta.info.row_compressed else built.ccol_indices()
-        rec = checked.rebuilt(r, m0, pd, m0._version)
+        rec = checked.rebuilt(r, m0, own1, m0._version)
         built.__class__ = SafeSparseTensor
         built.__dict__["_ss"] = rec
         return built  # type: ignore[return-value]
@@ -310,8 +312,9 @@ def compressed(c: torch.Tensor, p: torch.Tensor, v: torch.Tensor, meta: Compress
         r = checked.vouch(c, p, (geom,)) if claim(c) is not None else None
         if r is not None:
             checked.count("skipped")
-            return _rebuilt(build(c.detach(), p.detach(), _own(v), meta.size,
-                                  check_invariants=False, **extra), r)
+            own0, own1 = checked.proven_members(r)
+            return _rebuilt(build(own0, own1, _own(v), meta.size, check_invariants=False,
+                                  **extra), r)
     # torch builds on detached aliases (see _own), validation reads the caller's tensors (the
     # same memory and view) and watches their counters
     cd, pd, vd = c.detach(), p.detach(), _own(v)
@@ -370,10 +373,11 @@ def coo(idx: torch.Tensor, v: torch.Tensor, meta: CooMeta, is_coalesced: bool | 
     extra = _extra(requires_grad, pin_memory)
     debug = is_debug()
 
-    own_idx, own_v = idx.detach(), _own(v)  # (see _own)
+    own_v = _own(v)  # (see _own)
 
-    def build(size: Sequence[int]) -> torch.Tensor:
-        return _originals.sparse_coo_tensor(own_idx, own_v, size, check_invariants=False,
+    def build(size: Sequence[int], own_idx: torch.Tensor | None = None) -> torch.Tensor:
+        return _originals.sparse_coo_tensor(idx.detach() if own_idx is None else own_idx,
+                                            own_v, size, check_invariants=False,
                                             is_coalesced=is_coalesced, **extra)
 
     sparse = tuple(meta.size[: meta.sparse_dim])
@@ -382,7 +386,7 @@ def coo(idx: torch.Tensor, v: torch.Tensor, meta: CooMeta, is_coalesced: bool | 
                                       checked.coo_geometry(sparse, True)))
         if r is not None:
             checked.count("skipped")
-            return _rebuilt(build(meta.size), r, meta.nnz)
+            return _rebuilt(build(meta.size, checked.proven_members(r)[0]), r, meta.nnz)
     spans = watchable_spans((idx,))
     if spans is None:
         meta = check_coo_indices(meta, idx, is_coalesced=coalesced, estimate=estimate, values=v)

@@ -89,7 +89,8 @@ The questions other modules ask (none reads a record's fields)
 ------------------------------------------------------------------
 *Does a proof hold?* :func:`proves` (the rule, for given members and geometries), :func:`holds`
 (for a record's own tensors), :func:`vouch` (members a checked tensor handed out: a rebuild),
-:func:`confirm` (model code's operators), :func:`known` (a state already proves a view).
+:func:`confirm` (model code's operators), :func:`known` (a state already proves a view),
+:func:`proven_members` (what a proven rebuild builds on).
 *What is proven?* :func:`proven_geometry`, :func:`is_volatile`, :func:`proof_cache`.
 *Record a proof or a tensor:* :func:`announce` / :func:`settle` (a first validation, private),
 :func:`register` + :func:`shared_record` (on a state), :func:`rebuilt` (a proven rebuild),
@@ -299,10 +300,10 @@ def proves(r: Record, m0: torch.Tensor, m1: torch.Tensor | None,
 
 
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """``b`` is at ``a``'s view of the same memory (``a`` holds that memory alive)."""
-    return a is b or (b.data_ptr() == a.data_ptr() and b.shape == a.shape
-                      and b.stride() == a.stride() and b.dtype == a.dtype
-                      and b.get_device() == a.get_device())
+    """``b`` is at ``a``'s view of the same memory (``a`` holds that memory alive): the same
+    storage, offset, sizes and strides (``is_set_to``, one call), and the same dtype (a
+    ``view(dtype)`` of the same item size has the same sizes)."""
+    return a is b or (b.is_set_to(a) and b.dtype is a.dtype)
 
 
 def vouch(m0: torch.Tensor, m1: torch.Tensor | None,
@@ -314,6 +315,14 @@ def vouch(m0: torch.Tensor, m1: torch.Tensor | None,
     if r is None or (m1 is not None and claims.get(m1) is not r):
         return None
     return r if proves(r, m0, m1, geometries) else None
+
+
+def proven_members(r: Record) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``r``'s own aliases of its members, at the proven views: what a rebuild that
+    :func:`vouch` accepted builds on (only ``r`` and its tensors hold them, so no ``.data =``
+    from outside can change the new tensor's members; the caller's handed-out tensors, which
+    :func:`proves` found at these views, are not used)."""
+    return r.m0, r.m1
 
 
 def confirm(compressed: torch.Tensor, plain: torch.Tensor, geometry: Hashable) -> bool:
