@@ -106,7 +106,7 @@ SLOW_MODULES = frozenset({
 #: Test modules whose tests share one expensive module-scoped fixture (a 2-process distributed
 #: session, a child process loading every hostile file): run on one xdist worker, so the fixture
 #: runs once.
-SHARED_SESSION_MODULES = frozenset({"test_distributed", "test_safetensors"})
+SHARED_SESSION_MODULES = frozenset({"test_distributed", "test_nn_distributed", "test_safetensors"})
 
 #: What the session collected, before ``-m`` / ``-k`` deselect anything: the number of tests and
 #: the test files they came from (each xdist worker collects the whole suite).
