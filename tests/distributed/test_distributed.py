@@ -10,9 +10,6 @@ rank fails every test with its output.
 from __future__ import annotations
 
 import datetime
-import json
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,47 +20,21 @@ import torch
 import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
+from support.ranks import Results, run_two_ranks
 
 import safesparse as ss
 import safesparse.distributed as ssd
 
 WORKER = Path(__file__).resolve().parents[1] / "support" / "dist_worker.py"
-ROOT = WORKER.parent.parent
 SESSION_TIMEOUT = 240  # seconds: generous for a loaded 2-core CI machine; a run takes ~20 s
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with gloo is not available")
 
-Results = dict[int, dict[str, Any]]
 
 
 def _run_session(tmp: Path) -> Results:
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    store = tmp / "store"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(rank), "2", str(store), str(tmp / f"{rank}.json")],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp)
-        for rank in (0, 1)
-    ]
-    outputs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=SESSION_TIMEOUT)
-            outputs.append(out)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    results: Results = {}
-    for rank, p in enumerate(procs):
-        path = tmp / f"{rank}.json"
-        if p.returncode != 0 or not path.exists():
-            pytest.fail(f"rank {rank} exited with {p.returncode}:\n{outputs[rank][-6000:]}")
-        results[rank] = json.loads(path.read_text())
-    return results
+    return run_two_ranks(WORKER, tmp, SESSION_TIMEOUT)
 
 
 @pytest.fixture(scope="module")

@@ -11,56 +11,25 @@ and ``layer.weight = ...``; DDP's default in-place buffer broadcast is refused b
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch.distributed as dist
+from support.ranks import Results, run_two_ranks
 
 WORKER = Path(__file__).resolve().parents[1] / "support" / "ddp_nn_worker.py"
-ROOT = WORKER.parent.parent
 SESSION_TIMEOUT = 240  # seconds: generous for a loaded 2-core machine; a run takes ~15 s
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with gloo is not available")
 
-Results = dict[int, dict[str, Any]]
 TRAINED = ["eager", "compiled_then_wrapped", "wrapped_then_compiled"]
 
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory: pytest.TempPathFactory) -> Results:
-    tmp = tmp_path_factory.mktemp("ddp_nn")
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(rank), "2", str(tmp / "store"),
-             str(tmp / f"{rank}.json")],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp)
-        for rank in (0, 1)
-    ]
-    outputs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=SESSION_TIMEOUT)
-            outputs.append(out)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    results: Results = {}
-    for rank, p in enumerate(procs):
-        path = tmp / f"{rank}.json"
-        if p.returncode != 0 or not path.exists():
-            pytest.fail(f"rank {rank} exited with {p.returncode}:\n{outputs[rank][-6000:]}")
-        results[rank] = json.loads(path.read_text())
-    return results
+    return run_two_ranks(WORKER, tmp_path_factory.mktemp("ddp_nn"), SESSION_TIMEOUT)
 
 
 def value(session: Results, rank: int, name: str) -> Any:
