@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -171,7 +172,6 @@ def _rebuild_error(
 def source_name(f: object) -> str:
     """How a message names a file given to a loader: a path quoted, a file object by its name
     (or its type)."""
-    import os  # (only on the error path)
     if isinstance(f, (str, os.PathLike)):
         return repr(os.fspath(f))
     name = getattr(f, "name", None)

@@ -47,7 +47,8 @@ from ..state.checked import VOLATILE, Record, attach, claim, plain_members
 from ..state.memory import watchable_spans
 from ..tensor.core import SafeSparseTensor, retype
 
-__all__ = ["compressed", "coo", "fast_compressed", "fast_coo", "final_size", "unchecked"]
+__all__ = ["compressed", "coo", "fast_compressed", "fast_coo", "final_size", "own_alias",
+           "unchecked"]
 
 _BUILD: Final[dict[torch.layout, Callable[..., torch.Tensor]]] = {
     torch.sparse_csr: _originals.sparse_csr_tensor,
@@ -68,9 +69,10 @@ def _extra(requires_grad: bool, pin_memory: bool) -> dict[str, Any]:
     return out
 
 
-def _own(x: torch.Tensor) -> torch.Tensor:
-    """A member for torch's constructor that only the built tensor holds: a detached alias of
-    the caller's tensor (same memory and counter), so that ``.data =`` on the caller's tensor
+def own_alias(x: torch.Tensor) -> torch.Tensor:
+    """A member for torch's constructor (every path of the factories, unchecked builds
+    included) that only the built tensor holds: a detached alias of the caller's tensor (same
+    memory and counter), so that ``.data =`` on the caller's tensor
     (``col.data = col[:1]``, ``nn.Module._apply``) changes that tensor, never the built one
     (torch keeps the tensors it is given as the members themselves). Values that require grad
     get a view instead, which keeps them in the autograd graph."""
@@ -207,7 +209,7 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
         if r is None:
             return compressed(c, p, v, meta)
         checked.count("skipped")
-        # built on the record's own aliases of the proven members (see _own), not on the
+        # built on the record's own aliases of the proven members (see own_alias), not on the
         # caller's handed-out tensors; m1: the new tensor's own plain member
         own0, own1 = checked.proven_members(r)
         built = build(own0, own1, v.view_as(v) if v.requires_grad else v.detach(), shape,
@@ -237,7 +239,7 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
     checked.count("validations")
     cd = c.detach()
     pd = p.detach()
-    # (_own inlined: the factories' hot path)
+    # (own_alias inlined: the factories' hot path)
     plain = build(cd, pd, v.view_as(v) if v.requires_grad else v.detach(), shape,
                   check_invariants=False)
     if c._version != vc or p._version != vp:
@@ -282,7 +284,7 @@ def fast_coo(idx: Any, v: Any, size: Any, dtype: torch.dtype | None, device: Any
             and _native_coo_accepts(meta, idx, v, is_coalesced=coalesced)):
         check_coo_indices(meta, idx, is_coalesced=coalesced)  # the vectorised path: located
     checked.count("validations")
-    plain = _originals.sparse_coo_tensor(idx.detach(), _own(v), shape, check_invariants=False,
+    plain = _originals.sparse_coo_tensor(idx.detach(), own_alias(v), shape, check_invariants=False,
                                          is_coalesced=is_coalesced)
     if idx._version != vi:
         return coo(idx, v, meta, is_coalesced)  # written meanwhile: the general way decides
@@ -313,11 +315,11 @@ def compressed(c: torch.Tensor, p: torch.Tensor, v: torch.Tensor, meta: Compress
         if r is not None:
             checked.count("skipped")
             own0, own1 = checked.proven_members(r)
-            return _rebuilt(build(own0, own1, _own(v), meta.size, check_invariants=False,
+            return _rebuilt(build(own0, own1, own_alias(v), meta.size, check_invariants=False,
                                   **extra), r)
-    # torch builds on detached aliases (see _own), validation reads the caller's tensors (the
+    # torch builds on detached aliases (see own_alias), validation reads the caller's tensors (the
     # same memory and view) and watches their counters
-    cd, pd, vd = c.detach(), p.detach(), _own(v)
+    cd, pd, vd = c.detach(), p.detach(), own_alias(v)
     spans = watchable_spans((c, p))
     if spans is None:
         meta = check_compressed_indices(meta, c, p, estimate=estimate, values=v)
@@ -373,7 +375,7 @@ def coo(idx: torch.Tensor, v: torch.Tensor, meta: CooMeta, is_coalesced: bool | 
     extra = _extra(requires_grad, pin_memory)
     debug = is_debug()
 
-    own_v = _own(v)  # (see _own)
+    own_v = own_alias(v)  # (see own_alias)
 
     def build(size: Sequence[int], own_idx: torch.Tensor | None = None) -> torch.Tensor:
         return _originals.sparse_coo_tensor(idx.detach() if own_idx is None else own_idx,

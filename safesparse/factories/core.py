@@ -133,9 +133,10 @@ def sparse_compressed_tensor(
         compressed_indices, plain_indices, values, dtype, layout, dev)
     if not _wants_check(check_invariants):
         sized = () if shape is None else (shape,)  # torch takes no explicit size=None
-        plain_t = _originals.sparse_compressed_tensor(
-            compressed, plain, vals, *sized, dtype=vals.dtype, layout=lay, device=dev,
-            check_invariants=False, requires_grad=requires_grad, **_pin(pin_memory),
+        plain_t = _originals.sparse_compressed_tensor(  # (on aliases of its own: build.own_alias)
+            compressed.detach(), plain.detach(), build.own_alias(vals), *sized, dtype=vals.dtype,
+            layout=lay, device=dev, check_invariants=False, requires_grad=requires_grad,
+            **_pin(pin_memory),
         )
         return build.unchecked(plain_t, (compressed, plain))
     meta = check_compressed_metadata(
@@ -569,7 +570,8 @@ def sparse_coo_tensor(
     # built as torch builds it, unchecked (4.1 admits only devices with data)
     meta_empty = vals.device.type == "meta" and idx.numel() == 0 and vals.numel() == 0
     if not _wants_check(check_invariants) or meta_empty:
-        args = (idx, vals) if shape is None else (idx, vals, shape)
+        # (on aliases of its own: build.own_alias)
+        args = (idx.detach(), build.own_alias(vals), *(() if shape is None else (shape,)))
         plain_t = _originals.sparse_coo_tensor(
             *args, dtype=vals.dtype, device=dev, **_pin(pin_memory),
             check_invariants=False, is_coalesced=is_coalesced, requires_grad=requires_grad,

@@ -159,3 +159,24 @@ def test_the_proof_names_object_memory_view_counters_and_geometry() -> None:
     assert checked.vouch(c, p.clone(), (geom,)) is None  # a copy carries no claim
     p[0] = 0  # a write through a handed-out member moves the counter
     assert not checked.proves(rec, c, p, (geom,)) and not checked.confirm(c, p, geom)
+
+
+@pytest.mark.parametrize("layout", ["csr", "bsr", "coo"])
+def test_unchecked_build_validated_later_survives_data_assignment(layout: str) -> None:
+    """``check_invariants=False`` builds on aliases of its own too: validated later (the guard,
+    ``ss.validate``), the tensor is not reshaped by ``.data =`` on the caller's tensors."""
+    if layout == "coo":
+        idx = torch.tensor([[0, 1, 2], [1, 0, 2]])
+        t = ss.sparse_coo_tensor(idx, torch.ones(3), (3, 3), check_invariants=False)
+        ss.validate(t)
+        idx.data = idx[:, :1]
+        assert t._indices().shape == (2, 3)
+    else:
+        crow, col, values, size = build(layout)
+        t = factory(layout)(crow, col, values, size, check_invariants=False)
+        ss.validate(t)
+        col.data = col[:1]
+        values.data = values[:1]
+        assert t.col_indices().shape == (4,) and t.values().shape[0] == 4
+    assert_checked_means_valid(t)
+    assert ss.is_checked(t)
