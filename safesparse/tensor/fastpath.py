@@ -83,13 +83,14 @@ def _born(cls: type, a: Any, r: Record, ret: Any, move: bool, func: Callable[...
     if ret is a:
         return a  # (e.g. ``t.to(t.dtype)``): nothing was made, a's state stands
     # 2: our parameter and getrefcount's argument; more: someone else holds it too
-    if (type(ret) is not T or _getrefcount(ret) != 2 or ret.layout is not _layout(a)
+    # (a's layout read as _layout does, inlined: this is the hot path of ``A * 2``)
+    lay = ret.layout if type(ret) is T else None
+    if (lay is None or _getrefcount(ret) != 2 or lay is not _run(_LAYOUT, (), (a,), {})
             or ret.is_inference()):  # (no counter to watch: joined as volatile there)
         return fallback(func, args, ret)
     if move and (ret.dtype in _UNSUPPORTED_VALUE_DTYPES
                  or ret.device.type not in SUPPORTED_DEVICE_TYPES):
         return fallback(func, args, ret)  # 1.5 / 4.1 are decided there
-    lay = ret.layout
     coalesced = None
     if lay is _COO:
         m0, m1 = ret._indices(), None
