@@ -114,7 +114,7 @@ def bench_enforce(cfg: Config) -> list[Table]:
     if ss is None:
         table.notes.append("safesparse could not be imported: nothing to measure.")
         return [table]
-    mod = load_safesparse("enforce")
+    mod = load_safesparse("enforcement.mode")
     assert mod is not None
     gen = torch.Generator().manual_seed(SEED)
     with ss.enforce(False):  # wrappers installed for the whole group; off in this context

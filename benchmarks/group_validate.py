@@ -141,7 +141,7 @@ FACTORY_FROM = 10**4
           "check_invariants=True, every layout, int32/int64, batched, hybrid, nnz 1e2..1e7")
 def bench_validate(cfg: Config) -> list[Table]:
     ss = load_safesparse()
-    validation = load_safesparse("validation")
+    validation = load_safesparse("engine.validation")
     sizes = cfg.sizes or (QUICK_SIZES if cfg.quick else FULL_SIZES)
     table = Table("validate: first validation vs torch check_invariants=True", COLUMNS)
     gen = torch.Generator().manual_seed(SEED)
