@@ -7,20 +7,24 @@ layout as first matrix and every layout (and dense) for the others, each either 
 each layout. Each call must give the dense reference's result or refuse with a clear error
 (torch 2.13's ``addmm`` of three CSC tensors segfaults or computes a wrong result: routed
 through the CSR kernel; ``torch.sparse.mm`` of two CSC tensors: likewise). One child process
-per first layout, so a crash fails the test and names the last call started.
+per first layout, so a crash fails the test and names the last call started; the programs run
+in one child process (tests/support/batch.py), so a crash also fails the tests whose programs
+had not run yet.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from support.batch import Batch, child_env
 
 ROOT = Path(__file__).resolve().parents[2]
+CHILDREN = Batch("crash routes", env=child_env(ROOT, minimal=True))
+LAYOUTS = ["coo", "csr", "csc", "bsr", "bsc"]
+FORMS = ["addmm_", "addmm_kw", "out", "input_kw", "same_pattern"]
 
 CHILD = textwrap.dedent('''
     import json, sys, warnings
@@ -96,12 +100,14 @@ CHILD = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize("first", ["coo", "csr", "csc", "bsr", "bsc"])
+for _first in LAYOUTS:
+    CHILDREN.add(f"sweep {_first}", CHILD, _first)
+
+
+@CHILDREN.mark
+@pytest.mark.parametrize("first", LAYOUTS)
 def test_no_op_crashes_or_computes_wrongly_on_valid_data(first: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, first], capture_output=True, text=True, timeout=300,
-        cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )
+    done = CHILDREN.run(f"sweep {first}")
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     started = [x["start"] for x in lines if "start" in x]
     assert done.returncode == 0, f"crashed in {started[-1] if started else '?'}: {done.stderr}"
@@ -177,7 +183,12 @@ TARGETS_CHILD = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize("form", ["addmm_", "addmm_kw", "out", "input_kw", "same_pattern"])
+for _form in FORMS:
+    CHILDREN.add(f"targets {_form}", TARGETS_CHILD, _form)
+
+
+@CHILDREN.mark
+@pytest.mark.parametrize("form", FORMS)
 def test_sparse_targets_never_get_index_writes(form: str) -> None:
     """``c.addmm_(a, b)`` and ``torch.addmm(..., out=o)`` on CSC tensors used to run torch's
     broken CSC kernel, writing an invalid structure into index storage that a twin and the
@@ -185,10 +196,7 @@ def test_sparse_targets_never_get_index_writes(form: str) -> None:
     written when the pattern is the same, otherwise refused naming the out-of-place form;
     every tensor sharing the index storage keeps its (valid) data. ``torch.addmm(input=...,
     mat1=..., mat2=...)`` takes the CSC repair like the positional form."""
-    done = subprocess.run(
-        [sys.executable, "-c", TARGETS_CHILD, form], capture_output=True, text=True,
-        timeout=300, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )
+    done = CHILDREN.run(f"targets {form}")
     assert done.returncode == 0, done.stderr
     outcome = json.loads(done.stdout.strip().splitlines()[-1])
     if form in ("input_kw", "same_pattern"):

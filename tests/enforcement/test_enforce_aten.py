@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.batch import Batch, child_env
 
 import safesparse as ss
 from safesparse.enforcement import mode as _enforce_fn  # noqa: F401  (the package attribute is the function)
@@ -60,9 +61,11 @@ REPRODUCERS = {
 }
 
 
-@pytest.mark.parametrize("call", sorted(REPRODUCERS))
-def test_issue_reproducer_is_refused_and_valid_data_is_checked(call: str) -> None:
-    code = textwrap.dedent(f"""
+# One child process runs every reproducer (tests/support/batch.py): a read out of bounds
+# would crash it.
+CHILDREN = Batch("aten reproducers", env=child_env(ROOT, drop=env.VARIABLES))
+for _call, _build in REPRODUCERS.items():
+    CHILDREN.add(_call, f"""
         import warnings; warnings.filterwarnings("ignore")
         import torch, safesparse as ss
         aten = torch.ops.aten
@@ -72,7 +75,7 @@ def test_issue_reproducer_is_refused_and_valid_data_is_checked(call: str) -> Non
             crow, col = torch.tensor([0, 1, 2]), torch.tensor([0, far])
             vals, blocks = torch.ones(2), torch.ones(2, 1, 1)
             idx = torch.tensor([[0, 1], [0, far]])
-            return {REPRODUCERS[call]}
+            return {_build}
         with ss.enforce():
             try:
                 bad = build(True)
@@ -83,10 +86,12 @@ def test_issue_reproducer_is_refused_and_valid_data_is_checked(call: str) -> Non
             ok = build(False)
             print("OK", type(ok).__name__, ss.is_checked(ok), (ok @ x).sum().item())
     """)
-    environ = {k: v for k, v in os.environ.items() if k not in env.VARIABLES}
-    environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), environ.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=environ, timeout=600)
+
+
+@CHILDREN.mark
+@pytest.mark.parametrize("call", sorted(REPRODUCERS))
+def test_issue_reproducer_is_refused_and_valid_data_is_checked(call: str) -> None:
+    proc = CHILDREN.run(call)
     assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-2000:])
     layout_id = "5.2" if "coo" in call else "5.5"
     assert proc.stdout.splitlines() == [f"REFUSED {layout_id} torch.ops.aten.{call}",
@@ -205,7 +210,8 @@ def test_every_aten_sparse_constructor_is_wrapped() -> None:
 
 
 def test_out_overload_is_validated() -> None:
-    out = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long), torch.ones(0), (2,))
+    out = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long), torch.ones(0), (2,),
+                                  check_invariants=True)
     with ss.enforce(), pytest.raises(ss.InvariantError) as info:
         torch.ops.aten._sparse_coo_tensor_with_dims_and_tensors.out(
             1, 0, [2], torch.tensor([[0, 5]]), torch.ones(2), out=out)

@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from support.batch import Batch, child_env
 
 from safesparse_hooks import env
 
@@ -303,26 +304,34 @@ ROUTES = {
 }
 
 
-@pytest.mark.parametrize("route", sorted(ROUTES))
-def test_route_refuses_invalid_and_checks_valid(route: str) -> None:
-    code = textwrap.dedent(f"""
+# Each program below runs in the module's batch: one child process for all of them
+# (tests/support/batch.py); each enforce block ends before the next program starts.
+CHILDREN = Batch("protect", env=child_env(ROOT, drop=env.VARIABLES))
+
+for _route, _call in ROUTES.items():
+    CHILDREN.add(f"route {_route}", f"""
         import warnings; warnings.filterwarnings("ignore")
         import torch, safesparse as ss
         v = torch.ones(2)
         i = torch.tensor([[0, 10**7]])
         with ss.enforce():
             try:
-                {ROUTES[route]}
+                {_call}
                 print("NOT REFUSED")
             except ss.InvariantError as err:
                 print("REFUSED", err.invariant, err.op)
             i = torch.tensor([[0, 2]])
-            ok = {ROUTES[route].replace("10**7", "2")}
+            ok = {_call.replace("10**7", "2")}
             print("GOOD", type(ok).__name__, ss.is_checked(ok))
         i = torch.tensor([[0, 10**7]])
-        print("OUTSIDE", type({ROUTES[route]}).__name__)
+        print("OUTSIDE", type({_call}).__name__)
     """)
-    proc = _child(["-c", code])
+
+
+@CHILDREN.mark
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_route_refuses_invalid_and_checks_valid(route: str) -> None:
+    proc = CHILDREN.run(f"route {route}")
     assert proc.returncode == 0, proc.stderr
     refused = proc.stdout.splitlines()[0].split()
     assert refused[:2] == ["REFUSED", "5.5" if "csr" in route or "compressed" in route
@@ -331,7 +340,7 @@ def test_route_refuses_invalid_and_checks_valid(route: str) -> None:
     assert "OUTSIDE Tensor" in proc.stdout  # outside enforce mode: torch's own, untouched
 
 
-@pytest.mark.parametrize(("call", "expected"), [
+CONVERSIONS = [
     ("torch._convert_indices_from_coo_to_csr(torch.tensor([0, 1, 10**7]), 3)",
      ("coo", "5.2", 2)),
     ("torch._convert_indices_from_coo_to_csr(torch.tensor([0, -1, 2], dtype=torch.int32), 3)",
@@ -342,40 +351,48 @@ def test_route_refuses_invalid_and_checks_valid(route: str) -> None:
      ("csr", "5.3", 1)),
     ("torch._convert_indices_from_csr_to_coo(torch.tensor([-3, 1, 2]), torch.tensor([0, 1]),"
      " transpose=True)", ("csc", "5.1", 0)),
-])
-def test_index_conversions_check_their_input(call: str, expected: tuple[str, str, int]) -> None:
-    code = textwrap.dedent(f"""
+]
+for _call, _ in CONVERSIONS:
+    CHILDREN.add(f"conversion {_call}", f"""
         import torch, safesparse as ss
         with ss.enforce():
             try:
-                {call}
+                {_call}
                 print("NOT REFUSED")
             except ss.InvariantError as err:
                 print(str(err.layout).split("_")[-1], err.invariant, err.location["position"])
         print(torch._convert_indices_from_coo_to_csr(torch.tensor([0, 0, 2]), 3).tolist())
     """)
-    proc = _child(["-c", code])
+
+
+@CHILDREN.mark
+@pytest.mark.parametrize(("call", "expected"), CONVERSIONS)
+def test_index_conversions_check_their_input(call: str, expected: tuple[str, str, int]) -> None:
+    proc = CHILDREN.run(f"conversion {call}")
     assert proc.returncode == 0, proc.stderr
     layout, iid, position = proc.stdout.splitlines()[0].split()
     assert (layout, iid, int(position)) == expected
     assert proc.stdout.splitlines()[1] == "[0, 2, 2, 3]"
 
 
+DEBUG_PLAIN = CHILDREN.add("debug mode, a plain tensor on its own", """
+    import torch, safesparse as ss
+    bad = torch.sparse_csr_tensor(torch.tensor([0, 2]), torch.tensor([1, 0]), torch.ones(2),
+                                  (1, 2), check_invariants=False)
+    print(bad.col_indices().tolist())  # accessors still inspect
+    with ss.debug():
+        try:
+            bad.to_dense()
+            print("NOT REFUSED")
+        except ss.InvariantError as err:
+            print("REFUSED", err.invariant, err.op)
+    print(bad.to_dense().shape)  # outside debug mode: torch's own
+""")
+
+
+@CHILDREN.mark
 def test_debug_mode_sees_a_plain_tensor_used_on_its_own() -> None:
-    code = textwrap.dedent("""
-        import torch, safesparse as ss
-        bad = torch.sparse_csr_tensor(torch.tensor([0, 2]), torch.tensor([1, 0]), torch.ones(2),
-                                      (1, 2), check_invariants=False)
-        print(bad.col_indices().tolist())  # accessors still inspect
-        with ss.debug():
-            try:
-                bad.to_dense()
-                print("NOT REFUSED")
-            except ss.InvariantError as err:
-                print("REFUSED", err.invariant, err.op)
-        print(bad.to_dense().shape)  # outside debug mode: torch's own
-    """)
-    proc = _child(["-c", code])
+    proc = CHILDREN.run(DEBUG_PLAIN)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[:2] == ["[1, 0]", "REFUSED 5.6 to_dense"]
 

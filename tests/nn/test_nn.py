@@ -12,18 +12,17 @@ child process).
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from support.batch import Batch, child_env
 from torch import nn
 
 import safesparse as ss
+from safesparse import cli
 from safesparse.nn import SparseLinear, SparseParameterError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -232,7 +231,10 @@ def test_dense_parameters_are_untouched_by_the_hook() -> None:
     assert (p < 1).all()
 
 
-CHILD = textwrap.dedent('''
+#: One child process runs both programs (tests/support/batch.py): the old failure was an
+#: internal assert.
+CHILDREN = Batch("optimizers", env=child_env(ROOT, minimal=True))
+CHILD = '''
     import warnings
     import torch
     from torch import nn
@@ -242,16 +244,17 @@ CHILD = textwrap.dedent('''
     w = nn.Parameter(ss.validate(d.to_sparse_bsr((2, 2))))
     (w @ torch.randn(8, 3)).sum().backward()
     torch.optim.{opt}([w], lr=0.1).step()
-''')
+'''
+for _opt in ("Adam", "SGD"):
+    CHILDREN.add(_opt, CHILD.format(opt=_opt))
 
 
+@CHILDREN.mark
 @pytest.mark.parametrize("opt", ["Adam", "SGD"])
 def test_optimizer_error_in_a_child_shows_no_internal_assert(opt: str) -> None:
     """What the issue saw: SGD on a BSR parameter died with torch's "INTERNAL ASSERT FAILED";
     now SGD works, and Adam is refused with the error naming SparseLinear."""
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD.format(opt=opt)], capture_output=True, text=True,
-        timeout=300, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    done = CHILDREN.run(opt)
     assert "INTERNAL ASSERT" not in done.stderr
     if opt == "SGD":
         assert done.returncode == 0, done.stderr
@@ -426,7 +429,8 @@ def test_checkpoint_of_another_layout_or_shape_is_refused() -> None:
         m.load_state_dict(other.state_dict())
 
 
-def test_check_names_the_key_of_a_corrupted_state_dict(tmp_path: Path) -> None:
+def test_check_names_the_key_of_a_corrupted_state_dict(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = nn.Sequential(nn.Linear(IN, IN), layer(BSR, (4, 4))[0])
     state = model.state_dict()
     state["1.plain_indices"] = state["1.plain_indices"].clone()
@@ -435,15 +439,17 @@ def test_check_names_the_key_of_a_corrupted_state_dict(tmp_path: Path) -> None:
     torch.save(model.state_dict(), tmp_path / "good.pt")
     from safesparse import safetensors as sst
     sst.save_file(state, tmp_path / "bad.safetensors")
+    # (in process: check reads and validates, it runs no kernel; tests/package/test_cli.py
+    # runs `python -m safesparse check` as a program)
     for name, code in (("good.pt", 0), ("bad.pt", 1), ("bad.safetensors", 1)):
-        run = subprocess.run([sys.executable, "-m", "safesparse", "check",
-                              str(tmp_path / name)], capture_output=True, text=True,
-                             cwd=ROOT, timeout=120)
-        assert run.returncode == code, (name, run.stdout, run.stderr)
+        capsys.readouterr()
+        status = cli.main(["check", str(tmp_path / name)])
+        out, err = capsys.readouterr()
+        assert status == code, (name, out, err)
         if code:
-            assert "1.plain_indices" in run.stdout + run.stderr, run.stdout
+            assert "1.plain_indices" in out + err, out
         else:
-            assert "BSR" in run.stdout, run.stdout  # the triple was found and checked
+            assert "BSR" in out, out  # the triple was found and checked
 
 
 def test_extra_state_loads_with_weights_only(tmp_path: Path) -> None:

@@ -8,13 +8,11 @@ still counted as checked after a write through another view of its index memory.
 from __future__ import annotations
 
 import gc
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from support.batch import Batch, child_env
 
 import safesparse as ss
 import safesparse.state.checked
@@ -22,16 +20,12 @@ import safesparse.state.checked
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_isolated(code: str) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter (it may crash: that is what the test rules out)."""
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-        timeout=120, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )
+#: The programs that could crash torch run in one child process (tests/support/batch.py).
+CHILDREN = Batch("guard", env=child_env(ROOT, minimal=True))
 
 
-def assert_refused(code: str, *expected: str) -> None:
-    done = run_isolated(code)
+def assert_refused(program: str, *expected: str) -> None:
+    done = CHILDREN.run(program)
     assert done.returncode == 0, done.stderr[-3000:]
     for text in expected:
         assert text in done.stdout, done.stdout + done.stderr[-3000:]
@@ -48,62 +42,78 @@ def _csr(n: int = 6, seed: int = 0) -> ss.SafeSparseTensor:
 # 1. The guard
 
 
+WRITE_THROUGH_A_MEMBER = CHILDREN.add("write through a member", """
+    import torch, safesparse as ss
+    t = ss.validate((torch.rand(64, 64) < .1).float().to_sparse_csr())
+    t.col_indices()[0] = 10**6
+    assert not ss.is_checked(t)
+    try:
+        t @ torch.randn(64, 8)
+    except ss.InvariantError as err:
+        print("refused", err.invariant, str(err))
+""")
+
+
+@CHILDREN.mark
 def test_a_write_through_a_member_is_caught_before_the_kernel_in_a_child() -> None:
-    assert_refused("""
-        import torch, safesparse as ss
-        t = ss.validate((torch.rand(64, 64) < .1).float().to_sparse_csr())
-        t.col_indices()[0] = 10**6
-        assert not ss.is_checked(t)
-        try:
-            t @ torch.randn(64, 8)
-        except ss.InvariantError as err:
-            print("refused", err.invariant, str(err))
-    """, "refused 5.5", "in op matmul, argument 0")
+    assert_refused(WRITE_THROUGH_A_MEMBER, "refused 5.5", "in op matmul, argument 0")
 
 
+UNCHECKED_BUILD = CHILDREN.add("unchecked build", """
+    import torch, safesparse as ss
+    t = ss.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([0, 10**9]),
+                             torch.ones(2), (2, 2), check_invariants=False)
+    try:
+        torch.mm(t, torch.ones(2, 3))
+    except ss.InvariantError as err:
+        print("refused", err.invariant, err.op)
+""")
+
+
+@CHILDREN.mark
 def test_check_invariants_false_is_validated_by_its_first_operation_in_a_child() -> None:
-    assert_refused("""
-        import torch, safesparse as ss
-        t = ss.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([0, 10**9]),
-                                 torch.ones(2), (2, 2), check_invariants=False)
+    assert_refused(UNCHECKED_BUILD, "refused 5.5 mm, argument 0")
+
+
+INVALID_PLAIN_OPERAND = CHILDREN.add("invalid plain operand", """
+    import torch, safesparse as ss
+    a = ss.sparse_csr_tensor([0, 1, 2], [0, 1], [1., 2.], (2, 2))
+    bad = torch.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([0, 10**9]),
+                                  torch.ones(2), (2, 2), check_invariants=False)
+    for run in (lambda: a + bad, lambda: torch.add(bad, a), lambda: a.add(other=bad)):
         try:
-            torch.mm(t, torch.ones(2, 3))
+            run()
         except ss.InvariantError as err:
             print("refused", err.invariant, err.op)
-    """, "refused 5.5 mm, argument 0")
+""")
 
 
+@CHILDREN.mark
 def test_invalid_plain_operand_is_refused_in_a_child() -> None:
-    assert_refused("""
-        import torch, safesparse as ss
-        a = ss.sparse_csr_tensor([0, 1, 2], [0, 1], [1., 2.], (2, 2))
-        bad = torch.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([0, 10**9]),
-                                      torch.ones(2), (2, 2), check_invariants=False)
-        for run in (lambda: a + bad, lambda: torch.add(bad, a), lambda: a.add(other=bad)):
-            try:
-                run()
-            except ss.InvariantError as err:
-                print("refused", err.invariant, err.op)
-    """, "refused 5.5 add, argument 1", "refused 5.5 add, argument 0",
-                   "refused 5.5 add, argument other")
+    assert_refused(INVALID_PLAIN_OPERAND, "refused 5.5 add, argument 1",
+                   "refused 5.5 add, argument 0", "refused 5.5 add, argument other")
 
 
+LOAD_INVALID_STATE_DICT = CHILDREN.add("load invalid state dict", """
+    import torch, safesparse as ss
+    m = torch.nn.Module()
+    w = ss.sparse_csr_tensor([0, 1, 2], [0, 1], [1., 2.], (2, 2))
+    m.register_buffer("w", w)
+    bad = torch.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([0, 10**9]),
+                                  torch.ones(2), (2, 2), check_invariants=False)
+    try:
+        m.load_state_dict({"w": bad})
+    except RuntimeError as err:
+        print("refused", "5.5" in str(err))
+    assert ss.is_checked(m.w), "the buffer stays checked"
+    assert m.w.col_indices().tolist() == [0, 1], "nothing was written"
+    print("unchanged", (m.w @ torch.ones(2, 1)).flatten().tolist())
+""")
+
+
+@CHILDREN.mark
 def test_load_state_dict_from_an_invalid_source_writes_nothing_in_a_child() -> None:
-    assert_refused("""
-        import torch, safesparse as ss
-        m = torch.nn.Module()
-        w = ss.sparse_csr_tensor([0, 1, 2], [0, 1], [1., 2.], (2, 2))
-        m.register_buffer("w", w)
-        bad = torch.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([0, 10**9]),
-                                      torch.ones(2), (2, 2), check_invariants=False)
-        try:
-            m.load_state_dict({"w": bad})
-        except RuntimeError as err:
-            print("refused", "5.5" in str(err))
-        assert ss.is_checked(m.w), "the buffer stays checked"
-        assert m.w.col_indices().tolist() == [0, 1], "nothing was written"
-        print("unchanged", (m.w @ torch.ones(2, 1)).flatten().tolist())
-    """, "refused True", "unchanged [1.0, 2.0]")
+    assert_refused(LOAD_INVALID_STATE_DICT, "refused True", "unchanged [1.0, 2.0]")
 
 
 def test_copy_from_an_invalid_source_raises_before_writing() -> None:
@@ -183,19 +193,23 @@ def test_the_guard_names_a_keyword_argument_and_a_list_element() -> None:
 # 2. One index state per storage
 
 
+BATCH_AND_SAMPLE_VIEWS = CHILDREN.add("batch and sample views", """
+    import torch, safesparse as ss
+    crow = torch.tensor([[0, 1, 2], [0, 2, 2]]); col = torch.tensor([[0, 1], [0, 1]])
+    batch = ss.sparse_csr_tensor(crow, col, torch.ones(2, 2), (2, 2, 2))
+    first = ss.sparse_csr_tensor(crow[0], col[0], torch.ones(2), (2, 2))
+    batch.col_indices()[0, 1] = 10**9
+    print("first", ss.is_checked(first))
+    try:
+        first @ torch.ones(2, 3)
+    except ss.InvariantError as err:
+        print("refused", err.invariant)
+""")
+
+
+@CHILDREN.mark
 def test_batch_and_sample_views_share_one_state_in_a_child() -> None:
-    assert_refused("""
-        import torch, safesparse as ss
-        crow = torch.tensor([[0, 1, 2], [0, 2, 2]]); col = torch.tensor([[0, 1], [0, 1]])
-        batch = ss.sparse_csr_tensor(crow, col, torch.ones(2, 2), (2, 2, 2))
-        first = ss.sparse_csr_tensor(crow[0], col[0], torch.ones(2), (2, 2))
-        batch.col_indices()[0, 1] = 10**9
-        print("first", ss.is_checked(first))
-        try:
-            first @ torch.ones(2, 3)
-        except ss.InvariantError as err:
-            print("refused", err.invariant)
-    """, "first False", "refused 5.5")
+    assert_refused(BATCH_AND_SAMPLE_VIEWS, "first False", "refused 5.5")
 
 
 def test_a_write_through_a_sample_unchecks_the_batch() -> None:
@@ -264,14 +278,16 @@ def test_every_aten_index_accessor_hands_out_a_watched_member(accessor: str) -> 
 def test_a_state_forgets_dead_storages_and_their_proofs() -> None:
     # a persistent crow with a fresh col each step: the state does not keep the old cols
     crow = torch.tensor([0, 1, 2])
+    # (freed by reference counting as the loop goes: one gc.collect at the end is enough)
     keep = ss.sparse_csr_tensor(crow, torch.tensor([0, 1]), torch.ones(2), (2, 2))
-    for _ in range(30):
-        ss.sparse_csr_tensor(crow, torch.tensor([1, 0]), torch.ones(2), (2, 2))
-        gc.collect()
     rec = safesparse.state.checked.record(keep)
     assert rec is not None
-    state = safesparse.state.checked.state_of(rec)
-    assert state is not None and len(state.ranges) <= 4
+    for _ in range(30):
+        ss.sparse_csr_tensor(crow, torch.tensor([1, 0]), torch.ones(2), (2, 2))
+        state = safesparse.state.checked.state_of(rec)
+        assert state is not None and len(state.ranges) <= 4
+    gc.collect()
+    assert len(state.ranges) <= 4
     assert ss.is_checked(keep)
 
 

@@ -9,16 +9,13 @@ child process.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from support.batch import Batch, child_env
 
 import safesparse as ss
 
@@ -90,24 +87,19 @@ def test_from_dlpack_shares_the_state() -> None:
 # Memory a file can change
 
 
-def _child(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
-        "PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300)
+# One child process runs the programs of this section (tests/support/batch.py), each in an
+# empty working directory of its own.
+CHILDREN = Batch("memory ranges", env=child_env(ROOT))
+FILE_ROUTES = ["safetensors", "ss.load mmap", "enforce torch.load mmap"]
 
-
-@pytest.mark.parametrize("route", ["safetensors", "ss.load mmap", "enforce torch.load mmap"])
-def test_a_file_rewritten_in_place_never_leaves_a_checked_tensor_invalid(
-        route: str, tmp_path: Path) -> None:
-    pytest.importorskip("safetensors")
-    proc = _child(f"""
+for _route in FILE_ROUTES:
+    CHILDREN.add(f"rewritten {_route}", f"""
         import shutil, torch, safesparse as ss
         from safesparse.safetensors import save_file, load_file
         good = ss.sparse_csr_tensor([0, 1, 2, 3], [0, 1, 2], [1., 2., 3.], (3, 3))
         bad = ss.sparse_csr_tensor([0, 1, 2, 3], [0, 1, 10**9], [1., 2., 3.], (3, 3),
                                    check_invariants=False)
-        route = {route!r}
+        route = {_route!r}
         if route == "safetensors":
             save_file({{"w": good}}, "model.st")
             loaded = load_file("model.st")["w"]
@@ -130,17 +122,8 @@ def test_a_file_rewritten_in_place_never_leaves_a_checked_tensor_invalid(
             torch.save({{"w": ss.unwrap(bad)}}, "model.pt")  # a trainer saves to the same path
         assert ss.is_checked(loaded)
         print((loaded @ torch.ones(3, 1)).flatten().tolist())
-    """, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-1] == "[1.0, 2.0, 3.0]"
-
-
-@pytest.mark.parametrize("route", ["safetensors", "ss.load mmap", "enforce torch.load mmap"])
-def test_large_members_are_loaded_on_private_copies(route: str, tmp_path: Path) -> None:
-    """Members over files.owned.HUGE_FROM take the huge-page copy, not clone(): the same
-    guarantee (a rewrite of the file changes nothing the checked tensor reads)."""
-    pytest.importorskip("safetensors")
-    proc = _child(f"""
+        """)
+    CHILDREN.add(f"large {_route}", f"""
         import torch, safesparse as ss
         from safesparse.files.owned import HUGE_FROM
         from safesparse.safetensors import save_file, load_file
@@ -148,7 +131,7 @@ def test_large_members_are_loaded_on_private_copies(route: str, tmp_path: Path) 
         crow, col = torch.arange(n + 1), torch.arange(n)
         good = ss.sparse_csr_tensor(crow, col, torch.ones(n), (n, n))
         bad_col = col.clone(); bad_col[-1] = 10**9
-        route = {route!r}
+        route = {_route!r}
         if route == "safetensors":
             save_file({{"w": good}}, "model.st")
             loaded = load_file("model.st")["w"]
@@ -174,7 +157,25 @@ def test_large_members_are_loaded_on_private_copies(route: str, tmp_path: Path) 
         col_now = ss.unwrap(loaded).col_indices()
         assert int(col_now[-1]) == n - 1, int(col_now[-1])
         print(float((loaded @ torch.ones(n, 1)).sum()))
-    """, tmp_path)
+        """)
+
+
+@CHILDREN.mark
+@pytest.mark.parametrize("route", FILE_ROUTES)
+def test_a_file_rewritten_in_place_never_leaves_a_checked_tensor_invalid(route: str) -> None:
+    pytest.importorskip("safetensors")
+    proc = CHILDREN.run(f"rewritten {route}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[1.0, 2.0, 3.0]"
+
+
+@CHILDREN.mark
+@pytest.mark.parametrize("route", FILE_ROUTES)
+def test_large_members_are_loaded_on_private_copies(route: str) -> None:
+    """Members over files.owned.HUGE_FROM take the huge-page copy, not clone(): the same
+    guarantee (a rewrite of the file changes nothing the checked tensor reads)."""
+    pytest.importorskip("safetensors")
+    proc = CHILDREN.run(f"large {route}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == f"{float(2 ** 21 // 8 + 1000)}"
 

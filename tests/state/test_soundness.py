@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.batch import Batch, child_env
 from support.oracle import really_valid
 from torch._C import DisableTorchFunctionSubclass
 
@@ -31,12 +32,9 @@ def members() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.tensor([0, 2, 3, 4]), torch.tensor([0, 2, 1, 2]), torch.tensor([1.0, 2, 3, 4])
 
 
-def run_isolated(code: str) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter (it may crash: that is what the test rules out)."""
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-        timeout=120, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )
+#: The programs that would crash the process on a lying checked state run in one child process
+#: (tests/support/batch.py); the environment variable's test starts its own.
+CHILDREN = Batch("soundness", env=child_env(ROOT, minimal=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,17 +62,21 @@ def test_valid_plain_operand_gives_a_validated_or_unchecked_result() -> None:
     assert ss.stats().validations == 3  # p once (the guard), then each sum
 
 
-def test_plain_operand_crash_is_impossible_in_a_subprocess() -> None:
-    done = run_isolated("""
-        import torch, safesparse as ss
-        a = ss.sparse_csr_tensor([0, 1, 2, 2], [1, 2], [1., 2.], (3, 3))
-        p = torch.sparse_csr_tensor(torch.tensor([0, 1, 2, 2]), torch.tensor([0, 10**9]),
-                                    torch.tensor([5., 6.]), (3, 3), check_invariants=False)
-        try:
-            a + p
-        except ss.InvariantError as err:
-            print("refused", err.invariant)
+PLAIN_OPERAND_CRASH = CHILDREN.add("plain operand crash", """
+    import torch, safesparse as ss
+    a = ss.sparse_csr_tensor([0, 1, 2, 2], [1, 2], [1., 2.], (3, 3))
+    p = torch.sparse_csr_tensor(torch.tensor([0, 1, 2, 2]), torch.tensor([0, 10**9]),
+                                torch.tensor([5., 6.]), (3, 3), check_invariants=False)
+    try:
+        a + p
+    except ss.InvariantError as err:
+        print("refused", err.invariant)
 """)
+
+
+@CHILDREN.mark
+def test_plain_operand_crash_is_impossible_in_a_subprocess() -> None:
+    done = CHILDREN.run(PLAIN_OPERAND_CRASH)
     assert done.returncode == 0, done.stderr
     assert "refused 5.5" in done.stdout
 
@@ -174,23 +176,27 @@ def test_a_view_of_a_handed_out_member_keeps_it_watched() -> None:
     assert not ss.is_checked(t)
 
 
+DEAD_TWIN_CRASH = CHILDREN.add("dead twin crash", """
+    import gc, torch, safesparse as ss
+    crow, col, vals = torch.tensor([0, 2, 3, 4]), torch.tensor([0, 2, 1, 2]), torch.ones(4)
+    t = ss.sparse_csr_tensor(crow, col, vals, (3, 3))
+    u = ss.sparse_csr_tensor(crow, col, vals, (3, 3), check_invariants=False)
+    u.col_indices()[1] = 10**9
+    del u
+    for _ in range(8):
+        ss.sparse_csr_tensor(crow, col, vals, (3, 3), check_invariants=False)
+    gc.collect()
+    print("checked", ss.is_checked(t))
+    try:
+        ss.validate(t) @ torch.eye(3)
+    except ss.InvariantError as err:
+        print("refused", err.invariant)
+""")
+
+
+@CHILDREN.mark
 def test_dead_twin_crash_is_impossible_in_a_subprocess() -> None:
-    done = run_isolated("""
-        import gc, torch, safesparse as ss
-        crow, col, vals = torch.tensor([0, 2, 3, 4]), torch.tensor([0, 2, 1, 2]), torch.ones(4)
-        t = ss.sparse_csr_tensor(crow, col, vals, (3, 3))
-        u = ss.sparse_csr_tensor(crow, col, vals, (3, 3), check_invariants=False)
-        u.col_indices()[1] = 10**9
-        del u
-        for _ in range(8):
-            ss.sparse_csr_tensor(crow, col, vals, (3, 3), check_invariants=False)
-        gc.collect()
-        print("checked", ss.is_checked(t))
-        try:
-            ss.validate(t) @ torch.eye(3)
-        except ss.InvariantError as err:
-            print("refused", err.invariant)
-    """)
+    done = CHILDREN.run(DEAD_TWIN_CRASH)
     assert done.returncode == 0, done.stderr
     assert "checked False" in done.stdout and "refused 5.5" in done.stdout
 
@@ -274,18 +280,22 @@ def test_valid_write_during_validation_still_ends_checked(
 # 5. Debug mode validates every input, whatever the cache says
 
 
+DEBUG_MODE_UNSEEN_WRITE = CHILDREN.add("debug mode unseen write", """
+    import torch, safesparse as ss
+    t = ss.sparse_csr_tensor([0, 2, 3, 4], [0, 2, 1, 2], [1., 2., 3., 4.], (3, 3))
+    t.col_indices().data[1] = 10**12  # .data: a write safesparse cannot see
+    print("checked", ss.is_checked(t))  # the documented limit outside debug mode
+    try:
+        with ss.debug():
+            t @ torch.eye(3)
+    except ss.InvariantError as err:
+        print("refused", err.invariant, err.op)
+""")
+
+
+@CHILDREN.mark
 def test_debug_mode_catches_a_write_no_counter_saw() -> None:
-    done = run_isolated("""
-        import torch, safesparse as ss
-        t = ss.sparse_csr_tensor([0, 2, 3, 4], [0, 2, 1, 2], [1., 2., 3., 4.], (3, 3))
-        t.col_indices().data[1] = 10**12  # .data: a write safesparse cannot see
-        print("checked", ss.is_checked(t))  # the documented limit outside debug mode
-        try:
-            with ss.debug():
-                t @ torch.eye(3)
-        except ss.InvariantError as err:
-            print("refused", err.invariant, err.op)
-    """)
+    done = CHILDREN.run(DEBUG_MODE_UNSEEN_WRITE)
     assert done.returncode == 0, done.stderr
     assert "checked True" in done.stdout
     assert "refused 5.5 matmul" in done.stdout or "refused 5.5 __matmul__" in done.stdout

@@ -8,16 +8,15 @@
   batches and dims, int32 offsets that could wrap, huge sizes, hostile index values, members
   that are contiguous per batch but strided across batches, COO with sparse_dim 0.
 
-The fuzz runs in a child pytest process (an input that crashed a native kernel would kill the
-process, not just fail a test): ``test_fuzz_in_subprocess`` starts it; the ``fuzz_*`` tests
-below only run inside that child (``SAFESPARSE_FUZZ_CHILD=1``).
+The fuzz runs in a child process (an input that crashed a native kernel would kill the process,
+not just fail a test): ``test_fuzz_in_subprocess`` runs the ``fuzz_*`` properties below there,
+with the suite's hypothesis profile; under pytest they only run inside such a child
+(``SAFESPARSE_FUZZ_CHILD=1``).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 import torch
 from hypothesis import given, note
 from hypothesis import strategies as st
+from support.batch import Batch, child_env
 from support.strategies import (
     BLOCKED,
     COMPRESSED_LAYOUTS,
@@ -310,50 +310,65 @@ def test_fuzz_coo_sparse_dim_zero(nnz: int, coalesced: bool, dense: int) -> None
     assert fast[0] == ("err" if coalesced else "ok")
 
 
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+#: The fuzz properties and the offsets reproducer run in one child process
+#: (tests/support/batch.py).
+CHILDREN = Batch("fast path", env={**child_env(ROOT), "SAFESPARSE_FUZZ_CHILD": "1"})
+FUZZ_PROPERTIES = sorted(name for name in dir() if name.startswith("test_fuzz_"))
+FUZZ = CHILDREN.add("fuzz", f"""
+    import sys
+    sys.path[:0] = [{str(HERE.parent)!r}, {str(HERE)!r}]
+    import conftest  # noqa: F401  (the suite's hypothesis profiles: HYPOTHESIS_PROFILE)
+    import test_fast_path as fuzz
+    for name in {FUZZ_PROPERTIES!r}:
+        getattr(fuzz, name)()  # each @given property runs all its examples
+        print("passed", name, flush=True)
+""")
+
+
+@CHILDREN.mark
 @pytest.mark.hypothesis  # it runs the fuzz properties: `-m hypothesis` selects it with them
 def test_fuzz_in_subprocess() -> None:
-    """Run the fuzz tests above in a child pytest: a native crash fails this test with the
-    child's signal instead of killing the test run."""
+    """Run the fuzz properties above in a child process: a native crash fails this test with
+    the child's signal instead of killing the test run."""
     if CHILD:
         pytest.skip("already in the child")
-    env = dict(os.environ, SAFESPARSE_FUZZ_CHILD="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "0",
-         "-k", "fuzz_ and not subprocess", str(Path(__file__))],
-        env=env, capture_output=True, text=True, timeout=900, check=False,
-    )
+    assert len(FUZZ_PROPERTIES) == 4, FUZZ_PROPERTIES
+    proc = CHILDREN.run(FUZZ)
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, f"child exited with {proc.returncode}:\n{tail}"
-    assert " passed" in proc.stdout, tail
+    assert proc.stdout.split() == [w for n in FUZZ_PROPERTIES for w in ("passed", n)], tail
 
 
+OFFSETS = CHILDREN.add("offsets outside nnz", """
+    import torch, safesparse as ss
+    for _ in range(300):
+        for crow in ([0, 3, -1, 2, 0], [0, 4, -4, 0], [0, 10**9, -10**9, 0]):
+            n = len(crow) - 1
+            long = [0] * 40 + crow[1:]
+            for c, size in ((torch.tensor(crow), (n, 8)),
+                            (torch.tensor([[0] * len(crow), crow]), (2, n, 8)),
+                            (torch.tensor(long), (len(long) - 1, 8))):
+                lead = tuple(c.shape[:-1])
+                empty = torch.zeros(*lead, 0, dtype=torch.int64)
+                try:
+                    ss.sparse_bsr_tensor(c, empty, torch.ones(*lead, 0, 1, 2), size)
+                except ss.InvariantError as err:
+                    assert err.invariant == '5.3', err
+                else:
+                    raise AssertionError(c)
+    print('refused')
+""")
+
+
+@CHILDREN.mark
 def test_compressed_offsets_outside_nnz_never_reach_the_native_checker() -> None:
     """torch's checker reads each line's plain indices before it has checked the later lines'
     offsets: an offset outside [0, nnz] made it read outside the plain indices and segfault
     (found by fuzzing the factories). Run where a crash only fails this test."""
     # each offset list as one matrix, as the second of a batch of two (the batched short-list
-    # check) and after 40 empty lines (the aminmax check of longer lists)
-    code = (
-        "import torch, safesparse as ss\n"
-        "for _ in range(300):\n"
-        "    for crow in ([0, 3, -1, 2, 0], [0, 4, -4, 0], [0, 10**9, -10**9, 0]):\n"
-        "        n = len(crow) - 1\n"
-        "        long = [0] * 40 + crow[1:]\n"
-        "        for c, size in ((torch.tensor(crow), (n, 8)),\n"
-        "                        (torch.tensor([[0] * len(crow), crow]), (2, n, 8)),\n"
-        "                        (torch.tensor(long), (len(long) - 1, 8))):\n"
-        "            lead = tuple(c.shape[:-1])\n"
-        "            empty = torch.zeros(*lead, 0, dtype=torch.int64)\n"
-        "            try:\n"
-        "                ss.sparse_bsr_tensor(c, empty, torch.ones(*lead, 0, 1, 2), size)\n"
-        "            except ss.InvariantError as err:\n"
-        "                assert err.invariant == '5.3', err\n"
-        "            else:\n"
-        "                raise AssertionError(c)\n"
-        "print('refused')\n"
-    )
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    # check) and after 40 empty lines (the aminmax check of longer lists): OFFSETS above
+    done = CHILDREN.run(OFFSETS)
     assert done.returncode == 0, done.stderr
     assert "refused" in done.stdout
