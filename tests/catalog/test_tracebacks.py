@@ -166,14 +166,17 @@ def test_pytest_enforce_reports_without_safesparse_frames(
     tmp_path: Path, extra: list[str],
 ) -> None:
     (tmp_path / "test_user.py").write_text(PYTEST_FILE, encoding="utf-8")
-    args = ["-m", "pytest", "-p", "no:cacheprovider", "--safesparse=enforce", "-q", *extra,
-            "test_user.py"]
-    result = _run(args, tmp_path)
+    # safesparse's plugin named with -p, other plugins left out (test_protect.py's
+    # test_pytest_option finds it through its entry point, among the installed plugins)
+    args = ["-m", "pytest", "-p", "no:cacheprovider", "-p", "safesparse_hooks.pytest_plugin",
+            "--safesparse=enforce", "-q", *extra, "test_user.py"]
+    result = _run(args, tmp_path, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     assert result.returncode == 1, result.stdout + result.stderr
     out = result.stdout + result.stderr
     assert "[CSR 5.5]" in out and "test_user.py" in out
     assert PACKAGE not in out, out
-    full = _run([*args[:-1], "--full-trace", "test_user.py"], tmp_path)
+    full = _run([*args[:-1], "--full-trace", "test_user.py"], tmp_path,
+                PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     assert PACKAGE in full.stdout + full.stderr
 
 

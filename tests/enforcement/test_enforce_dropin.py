@@ -11,10 +11,12 @@ Programs that switch enforce mode on for the whole process run in a child proces
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import warnings
 from collections.abc import Callable, Iterator
@@ -393,16 +395,23 @@ show("csr_add", lambda: csr + csr)
 """
 
 
+@functools.cache
+def _masked(mode: str) -> subprocess.CompletedProcess[str]:
+    """MASKED run in a child of its own (``plain``: torch alone, run once for both orders)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "masked.py"
+        script.write_text(MASKED)
+        return _child("", enforce=False, args=[str(script), mode])
+
+
+@pytest.mark.xdist_group("masked tensor")  # one worker: the plain run is shared
 @pytest.mark.parametrize("order", ["before", "after"])
-def test_masked_tensor_works_as_in_torch_and_its_bad_indices_are_refused(
-        order: str, tmp_path: Path) -> None:
+def test_masked_tensor_works_as_in_torch_and_its_bad_indices_are_refused(order: str) -> None:
     """Last round's finding: replacing ``aten._sparse_coo_tensor_with_dims_and_tensors``
     broke torch's MaskedTensor (its dispatch table is keyed by the packet); before that,
     enforce mode already broke ``torch.sparse_coo_tensor(indices, masked_values, size)``."""
-    script = tmp_path / "masked.py"
-    script.write_text(MASKED)
-    plain = _child("", enforce=False, args=[str(script), "plain"])
-    enforced = _child("", enforce=False, args=[str(script), order])
+    plain = _masked("plain")
+    enforced = _masked(order)
     assert plain.returncode == 0, plain.stderr[-2000:]
     assert enforced.returncode == 0, enforced.stderr[-2000:]
     lines = enforced.stdout.splitlines()
