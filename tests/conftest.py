@@ -11,9 +11,10 @@ runs the property tests with ``HYPOTHESIS_PROFILE=ci python -m pytest -q -m hypo
 hypothesis's own option ``--hypothesis-profile=<name>`` (not seen by child processes). The
 ``CI`` variable selects nothing: the README's command takes the same few minutes everywhere.
 
-Also: the suite runs in parallel (pytest-xdist, pyproject.toml's ``addopts``); the modules in
-:data:`SHARED_SESSION_MODULES` keep their tests on one worker, and the number of tests collected
-is kept for tests/package/test_docs.py, which holds the README's count to it.
+Also: the suite runs in parallel (pytest-xdist, pyproject.toml's ``addopts``), each worker with
+its share of torch's threads; the modules in :data:`SHARED_SESSION_MODULES` keep their tests on
+one worker, the modules that start processes run first, and the number of tests collected is
+kept for tests/package/test_docs.py, which holds the README's count to it.
 """
 
 from __future__ import annotations
@@ -62,6 +63,14 @@ def _profile_name() -> str:
 
 
 settings.load_profile(_profile_name())
+
+#: In parallel (pytest-xdist), the workers share the machine's cores: each takes its share for
+#: torch's intra-op threads (one each, with one worker per core) rather than all of them, which
+#: oversubscribes the cores and costs CPU time in OpenMP's spinning threads. Child processes
+#: keep torch's default (nothing is set in the environment); ``-n 0`` keeps it too.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, torch.get_num_threads()
+                              // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 @pytest.fixture(autouse=True)
@@ -124,3 +133,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
         if name in SHARED_SESSION_MODULES:
             item.add_marker(pytest.mark.xdist_group(name))
+    # The modules that start processes first (a stable sort: each module keeps its order): in
+    # parallel, their long tests then run while quick ones fill the gaps, rather than one of
+    # them starting last and ending the run alone.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
