@@ -6,10 +6,10 @@ layout as first matrix and every layout (and dense) for the others, each either 
 ``SafeSparseTensor`` or a plain torch tensor; unary ops (conversions, transposes, reductions) on
 each layout. Each call must give the dense reference's result or refuse with a clear error
 (torch 2.13's ``addmm`` of three CSC tensors segfaults or computes a wrong result: routed
-through the CSR kernel; ``torch.sparse.mm`` of two CSC tensors: likewise). One child process
-per first layout, so a crash fails the test and names the last call started; the programs run
-in one child process (tests/support/batch.py), so a crash also fails the tests whose programs
-had not run yet.
+through the CSR kernel; ``torch.sparse.mm`` of two CSC tensors: likewise). One program per
+first layout, so a crash fails its test and names the last call started; the programs share
+one child process (tests/support/batch.py), so a crash also fails the tests whose programs had
+not run yet.
 """
 
 from __future__ import annotations
