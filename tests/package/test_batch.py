@@ -17,13 +17,14 @@ RAISES = EACH.add("raises", "raise ValueError('no good')")
 LEAVES = EACH.add("leaves", """
     import os, sys, warnings
     warnings.simplefilter("error")
+    sys.path.append("/nowhere")
     open("left.txt", "w").write("x")
     sys.stdout.write(repr(sys.argv))
 """, "x")
 FINDS = EACH.add("finds", """
-    import os, warnings
+    import os, sys, warnings
     warnings.warn("only a warning")  # the filter the program before set is gone
-    print(os.listdir("."), __name__)
+    print(os.listdir("."), __name__, "/nowhere" in sys.path)
 """)
 
 CRASH = Batch("self-test crash", env=dict(os.environ))
@@ -41,7 +42,7 @@ def test_each_program_gets_its_own_status_output_and_directory() -> None:
     assert EACH.run(LEAVES).stdout == "['leaves', 'x']"
     finds = EACH.run(FINDS)
     assert finds.returncode == 0, finds.stderr
-    assert finds.stdout == "[] __main__\n" and "only a warning" in finds.stderr
+    assert finds.stdout == "[] __main__ False\n" and "only a warning" in finds.stderr
 
 
 @CRASH.mark

@@ -2,12 +2,12 @@
 
 ``python batch_child.py SPEC OUTDIR``: SPEC is a JSON list of ``{"key", "code", "args"}``. Each
 program runs as ``__main__`` in a namespace of its own, in an empty working directory of its
-own, with ``sys.argv`` set to ``[key, *args]``, the warning filters restored after it, and its
-``sys.stdout`` and ``sys.stderr`` going to ``OUTDIR/<i>.out`` and ``OUTDIR/<i>.err`` (line
-buffered, so what a program printed before a crash is there). Its exit status (0, the code of
-``SystemExit``, or 1 for any other exception, whose traceback goes to its stderr) is written
-to ``OUTDIR/<i>.rc`` when it ends: a program with an ``.out`` file and no ``.rc`` file is the
-one the process died in.
+own, with ``sys.argv`` set to ``[key, *args]``, the warning filters and ``sys.path`` restored
+after it, and its ``sys.stdout`` and ``sys.stderr`` going to ``OUTDIR/<i>.out`` and
+``OUTDIR/<i>.err`` (line buffered, so what a program printed before a crash is there). Its exit
+status (0, the code of ``SystemExit``, or 1 for any other exception, whose traceback goes to its
+stderr) is written to ``OUTDIR/<i>.rc`` when it ends: a program with an ``.out`` file and no
+``.rc`` file is the one the process died in.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def main() -> None:
         workdir = outdir / f"{i}.cwd"
         workdir.mkdir()
         os.chdir(workdir)
+        path = list(sys.path)
         status = 0
         with open(outdir / f"{i}.out", "w", buffering=1) as out, \
                 open(outdir / f"{i}.err", "w", buffering=1) as err, \
@@ -54,6 +55,7 @@ def main() -> None:
                 traceback.print_exc()
                 status = 1
         os.chdir(home)
+        sys.path[:] = path
         (outdir / f"{i}.rc").write_text(str(status))
 
 
