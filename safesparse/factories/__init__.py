@@ -7,22 +7,7 @@ once and attaches the checked state (:mod:`.build`), and :mod:`.interop` (``from
 
 from __future__ import annotations
 
-from .core import (
-    COMPRESSED_LAYOUTS,
-    sparse_bsc_tensor,
-    sparse_bsr_tensor,
-    sparse_compressed_tensor,
-    sparse_coo_tensor,
-    sparse_csc_tensor,
-    sparse_csr_tensor,
-)
+from . import core
+from .core import *  # noqa: F403  (the names core.__all__ lists: the public factories)
 
-__all__ = [
-    "COMPRESSED_LAYOUTS",
-    "sparse_bsc_tensor",
-    "sparse_bsr_tensor",
-    "sparse_compressed_tensor",
-    "sparse_coo_tensor",
-    "sparse_csc_tensor",
-    "sparse_csr_tensor",
-]
+__all__ = core.__all__

@@ -12,44 +12,7 @@ block products (:mod:`.blocks`, arguments bound by :mod:`.binding`), the zero-co
 
 from __future__ import annotations
 
-from .core import (
-    REPAIRS,
-    OpEntry,
-    OpKind,
-    SafeSparseTensor,
-    after_inplace,
-    compressed_geometry,
-    general,
-    geometry_of,
-    index_members,
-    is_checked,
-    op_name,
-    retype,
-    sparse_inputs,
-    unwrap,
-    validate,
-    validate_into,
-    wrap,
-    wrap_results,
-)
+from . import core
+from .core import *  # noqa: F403  (the names core.__all__ lists: docs/ops.md: wrap_results)
 
-__all__ = [
-    "REPAIRS",
-    "OpEntry",
-    "OpKind",
-    "SafeSparseTensor",
-    "after_inplace",
-    "compressed_geometry",
-    "general",
-    "geometry_of",
-    "index_members",
-    "is_checked",
-    "op_name",
-    "retype",
-    "sparse_inputs",
-    "unwrap",
-    "validate",
-    "validate_into",
-    "wrap",
-    "wrap_results",
-]
+__all__ = core.__all__
