@@ -264,25 +264,26 @@ def _apply(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int
 def linear(x: T, layout: torch.layout, compressed: T, plain: T, values: T,
            out_features: int, in_features: int) -> T:
     """``x @ W.T`` for ``x`` (N, in_features): (N, out_features), dtype of ``x``."""
-    work = _compute_dtype(x.dtype)
-    n = x.shape[0]
-    if n == 0 or plain.numel() == 0:
-        return x.new_zeros(n, out_features)
-    y = _batch_product(layout, compressed, plain, values, out_features, in_features, False,
-                       x.to(work))
-    return y.to(x.dtype)
+    return _linear_product(x, layout, compressed, plain, values, out_features, in_features,
+                           False)
 
 
 def linear_grad_input(g: T, layout: torch.layout, compressed: T, plain: T, values: T,
                       out_features: int, in_features: int) -> T:
     """``g @ W`` for ``g`` (N, out_features): (N, in_features), dtype of ``g``."""
-    work = _compute_dtype(g.dtype)
-    n = g.shape[0]
+    return _linear_product(g, layout, compressed, plain, values, out_features, in_features,
+                           True)
+
+
+def _linear_product(src: T, layout: torch.layout, compressed: T, plain: T, values: T,
+                    out_features: int, in_features: int, transposed: bool) -> T:
+    """``src @ W.T`` (``transposed`` False) or ``src @ W`` (True), in ``src``'s dtype."""
+    n = src.shape[0]
     if n == 0 or plain.numel() == 0:
-        return g.new_zeros(n, in_features)
-    y = _batch_product(layout, compressed, plain, values, out_features, in_features, True,
-                       g.to(work))
-    return y.to(g.dtype)
+        return src.new_zeros(n, in_features if transposed else out_features)
+    y = _batch_product(layout, compressed, plain, values, out_features, in_features,
+                       transposed, src.to(_compute_dtype(src.dtype)))
+    return y.to(src.dtype)
 
 
 def _gather_rows(left: T, rows: T, r: int) -> T:
