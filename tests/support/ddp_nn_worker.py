@@ -1,4 +1,4 @@
-"""One rank of the 2-process gloo session behind tests/test_nn_distributed.py.
+"""One rank of the 2-process gloo session behind tests/distributed/test_nn_distributed.py.
 
 Run as ``python tests/support/ddp_nn_worker.py RANK WORLD INIT_FILE OUT_JSON``. Both ranks run every
 scenario of :data:`SCENARIOS` in order: a model (Linear, ReLU, SparseLinear BSR 4 x 4, ReLU,
@@ -11,12 +11,7 @@ start, and how far they are from a single-process run on the whole batch. Result
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
 import sys
-import time
-import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -29,10 +24,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from ranks import Result, serve  # this folder: the script's own, first on sys.path
+
 import safesparse.distributed as ssd
 from safesparse.nn import SparseLinear, UnprovenMembersError
 
-Result = dict[str, Any]
 SCENARIOS: list[Callable[[int], Result]] = []
 STEPS = 3
 BATCH = 8  # the whole batch; each rank trains on half of it
@@ -167,27 +163,5 @@ def default_buffer_broadcast_refused(rank: int) -> Result:
     return {"refused": None}
 
 
-def main() -> None:
-    rank, world, init_file, out_path = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3],
-                                        Path(sys.argv[4]))
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=60))
-    results: Result = {}
-    try:
-        for fn in SCENARIOS:
-            begin = time.perf_counter()
-            try:
-                results[fn.__name__] = {"ok": True, "value": fn(rank)}
-            except Exception:
-                results[fn.__name__] = {"ok": False, "error": traceback.format_exc()}
-            results[fn.__name__]["seconds"] = time.perf_counter() - begin  # diagnostics only
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    out_path.write_text(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main()
+    serve(SCENARIOS, timeout_s=60, barrier_each=True)

@@ -11,12 +11,7 @@ members or by skipping validation of what it sends.
 from __future__ import annotations
 
 import contextlib
-import datetime
-import json
-import os
 import sys
-import time
-import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,10 +24,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from ranks import Result, serve  # this folder: the script's own, first on sys.path
+
 import safesparse as ss
 import safesparse.distributed as ssd
 
-Result = dict[str, Any]
 SCENARIOS: list[Callable[[int], Result]] = []
 
 
@@ -457,32 +453,5 @@ def ddp_matches_single_process(rank: int) -> Result:
 # ---------------------------------------------------------------------------------------------
 
 
-def main() -> None:
-    rank, world, init_file, out_path = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3],
-                                        Path(sys.argv[4]))
-    only = set(sys.argv[5:])
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=30))
-    results: Result = {}
-    partial = out_path.with_suffix(".partial")
-    try:
-        for fn in SCENARIOS:
-            if only and fn.__name__ not in only:
-                continue
-            start = time.perf_counter()
-            try:
-                results[fn.__name__] = {"ok": True, "value": fn(rank)}
-            except Exception:
-                results[fn.__name__] = {"ok": False, "error": traceback.format_exc()}
-            results[fn.__name__]["seconds"] = time.perf_counter() - start  # diagnostics only
-            partial.write_text(json.dumps(results))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    out_path.write_text(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main()
+    serve(SCENARIOS, timeout_s=30, barrier_each=False)
