@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 from hypothesis import given, note
+from support.cli import run_cli
 from support.strategies import Case, cases
 
 import safesparse as ss
@@ -510,17 +511,6 @@ def test_plain_safetensors_reads_the_file_where_safesparse_cannot_be_imported(
 # --- check on safetensors files ------------------------------------------------------------------
 
 
-def _run(*argv: str | Path) -> tuple[int, str]:
-    buf = io.StringIO()
-    old = sys.stdout
-    sys.stdout = buf
-    try:
-        code = cli.main([str(a) for a in argv])
-    finally:
-        sys.stdout = old
-    return code, buf.getvalue()
-
-
 def test_check_reports_safetensors_files_like_torch_files(tmp_path: Path) -> None:
     good, bad, hostile = (tmp_path / f"{n}.safetensors" for n in ("good", "bad", "hostile"))
     save_file({"enc.w": ss.validate(torch.eye(4).to_sparse_bsr((2, 2))), "b": torch.ones(2)},
@@ -529,15 +519,15 @@ def test_check_reports_safetensors_files_like_torch_files(tmp_path: Path) -> Non
     st.save_file({**flat, "w.__ss_col_indices": torch.tensor([0, 10**9, 2])}, bad,
                  metadata=meta)
     st.save_file(flat, hostile, metadata=_spec(layout="sparse_foo"))
-    code, out = _run("check", good)
+    code, out = run_cli("check", good)
     assert code == 0
     assert out.splitlines()[:2] == [f"{good}: 1 sparse tensor, 1 dense tensor",
                                     "  ['enc.w']  BSR  (4, 4)  nnz 2  OK"]
-    code, out = _run("check", good, bad)
+    code, out = run_cli("check", good, bad)
     assert code == 1
     line = next(x for x in out.splitlines() if "['w']" in x)
     assert "INVALID [CSR 5.5]" in line and "col_indices[1] = 1000000000" in line
-    code, out = _run("check", "--json", bad, hostile)
+    code, out = run_cli("check", "--json", bad, hostile)
     assert code == 2
     doc = json.loads(out)
     assert doc["files"][0]["tensors"][0]["invariant"] == "5.5"
@@ -545,7 +535,7 @@ def test_check_reports_safetensors_files_like_torch_files(tmp_path: Path) -> Non
     assert doc["files"][1]["error"].startswith("FormatError: sparse tensor 'w': unknown layout")
     renamed = tmp_path / "weights.bin"  # found by its content
     renamed.write_bytes(bad.read_bytes())
-    assert _run("check", renamed)[0] == 1
+    assert run_cli("check", renamed)[0] == 1
     assert cli.find_checkpoints(tmp_path) == sorted([bad, good, hostile])
 
 
@@ -553,7 +543,7 @@ def test_check_quiet_prints_only_failures_and_the_summary(tmp_path: Path) -> Non
     good, bad = tmp_path / "good.pt", tmp_path / "bad.pt"
     torch.save({"a": torch.eye(2).to_sparse()}, good)
     torch.save({"a": torch.eye(2).to_sparse(), "z": _unchecked_csr([0, 9, 1])}, bad)
-    code, out = _run("check", "--quiet", good, bad)
+    code, out = run_cli("check", "--quiet", good, bad)
     assert code == 1
     assert out.splitlines() == [
         f"{bad}: 2 sparse tensors, 0 dense tensors",
@@ -562,7 +552,7 @@ def test_check_quiet_prints_only_failures_and_the_summary(tmp_path: Path) -> Non
         "0 unreadable",
     ]
     assert out.splitlines()[1].startswith("  ['z']") and "INVALID [CSR 5.5]" in out
-    code, out = _run("check", "-q", good)
+    code, out = run_cli("check", "-q", good)
     assert (code, len(out.splitlines())) == (0, 1)
 
 
@@ -573,14 +563,14 @@ class Marker:
 def test_check_allow_global_admits_a_named_global(tmp_path: Path) -> None:
     path = tmp_path / "other.pt"
     torch.save({"f": io.StringIO, "w": torch.eye(2).to_sparse_csr()}, path)
-    code, out = _run("check", path)
+    code, out = run_cli("check", path)
     assert code == 2 and "admit it with --allow-global _io.StringIO" in out
-    code, out = _run("check", "--allow-global", "_io.StringIO", "--allow-global",
+    code, out = run_cli("check", "--allow-global", "_io.StringIO", "--allow-global",
                      "collections.OrderedDict", path)
     assert code == 0 and "['w']  CSR  (2, 2)  nnz 2  OK" in out
     assert cli.resolve_global("collections.OrderedDict.fromkeys") is not None
     with pytest.raises(SystemExit) as info:
-        _run("check", "--allow-global", "no_such_module_x.Thing", path)
+        run_cli("check", "--allow-global", "no_such_module_x.Thing", path)
     assert info.value.code == 2
 
 

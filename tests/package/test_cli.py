@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.cli import run_cli
 
 import safesparse as ss
 from safesparse import cli
@@ -50,22 +51,11 @@ def files(tmp_path: Path) -> dict[str, Path]:
     return out
 
 
-def run(*argv: str | Path) -> tuple[int, str]:
-    buf = io.StringIO()
-    old = sys.stdout
-    sys.stdout = buf
-    try:
-        code = cli.main([str(a) for a in argv])
-    finally:
-        sys.stdout = old
-    return code, buf.getvalue()
-
-
 # --- text report and exit codes ----------------------------------------------------------------
 
 
 def test_valid_file_exits_0_with_one_line_per_sparse_tensor(files: dict[str, Path]) -> None:
-    code, out = run("check", files["good.pt"])
+    code, out = run_cli("check", files["good.pt"])
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == f"{files['good.pt']}: 3 sparse tensors, 0 dense tensors"
@@ -79,7 +69,7 @@ def test_valid_file_exits_0_with_one_line_per_sparse_tensor(files: dict[str, Pat
 
 
 def test_invalid_file_exits_1_and_names_invariant_and_location(files: dict[str, Path]) -> None:
-    code, out = run("check", files["bad.pt"])
+    code, out = run_cli("check", files["bad.pt"])
     assert code == 1
     bad = next(line for line in out.splitlines() if "decoder.weight" in line)
     assert bad.split()[:5] == ["['decoder.weight']", "CSR", "(3,", "3)", "nnz"]
@@ -105,7 +95,7 @@ def test_invalid_file_exits_1_and_names_invariant_and_location(files: dict[str, 
 def test_unreadable_file_exits_2(files: dict[str, Path], tmp_path: Path, name: str,
                                  reason: str) -> None:
     path = tmp_path / name
-    code, out = run("check", path)
+    code, out = run_cli("check", path)
     assert code == 2
     assert out.splitlines()[0].startswith(f"{path}: cannot read: {reason}")
     assert out.splitlines()[-1].endswith("0 invalid), 0 dense tensors, 1 unreadable")
@@ -118,7 +108,7 @@ def test_a_truncated_file_and_an_empty_directory_are_unreadable(
     truncated.write_bytes(files["good.pt"].read_bytes()[:200])
     empty = tmp_path / "empty"
     empty.mkdir()
-    code, out = run("check", empty, truncated)
+    code, out = run_cli("check", empty, truncated)
     assert code == 2
     assert f"{truncated}: cannot read: " in out
     assert (f"{empty}: cannot read: no checkpoint files (.pt, .pth, .ckpt, .bin, .safetensors)"
@@ -126,22 +116,22 @@ def test_a_truncated_file_and_an_empty_directory_are_unreadable(
 
 
 def test_unreadable_wins_over_invalid_and_every_file_is_reported(files: dict[str, Path]) -> None:
-    code, out = run("check", files["good.pt"], files["bad.pt"], files["text.txt"],
+    code, out = run_cli("check", files["good.pt"], files["bad.pt"], files["text.txt"],
                     files["plain.pt"])
     assert code == 2
     assert f"{files['plain.pt']}: 0 sparse tensors, 1 dense tensor" in out
     assert out.splitlines()[-1] == (
         "summary: 4 files, 5 sparse tensors checked (4 valid, 1 invalid), 1 dense tensor, "
         "1 unreadable")
-    assert run("check", files["good.pt"], files["plain.pt"])[0] == 0
-    assert run("check", files["good.pt"], files["bad.pt"])[0] == 1
+    assert run_cli("check", files["good.pt"], files["plain.pt"])[0] == 0
+    assert run_cli("check", files["good.pt"], files["bad.pt"])[0] == 1
 
 
 def test_legacy_format_file(tmp_path: Path) -> None:
     path = tmp_path / "legacy.pt"
     torch.save({"a": torch.eye(2).to_sparse_csr(), "b": unchecked_csr([0, 10**9, 1])}, path,
                _use_new_zipfile_serialization=False)
-    code, out = run("check", path)
+    code, out = run_cli("check", path)
     assert code == 1
     assert "['a']" in out.splitlines()[1] and out.splitlines()[1].endswith("OK")
     assert "['b']" in out.splitlines()[2] and "INVALID [CSR 5.5]" in out.splitlines()[2]
@@ -150,7 +140,7 @@ def test_legacy_format_file(tmp_path: Path) -> None:
 def test_file_holding_a_bare_tensor(tmp_path: Path) -> None:
     path = tmp_path / "t.pt"
     torch.save(unchecked_csr([2, 0, 5]), path)
-    code, out = run("check", path)
+    code, out = run_cli("check", path)
     assert code == 1 and out.splitlines()[1].split()[:2] == ["<root>", "CSR"]
 
 
@@ -169,7 +159,7 @@ TENSOR_KEYS = {"key", "key_path", "layout", "shape", "nnz", "ok", "valid", "inva
 
 
 def test_json_document_schema(files: dict[str, Path]) -> None:
-    code, out = run("check", "--json", files["good.pt"], files["bad.pt"], files["evil.pt"])
+    code, out = run_cli("check", "--json", files["good.pt"], files["bad.pt"], files["evil.pt"])
     assert code == 2
     doc = json.loads(out)
     assert set(doc) == {"files", "summary"}
@@ -202,7 +192,7 @@ def test_json_document_schema(files: dict[str, Path]) -> None:
 
 
 def test_json_for_a_valid_file_exits_0(files: dict[str, Path]) -> None:
-    code, out = run("check", "--json", files["good.pt"])
+    code, out = run_cli("check", "--json", files["good.pt"])
     assert code == 0 and json.loads(out)["summary"]["invalid"] == 0
 
 
@@ -245,7 +235,7 @@ def test_no_progress_for_small_files(files: dict[str, Path]) -> None:
 
 
 def test_demo_catches_the_tampered_tensor_and_exits_0() -> None:
-    code, out = run("demo")
+    code, out = run_cli("demo")
     assert code == 0
     assert "checkpoint.pt: 3 sparse tensors, 1 dense tensor" in out
     assert "['encoder.weight']" in out and "['embedding.weight']" in out
@@ -254,7 +244,7 @@ def test_demo_catches_the_tampered_tensor_and_exits_0() -> None:
 
 
 def test_demo_prints_no_path_that_is_gone_when_it_ends() -> None:
-    code, out = run("demo")
+    code, out = run_cli("demo")
     assert code == 0
     assert tempfile.gettempdir() not in out and "safesparse-demo-" not in out
     assert "Wrote checkpoint.pt (in a temporary directory, removed when the demo ends" in out
@@ -263,13 +253,13 @@ def test_demo_prints_no_path_that_is_gone_when_it_ends() -> None:
 
 def test_demo_keep_leaves_the_checkpoint_it_names(tmp_path: Path) -> None:
     target = tmp_path / "demo"
-    code, out = run("demo", "--keep", target)
+    code, out = run_cli("demo", "--keep", target)
     assert code == 0
     kept = target / "checkpoint.pt"
     assert kept.is_file()
     assert f"Wrote {kept}, a state dict with" in out
     assert f"$ python -m safesparse check {kept}" in out
-    check_code, check_out = run("check", kept)
+    check_code, check_out = run_cli("check", kept)
     assert check_code == 1 and "INVALID [CSR 5.5]" in check_out
 
 
@@ -342,7 +332,7 @@ def test_a_directory_is_searched_recursively(tmp_path: Path, files: dict[str, Pa
     assert cli.find_checkpoints(root) == [root / "a.pt", root / "sub" / "b.pth",
                                           root / "sub" / "model.bin",
                                           root / "sub" / "deeper" / "c.CKPT"]
-    code, out = run("check", root)
+    code, out = run_cli("check", root)
     assert code == 1
     headers = [line.split(":")[0] for line in out.splitlines() if not line.startswith(" ")]
     assert headers == [str(root / "a.pt"), str(root / "sub" / "b.pth"),
@@ -357,7 +347,7 @@ def test_aliased_index_storage_is_reported_and_exits_1(tmp_path: Path) -> None:
     w = torch.eye(3).to_sparse_csr()
     path = tmp_path / "alias.pt"
     torch.save({"weight": w, "step_counter": w.col_indices()[:], "bias": torch.zeros(3)}, path)
-    code, out = run("check", path)
+    code, out = run_cli("check", path)
     assert code == 1
     lines = out.splitlines()
     assert lines[0] == f"{path}: 1 sparse tensor, 2 dense tensors"
@@ -366,7 +356,7 @@ def test_aliased_index_storage_is_reported_and_exits_1(tmp_path: Path) -> None:
                              "(ss.load gives it a copy of its own)")
     assert lines[2] == ("summary: 1 file, 1 sparse tensor checked (1 valid, 0 invalid, "
                         "1 aliased), 2 dense tensors, 0 unreadable")
-    doc = json.loads(run("check", "--json", path)[1])
+    doc = json.loads(run_cli("check", "--json", path)[1])
     assert doc["summary"]["aliased"] == 1 and doc["files"][0]["ok"] is False
     assert doc["files"][0]["tensors"][0]["aliased_with"] == ["['step_counter']"]
 
@@ -378,7 +368,7 @@ def test_key_paths_in_json_follow_into_the_object(tmp_path: Path) -> None:
     obj = {"model": {"layers": [{"w": torch.eye(2).to_sparse()}], 3: torch.eye(2).to_sparse()}}
     path = tmp_path / "nested.pt"
     torch.save(obj, path)
-    doc = json.loads(run("check", "--json", path)[1])
+    doc = json.loads(run_cli("check", "--json", path)[1])
     key_paths = [t["key_path"] for t in doc["files"][0]["tensors"]]
     assert key_paths == [["model", "layers", 0, "w"], ["model", 3]]
     for kp in key_paths:  # a consumer can follow a plain key path with obj[k]
