@@ -225,6 +225,8 @@ COO: Final[dict[str, Invariant]] = _table(
             "": "index {index} comes after {previous}, but the tensor is marked coalesced "
                 "(sorted)",
             "duplicate": "index {index} appears twice, but the tensor is marked coalesced",
+            "rows": "row {index} comes after row {previous}, but the conversion to CSR needs "
+                    "the rows sorted",
         },
     },
 )

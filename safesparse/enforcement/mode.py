@@ -21,9 +21,11 @@ routes is validated before anything uses it:
   the caller's ``weights_only`` and torch's default for it);
 * torch's index conversions ``torch._convert_indices_from_coo_to_csr`` (PyTorch Geometric's
   ``index2ptr``) and ``torch._convert_indices_from_csr_to_coo`` write out of bounds for indices
-  outside the target size: their inputs are checked first (``[COO 5.1]`` / ``[COO 5.2]`` for
-  the row indices against ``size``, ``[CSR 5.x]`` / ``[CSC 5.x]`` for the compressed indices
-  against the nnz), with the position.
+  outside the target size, and the first reads its rows' memory as if it were contiguous: their
+  inputs are made contiguous and checked first (``[COO 5.1]`` / ``[COO 5.2]`` for the row
+  indices against ``size``, ``[COO 5.3]`` for rows out of order, ``[CSR 5.x]`` / ``[CSC 5.x]``
+  for the compressed indices against the nnz, ``[CSR 3.x]`` for batches that disagree), with
+  the position, and torch is handed exactly the tensors that were checked.
 
 Each result is a checked :class:`~safesparse.SafeSparseTensor` (or an
 :class:`~safesparse.InvariantError` is raised, naming the call that built the tensor and where

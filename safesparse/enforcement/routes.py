@@ -58,7 +58,7 @@ from .. import files
 from ..base import enforce_flag as _enforcing
 from ..base import originals as _originals
 from ..catalog.errors import InvariantError
-from ..catalog.invariants import SPARSE_LAYOUTS
+from ..catalog.invariants import SPARSE_LAYOUTS, explain
 from ..engine.indices import check_compressed_indices, check_coo_indices
 from ..factories import core as factories
 from ..files.session import _LoadMode
@@ -445,8 +445,22 @@ def type_(previous: Callable[..., Any]) -> Callable[..., Any]:
 # torch's index conversions
 
 
+_COO_TO_CSR = "torch._convert_indices_from_coo_to_csr"
+_CSR_TO_COO = "torch._convert_indices_from_csr_to_coo"
+
+
+def _with_arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int, name: str,
+              value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments with argument ``i`` (keyword ``name``) replaced by ``value``."""
+    if len(args) > i:
+        return (*args[:i], value, *args[i + 1:]), kwargs
+    return args, {**kwargs, name: value}
+
+
 def coo_to_csr(previous: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch._convert_indices_from_coo_to_csr(rows, size)``: rows checked against size."""
+    """``torch._convert_indices_from_coo_to_csr(rows, size)``: the rows, made contiguous (torch's
+    kernel reads their memory as if it were), checked against ``size`` and for order (the
+    kernel needs them sorted), then exactly that contiguous tensor handed to torch."""
 
     @functools.wraps(previous)
     def convert(*args: Any, **kwargs: Any) -> Any:
@@ -455,18 +469,45 @@ def coo_to_csr(previous: Callable[..., Any]) -> Callable[..., Any]:
             if (isinstance(rows, torch.Tensor) and not _foreign(rows)
                     and rows.dtype in _INDEX_DTYPES and rows.dim() <= 1
                     and not isinstance(size, torch.Tensor)):
-                try:
-                    check_coo_indices(rows.reshape(1, -1), (operator.index(size),))
-                except InvariantError as err:
-                    raise err.with_context(op="torch._convert_indices_from_coo_to_csr") from None
+                rows = rows.contiguous()
+                _check_rows(rows, operator.index(size))
+                args, kwargs = _with_arg(args, kwargs, 0, "input", rows)
         return previous(*args, **kwargs)
 
     convert.__ss_original__ = previous  # type: ignore[attr-defined]
     return convert
 
 
+def _check_rows(rows: torch.Tensor, size: int) -> None:
+    """Row indices for the COO -> CSR conversion: each in ``[0, size)`` ([COO 5.1] / [COO 5.2])
+    and sorted ([COO 5.3]: the conversion is the CSR form of a coalesced tensor's rows), with
+    the position of the first violation. One host sync when they hold: sorted rows lie in
+    range when the first and last do."""
+    flat = rows.reshape(-1)
+    n = flat.numel()
+    if n == 0:
+        return
+    if size >= 0:
+        ends = flat[torch.tensor([0, n - 1], device=flat.device)].to(torch.int64)
+        bad = torch.lt(flat[1:], flat[:-1]).any() | (ends[0] < 0) | (ends[1] >= size)
+        if not bool(bad):
+            return
+    try:
+        check_coo_indices(flat.reshape(1, -1), (size,))
+    except InvariantError as err:
+        raise err.with_context(op=_COO_TO_CSR) from None
+    j = int(torch.lt(flat[1:], flat[:-1]).nonzero()[0, 0]) + 1
+    cur, prev = int(flat[j]), int(flat[j - 1])
+    raise InvariantError(
+        torch.sparse_coo, "5.3", f"position {j}: rows[{j}] = {cur}, rows[{j - 1}] = {prev}",
+        location={"position": j, "value": cur, "previous": prev}, op=_COO_TO_CSR,
+        explanation=explain(torch.sparse_coo, "5.3", "rows", index=cur, previous=prev))
+
+
 def csr_to_coo(previous: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch._convert_indices_from_csr_to_coo(crow, col)``: offsets checked against nnz."""
+    """``torch._convert_indices_from_csr_to_coo(crow, col)``: both made contiguous, the offsets
+    checked against the nnz and the batch shapes against each other (torch's kernel reads past
+    ``crow`` when ``col`` has more batches), then exactly those tensors handed to torch."""
 
     @functools.wraps(previous)
     def convert(*args: Any, **kwargs: Any) -> Any:
@@ -475,27 +516,31 @@ def csr_to_coo(previous: Callable[..., Any]) -> Callable[..., Any]:
             if (isinstance(crow, torch.Tensor) and isinstance(col, torch.Tensor)
                     and not _foreign(crow) and not _foreign(col)
                     and crow.dtype in _INDEX_DTYPES and crow.dim() >= 1 and col.dim() >= 1):
-                _check_offsets(crow, col.shape[-1], bool(kwargs.get("transpose", False)))
+                crow, col = crow.contiguous(), col.contiguous()
+                _check_offsets(crow, col.shape, bool(kwargs.get("transpose", False)))
+                args, kwargs = _with_arg(args, kwargs, 0, "crow_indices", crow)
+                args, kwargs = _with_arg(args, kwargs, 1, "col_indices", col)
         return previous(*args, **kwargs)
 
     convert.__ss_original__ = previous  # type: ignore[attr-defined]
     return convert
 
 
-def _check_offsets(compressed: torch.Tensor, nnz: int, transpose: bool) -> None:
-    """The compressed offsets against ``nnz`` (CSR 5.1-5.3; CSC with ``transpose``), the
-    only index data the conversion reads: checked with a plain index that is valid by
-    construction (``0 .. nnz-1``, sorted) against a plain extent of ``nnz``."""
-    batch = tuple(compressed.shape[:-1])
+def _check_offsets(compressed: torch.Tensor, plain_shape: torch.Size, transpose: bool) -> None:
+    """The compressed offsets against the nnz (CSR 5.1-5.3; CSC with ``transpose``), the only
+    index data the conversion reads: checked with a plain index of ``plain_shape`` (the shape
+    of ``col``: 3.3 / 3.9 when its batch is not the offsets') that is valid by construction
+    (``0 .. nnz-1``, sorted) against a plain extent of ``nnz``."""
+    batch, nnz = tuple(compressed.shape[:-1]), plain_shape[-1]
     plain = torch.arange(nnz, dtype=compressed.dtype, device=compressed.device)
-    plain = plain.expand(*batch, nnz)
+    plain = plain.expand(*plain_shape)
     n = max(compressed.shape[-1] - 1, 0)
     size = (*batch, nnz, n) if transpose else (*batch, n, nnz)
     try:
         check_compressed_indices(compressed, plain, size,
                                  layout=torch.sparse_csc if transpose else torch.sparse_csr)
     except InvariantError as err:
-        raise err.with_context(op="torch._convert_indices_from_csr_to_coo") from None
+        raise err.with_context(op=_CSR_TO_COO) from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -79,6 +79,14 @@ def _coo(indices: list[list[int]], size: tuple[int, ...],
                                         is_coalesced=coalesced)
 
 
+def _rows_to_crow(rows: list[int], size: int) -> Callable[[], object]:
+    """torch's COO -> CSR row conversion under enforce mode (it needs the rows sorted)."""
+    def convert() -> object:
+        with ss.enforce():
+            return torch._convert_indices_from_coo_to_csr(torch.tensor(rows), size)
+    return convert
+
+
 # (layout, id, build, the plain words the message must contain)
 CASES: list[tuple[torch.layout, str, Callable[[], object], str]] = [
     (torch.sparse_csr, "5.1", _csr([1, 1, 2], [0, 1], (2, 3)),
@@ -115,6 +123,8 @@ CASES: list[tuple[torch.layout, str, Callable[[], object], str]] = [
      "index (0,) comes after (1,), but the tensor is marked coalesced"),
     (torch.sparse_coo, "5.3", _coo([[1, 1]], (3,), True),
      "index (1,) appears twice, but the tensor is marked coalesced"),
+    (torch.sparse_coo, "5.3", _rows_to_crow([0, 2, 1], 3),
+     "row 1 comes after row 2, but the conversion to CSR needs the rows sorted"),
 ]
 
 

@@ -1,0 +1,188 @@
+"""torch's index conversions under enforce mode read what was checked (issue 41, item 3).
+
+``torch._convert_indices_from_coo_to_csr`` (PyTorch Geometric's ``index2ptr``) reads its row
+indices' memory as if it were contiguous: the wrapper used to check a strided row index (the
+first column of an ``(E, 2)`` edge list, ``edges.t()[0]``) by its values, then hand torch the
+strided tensor, which read the interleaved column indices as rows and wrote past its output
+(heap corruption, SIGABRT / SIGSEGV). Unsorted rows passed and gave a valid-looking wrong
+``crow``. ``torch._convert_indices_from_csr_to_coo`` reads past ``crow`` when ``col`` has more
+batches than ``crow``. Every program runs in one child process (tests/support/batch.py): a
+crash fails its test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support.batch import Batch, child_env
+
+from safesparse_hooks import env
+
+ROOT = Path(__file__).resolve().parents[2]
+CHILDREN = Batch("conversions", env=child_env(ROOT, drop=env.VARIABLES))
+
+#: An (E, 2) edge list with sorted rows in [0, 10) and columns up to 10**6: its first column,
+#: read as if contiguous, holds columns among the rows.
+EDGES = """
+    import torch, safesparse as ss
+    torch.manual_seed(0)
+    rows = torch.randint(0, 10, (2000,)).sort().values
+    cols = torch.randint(0, 10**6, (2000,))
+    edges = torch.stack([rows, cols], 1)
+    strided = edges.t()[0]
+    assert not strided.is_contiguous()
+    want = torch._convert_indices_from_coo_to_csr(strided.contiguous(), 10).tolist()
+"""
+
+STRIDED_TORCH = CHILDREN.add("strided rows through torch", EDGES + """
+    with ss.enforce():
+        for i in range(20):
+            got = torch._convert_indices_from_coo_to_csr(strided, 10)
+            assert got.tolist() == want, got
+            got = torch._convert_indices_from_coo_to_csr(strided.to(torch.int32), 10,
+                                                         out_int32=True)
+            assert got.dtype == torch.int32 and got.tolist() == want, got
+            got = torch._convert_indices_from_coo_to_csr(input=strided, size=10)
+            assert got.tolist() == want, got
+    print("SAME")
+""")
+
+STRIDED_PYG = CHILDREN.add("strided rows through PyG's index2ptr", EDGES + """
+    from torch_geometric.index import index2ptr
+    with ss.enforce():
+        for i in range(20):
+            assert index2ptr(strided, 10).tolist() == want
+            assert index2ptr(strided.to(torch.int32), 10).tolist() == want
+    print("SAME")
+""")
+
+
+@CHILDREN.mark
+@pytest.mark.parametrize("key", [STRIDED_TORCH, STRIDED_PYG])
+def test_strided_rows_give_torchs_result_on_the_contiguous_copy(key: str) -> None:
+    """Crashed (SIGSEGV / SIGABRT) on the starting commit."""
+    proc = CHILDREN.run(key)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["SAME"]
+
+
+UNSORTED = CHILDREN.add("unsorted rows", """
+    import torch, safesparse as ss
+    from torch_geometric.index import index2ptr
+    edges = torch.tensor([[0, 5], [2, 1], [1, 7], [3, 0]])  # rows 0, 2, 1, 3
+    with ss.enforce():
+        for convert in (lambda r: torch._convert_indices_from_coo_to_csr(r, 4),
+                        lambda r: index2ptr(r, 4)):
+            for rows in (edges.t()[0], edges[:, 0].contiguous(), edges.t()[0].to(torch.int32)):
+                try:
+                    print("NOT REFUSED", convert(rows).tolist())
+                except ss.InvariantError as err:
+                    first = str(err).splitlines()[0]
+                    print(err.layout, err.invariant, err.location["position"],
+                          err.location["value"], err.location["previous"], err.op,
+                          "rows[2] = 1" in first and "row 1 comes after row 2" in first)
+""")
+
+
+@CHILDREN.mark
+def test_unsorted_rows_are_refused_with_the_coo_id_and_position() -> None:
+    """Passed on the starting commit and gave crow [0, 1, 2, 3, 4] for rows 0, 2, 1, 3."""
+    proc = CHILDREN.run(UNSORTED)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines == ["torch.sparse_coo 5.3 2 1 2 torch._convert_indices_from_coo_to_csr True"] * 6
+
+
+BOUNDS = CHILDREN.add("rows out of range", """
+    import torch, safesparse as ss
+    with ss.enforce():
+        for rows, size in (([0, 1, 4], 4), ([-1, 0, 1], 4), ([0, 3, 2], 3), ([0, 0], 0)):
+            try:
+                torch._convert_indices_from_coo_to_csr(torch.tensor(rows), size)
+                print("NOT REFUSED")
+            except ss.InvariantError as err:
+                print(err.invariant, err.location["position"])
+""")
+
+
+@CHILDREN.mark
+def test_rows_out_of_range_come_first() -> None:
+    """An index outside the size is named before an unsorted one ([0, 3, 2] against 3: the
+    3 at position 1, not the descent at position 2)."""
+    proc = CHILDREN.run(BOUNDS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["5.2 2", "5.1 0", "5.2 1", "5.2 0"]
+
+
+EQUAL = CHILDREN.add("results equal plain torch's", """
+    import torch, safesparse as ss
+    torch.manual_seed(1)
+    cases = []
+    for dtype in (torch.int32, torch.int64):
+        for n, size in ((0, 0), (0, 5), (1, 1), (7, 3), (500, 40)):
+            base = torch.randint(0, max(size, 1), (n, 3)).sort(0).values.to(dtype)
+            cases.append(("coo", base[:, 1], size, {}))            # strided column
+            cases.append(("coo", base[:, 1].contiguous(), size, {"out_int32": True}))
+        cases.append(("coo", torch.tensor(2, dtype=dtype), 4, {}))  # a 0-dim row index
+    for dtype in (torch.int32, torch.int64):
+        for batch in ((), (3,), (2, 2)):
+            counts = torch.randint(0, 4, (*batch, 6))
+            nnz = int(counts.sum(-1).max()) if counts.numel() else 0
+            counts[..., -1] += nnz - counts.sum(-1)  # every batch holds nnz entries
+            crow = torch.cat([torch.zeros(*batch, 1, dtype=torch.long), counts.cumsum(-1)], -1)
+            col = torch.randint(0, 9, (*batch, nnz))
+            wide = torch.stack([crow, crow], -1)[..., 0].to(dtype)  # strided last dim
+            cases.append(("csr", wide, col.to(dtype), {}))
+            cases.append(("csr", crow.to(dtype), torch.stack([col, col], -1)[..., 1].to(dtype),
+                          {"transpose": True, "out_int32": True}))
+
+    def run(kind, a, b, kw):  # torch's functions looked up when called: enforce replaces them
+        if kind == "coo":
+            return torch._convert_indices_from_coo_to_csr(a, b, **kw)
+        return torch._convert_indices_from_csr_to_coo(a, b, **kw)
+
+    plain = [run(kind, a.contiguous(), b.contiguous() if kind == "csr" else b, kw)
+             for kind, a, b, kw in cases]
+    with ss.enforce():
+        for (kind, a, b, kw), want in zip(cases, plain):
+            got = run(kind, a, b, kw)
+            assert got.dtype == want.dtype and torch.equal(got, want), (kind, a, b, kw, got, want)
+            out = torch.empty(0, dtype=want.dtype)
+            kw_out = {**kw, "out": out}
+            assert run(kind, a, b, kw_out) is out and torch.equal(out, want)
+    print("SAME", len(cases))
+""")
+
+
+@CHILDREN.mark
+def test_results_equal_plain_torchs_on_contiguous_copies() -> None:
+    proc = CHILDREN.run(EQUAL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["SAME", "34"]
+
+
+BATCHES = CHILDREN.add("csr to coo, batches disagree", """
+    import torch, safesparse as ss
+    with ss.enforce():
+        for crow, col in (([[0, 1, 1]], [[0], [0]]), ([0, 1, 1], [[0], [0]]),
+                          ([[0, 1, 1]], [0])):
+            try:
+                for i in range(50):
+                    torch._convert_indices_from_csr_to_coo(torch.tensor(crow), torch.tensor(col))
+                print("NOT REFUSED")
+            except ss.InvariantError as err:
+                print(err.layout, err.invariant)
+            except RuntimeError as err:
+                print("torch", str(err).splitlines()[0][:60])
+""")
+
+
+@CHILDREN.mark
+def test_csr_to_coo_refuses_batches_that_disagree() -> None:
+    """crow of one batch, col of two: torch reads past crow (a segfault on the starting
+    commit, whose check took the nnz from col and the batches from crow)."""
+    proc = CHILDREN.run(BATCHES)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["torch.sparse_csr 3.9", "torch.sparse_csr 3.3",
+                                        "torch.sparse_csr 3.3"]
