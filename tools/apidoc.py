@@ -297,6 +297,14 @@ def _modules() -> list[str]:
 
 def _defining_module(name: str, obj: Any) -> str:
     module = getattr(obj, "__module__", None)
+    if isinstance(obj, type) and module == PACKAGE:
+        # a class printed by its public name (``InvariantError.__module__ = "safesparse"``):
+        # documented with the module whose source defines it
+        for modname in _modules()[1:]:
+            held = sys.modules[modname]
+            if (getattr(held, name, None) is obj
+                    and f"class {name}(" in inspect.getsource(held)):
+                return modname
     if isinstance(obj, (type, Callable)) and isinstance(module, str):  # type: ignore[arg-type]
         return module
     if type(obj).__module__.startswith(PACKAGE + "."):

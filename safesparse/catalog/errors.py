@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import torch
 
@@ -68,6 +68,8 @@ class InvariantError(ValueError, RuntimeError):
         TypeError: ``layout`` is not a sparse layout.
     """
 
+    __module__ = "safesparse"  # printed as ``safesparse.InvariantError``; pickled by that name
+
     def __init__(
         self,
         layout: torch.layout,
@@ -103,22 +105,21 @@ class InvariantError(ValueError, RuntimeError):
         return lookup(self.layout, self.invariant).hint
 
     def _message(self) -> str:
-        first = f"[{layout_name(self.layout)} {self.invariant}] "
+        head = f"[{layout_name(self.layout)} {self.invariant}] "
         if self.explanation:
-            first += self.explanation
-            if self.detail:
-                first += f" ({self.detail})"
+            what = self.explanation + (f" ({self.detail})" if self.detail else "")
         else:
-            first += self.detail or self.statement
+            what = self.detail or self.statement
+        parts = [what]
         if self.path is not None:
-            first += f" (at {self.path})"
+            parts.append(f" (at {self.path})")
         if self.loaded_by is not None:
-            first += f" (loaded by {self.loaded_by})"
+            parts.append(f" (loaded by {self.loaded_by})")
         if self.built_by is not None:
-            first += f" (built by {self.built_by})"
+            parts.append(f" (built by {self.built_by})")
         elif self.op is not None:
-            first += f" (in op {self.op})"
-        lines = [first]
+            parts.append(f" (in op {self.op})")
+        lines = [head + _fit(parts, FIRST_LINE_MAX - len(head))]
         if self.explanation or self.detail:
             lines.append(f"invariant: {self.statement}")
         if self.hint:
@@ -154,6 +155,29 @@ class InvariantError(ValueError, RuntimeError):
         )
 
 
+#: The longest first line of an :class:`InvariantError` (what is wrong and where).
+FIRST_LINE_MAX: Final = 200
+_ELLIPSIS: Final = "..."
+_KEEP: Final = 16  # the fewest characters a shortened part keeps (beside the ellipsis)
+
+
+def _fit(parts: list[str], limit: int) -> str:
+    """``parts`` joined, at most ``limit`` characters: while too long, the longest part is
+    shortened in its middle (``head...tail``). A part is long only in rare cases (a key path
+    of hundreds of characters, a file's base name near the file system's 255); the error's
+    attributes keep every part whole."""
+    parts = list(parts)
+    while (excess := sum(map(len, parts)) - limit) > 0:
+        i = max(range(len(parts)), key=lambda k: len(parts[k]))
+        part = parts[i]
+        keep = max(len(part) - excess - len(_ELLIPSIS), _KEEP)
+        if keep + len(_ELLIPSIS) >= len(part):
+            break  # every part is as short as it gets (a limit below a few dozen)
+        tail = keep // 2
+        parts[i] = part[:keep - tail] + _ELLIPSIS + part[len(part) - tail:]
+    return "".join(parts)
+
+
 def _rebuild_error(
     layout: torch.layout,
     invariant: str,
@@ -170,15 +194,19 @@ def _rebuild_error(
 
 
 def source_name(f: object) -> str:
-    """How a message names a file given to a loader: a path quoted, a file object by its name
+    """How a message names a file given to a loader: a path by its base name, quoted (the
+    caller has the path; a first line stays short), a file object by its name's base name
     (or its type)."""
     if isinstance(f, (str, os.PathLike)):
-        return repr(os.fspath(f))
+        path = os.fspath(f)
+        return repr(os.path.basename(path) or path)
     name = getattr(f, "name", None)
-    return repr(name) if isinstance(name, str) else f"a {type(f).__name__}"
+    return repr(os.path.basename(name) or name) if isinstance(name, str) else (
+        f"a {type(f).__name__}")
 
 
 __all__ = [
+    "FIRST_LINE_MAX",
     "InvariantError",
     "source_name",
 ]

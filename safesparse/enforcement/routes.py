@@ -133,22 +133,15 @@ def _plain_context() -> bool:
 
 def call_site(frame: FrameType | None) -> str:
     """``file:line`` of ``frame`` or, when that is safesparse's or torch's own, of the first
-    frame above it that is neither (the code that called torch); the file relative to the
-    working directory when it is below it."""
+    frame above it that is neither (the code that called torch); the file by its base name
+    (the traceback has its path; an error's first line stays short)."""
     while (frame is not None
            and os.path.abspath(frame.f_code.co_filename).startswith(_INTERNAL)):
         frame = frame.f_back
     if frame is None:
         return "<unknown>"
     filename = frame.f_code.co_filename
-    if os.path.isabs(filename):
-        try:
-            relative = os.path.relpath(filename)
-        except ValueError:  # another drive (Windows)
-            relative = filename
-        if not relative.startswith(os.pardir):
-            filename = relative
-    return f"{filename}:{frame.f_lineno}"
+    return f"{os.path.basename(filename) or filename}:{frame.f_lineno}"
 
 
 def _refused(err: InvariantError, op: str, frame: FrameType | None) -> InvariantError:

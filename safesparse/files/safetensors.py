@@ -100,6 +100,8 @@ class FormatError(ValueError):
     (malformed or unknown metadata, missing or unclaimed members, a name collision). The
     message names the key; nothing from the file is returned."""
 
+    __module__ = "safesparse.safetensors"  # printed and pickled by its public name
+
 
 def _st() -> ModuleType:
     """``safetensors.torch``, or an ImportError that says how to install it."""

@@ -44,6 +44,8 @@ _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 class UnprovenMembersError(RuntimeError):
     """A ``safesparse`` operator was given index members that are not the proven ones."""
 
+    __module__ = "safesparse.nn"  # printed and pickled by its public name
+
 
 def _refuse(op: str, what: str) -> UnprovenMembersError:
     return UnprovenMembersError(

@@ -36,6 +36,8 @@ _BLOCK = (torch.sparse_bsr, torch.sparse_bsc)
 class SparseParameterError(TypeError):
     """An optimizer was asked to update a sparse-layout parameter it cannot update."""
 
+    __module__ = "safesparse.nn"  # printed and pickled by its public name
+
 
 def _sgd_on_pattern(optimizer: torch.optim.Optimizer, group: dict[str, Any],
                     p: torch.Tensor) -> bool:

@@ -94,7 +94,7 @@ def test_a_refused_unmodified_script_under_run_prints_a_short_traceback(
     assert lines[0] == "Traceback (most recent call last):"
     assert [line.split(", in ")[-1] for line in lines if line.startswith("  File ")] == [
         "<module>", "main", "build"]  # the user's frames stay, in order
-    assert any(line.startswith("safesparse.catalog.errors.InvariantError: [CSR 5.5] ")
+    assert any(line.startswith("safesparse.InvariantError: [CSR 5.5] ")
                for line in lines)
     assert tracebacks.NOTE in lines
 

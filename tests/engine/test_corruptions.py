@@ -8,6 +8,7 @@ also shown never to have reached a torch sparse kernel.
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from support.strategies import SS_FACTORIES, TORCH_FACTORIES, layout_id
 
 import safesparse as ss
 import safesparse.base.originals as ss_originals
+from safesparse.catalog.errors import source_name
 
 CSR, CSC, BSR, BSC, COO = (
     torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc, torch.sparse_coo,
@@ -346,6 +348,60 @@ def test_corruption_is_refused_with_its_id(
     assert len(first) <= FIRST_LINE_MAX, first
     assert (rest[-1] == f"to repair: {err.hint}") if err.hint else "to repair" not in str(err)
     assert not torch_spy, f"refused input reached a torch sparse constructor: {torch_spy}"
+
+
+#: A directory deep enough that a file's path alone runs past FIRST_LINE_MAX, and a script in it.
+LONG_DIR = os.path.join(os.sep, "tmp", *(["a-directory-of-some-experiment-series"] * 8))
+LONG_SCRIPT = "train_graph_attention_on_citations.py"
+#: Whatever enforce mode names a file by (base name and line) is no longer than this.
+PROVENANCE = {"key": "['model']['encoder.layers.11.attention.adjacency']",
+              "file": "checkpoint-epoch-0042.pt"}
+
+
+def _torch_factory_in(path: str, name: str) -> Callable[..., Any]:
+    """torch's own ``torch.<name>``, called (line 2) from code whose file is ``path``."""
+    code = compile(f"def build(*args, **kwargs):\n    return torch.{name}(*args, **kwargs)\n",
+                   path, "exec")
+    scope: dict[str, Any] = {"torch": torch}
+    exec(code, scope)  # our own two lines, under a long file name
+    return scope["build"]  # type: ignore[no-any-return]
+
+
+def _enforce_params() -> list[Any]:
+    """The rows whose call reaches torch's factory with real data under enforce mode: not
+    those of ``ss.validate`` ("(validate)"), nor those with a ``meta`` argument (torch's
+    business there, docs/protecting.md: nothing is refused)."""
+    return [p for p in _table_params()
+            if "(validate)" not in p.id and "meta" not in p.id.split("-", 2)[2]]
+
+
+@pytest.mark.parametrize(("layout", "iid", "corrupt"), _enforce_params())
+def test_first_line_is_short_under_enforce_and_with_a_loaders_provenance(
+    layout: torch.layout, iid: str, corrupt: Callable[[Members], Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 41: under enforce mode the building call's place named the file by its path
+    (relative or absolute), and first lines ran to 200-340 characters; a loader named the
+    file by its path too. The place is now the base name and line (the traceback has the
+    path), and the first line stays within FIRST_LINE_MAX with a key path and a loader."""
+    for lay, factory in TORCH_FACTORIES.items():
+        monkeypatch.setitem(SS_FACTORIES, lay, _torch_factory_in(
+            os.path.join(LONG_DIR, LONG_SCRIPT), factory.__name__))
+    call = corrupt(base(layout))
+    with warnings.catch_warnings(), ss.enforce(), pytest.raises(ss.InvariantError) as excinfo:
+        warnings.simplefilter("ignore")
+        call()
+    err = excinfo.value
+    assert (err.layout, err.invariant) == (layout, iid), str(err)
+    assert err.built_by is not None and err.built_by.endswith(f" at {LONG_SCRIPT}:2")
+    first = str(err).splitlines()[0]
+    assert len(first) <= FIRST_LINE_MAX, first
+    assert first.endswith(f"(built by {err.built_by})"), first
+    loaded = err.with_context(path=PROVENANCE["key"], loaded_by="ss.load from " + source_name(
+        os.path.join(LONG_DIR, PROVENANCE["file"])))
+    first = str(loaded).splitlines()[0]
+    assert len(first) <= FIRST_LINE_MAX, first
+    assert f"(loaded by ss.load from {PROVENANCE['file']!r})" in first, first
 
 
 def test_table_covers_every_reachable_id() -> None:

@@ -238,7 +238,7 @@ def test_load_error_names_the_key_path(obj: Any, path: str, tmp_path: Path) -> N
     assert err.invariant == "5.5" and err.layout == CSR and err.path == path
     assert str(err).startswith("[CSR 5.5]")
     assert str(err).splitlines()[0].endswith(f"(at {path}) (loaded by ss.load from "
-                                             f"{str(file)!r})")
+                                             f"{file.name!r})")  # base name: issue 41
     assert str(err).endswith(f"\nto repair: {err.hint}")
     assert "col_indices[1] = 1000000000" in str(err)
 
