@@ -450,6 +450,16 @@ def _with_arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int, name: str,
     return args, {**kwargs, name: value}
 
 
+def _private(t: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+    """What a conversion is handed in place of its input ``t``: ``t`` made contiguous (torch's
+    kernels read the memory as if it were), or, when an ``out=`` tensor is given, a copy that
+    nothing else shares: the kernel writes ``out`` while it reads the input, and an ``out``
+    over the input's memory would turn checked indices into unchecked ones (heap corruption)."""
+    if kwargs.get("out") is not None:
+        return t.clone(memory_format=torch.contiguous_format)
+    return t.contiguous()
+
+
 def coo_to_csr(previous: Callable[..., Any]) -> Callable[..., Any]:
     """``torch._convert_indices_from_coo_to_csr(rows, size)``: the rows, made contiguous (torch's
     kernel reads their memory as if it were), checked against ``size`` and for order (the
@@ -462,7 +472,7 @@ def coo_to_csr(previous: Callable[..., Any]) -> Callable[..., Any]:
             if (isinstance(rows, torch.Tensor) and not _foreign(rows)
                     and rows.dtype in _INDEX_DTYPES and rows.dim() <= 1
                     and not isinstance(size, torch.Tensor)):
-                rows = rows.contiguous()
+                rows = _private(rows, kwargs)
                 _check_rows(rows, operator.index(size))
                 args, kwargs = _with_arg(args, kwargs, 0, "input", rows)
         return previous(*args, **kwargs)
@@ -509,7 +519,7 @@ def csr_to_coo(previous: Callable[..., Any]) -> Callable[..., Any]:
             if (isinstance(crow, torch.Tensor) and isinstance(col, torch.Tensor)
                     and not _foreign(crow) and not _foreign(col)
                     and crow.dtype in _INDEX_DTYPES and crow.dim() >= 1 and col.dim() >= 1):
-                crow, col = crow.contiguous(), col.contiguous()
+                crow, col = _private(crow, kwargs), _private(col, kwargs)
                 _check_offsets(crow, col.shape, bool(kwargs.get("transpose", False)))
                 args, kwargs = _with_arg(args, kwargs, 0, "crow_indices", crow)
                 args, kwargs = _with_arg(args, kwargs, 1, "col_indices", col)

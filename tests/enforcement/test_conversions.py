@@ -6,7 +6,8 @@ first column of an ``(E, 2)`` edge list, ``edges.t()[0]``) by its values, then h
 strided tensor, which read the interleaved column indices as rows and wrote past its output
 (heap corruption, SIGABRT / SIGSEGV). Unsorted rows passed and gave a valid-looking wrong
 ``crow``. ``torch._convert_indices_from_csr_to_coo`` reads past ``crow`` when ``col`` has more
-batches than ``crow``. Every program runs in one child process (tests/support/batch.py): a
+batches than ``crow``. An ``out=`` tensor over the input's memory let torch write offsets where
+it then read indices. Every program runs in one child process (tests/support/batch.py): a
 crash fails its test.
 """
 
@@ -186,3 +187,35 @@ def test_csr_to_coo_refuses_batches_that_disagree() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines() == ["torch.sparse_csr 3.9", "torch.sparse_csr 3.3",
                                         "torch.sparse_csr 3.3"]
+
+
+ALIASED_OUT = CHILDREN.add("out= over the input's memory", """
+    import torch, safesparse as ss
+    with ss.enforce():
+        for i in range(20):
+            # COO -> CSR: out inside the rows; the kernel writes offsets (up to 1000) where it
+            # then reads rows, and wrote past the buffer
+            buf = torch.zeros(1003, dtype=torch.long)
+            buf[500:1000] = 1
+            out = buf[600:603]
+            got = torch._convert_indices_from_coo_to_csr(buf[:1000], 2, out=out)
+            assert got is out and out.tolist() == [0, 500, 1000], out
+            # CSR -> COO: out's second row over crow; the kernel copies col there first, then
+            # read col's 10**7 as an offset
+            buf = torch.zeros(8, dtype=torch.long)
+            buf[2:5] = torch.tensor([0, 1, 2])
+            out = buf[:4].view(2, 2)
+            got = torch._convert_indices_from_csr_to_coo(buf[2:5], torch.tensor([0, 10**7]),
+                                                         out=out)
+            assert got is out and out.tolist() == [[0, 1], [0, 10**7]], out
+    print("SAME")
+""")
+
+
+@CHILDREN.mark
+def test_an_out_tensor_over_the_inputs_memory_does_not_change_what_torch_reads() -> None:
+    """Heap corruption / SIGSEGV on the starting commit (and in plain torch): the wrapper
+    checked the input, then torch wrote ``out`` over it while reading it."""
+    proc = CHILDREN.run(ALIASED_OUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["SAME"]
