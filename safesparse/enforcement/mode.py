@@ -25,7 +25,9 @@ routes is validated before anything uses it:
   inputs are made contiguous and checked first (``[COO 5.1]`` / ``[COO 5.2]`` for the row
   indices against ``size``, ``[COO 5.3]`` for rows out of order, ``[CSR 5.x]`` / ``[CSC 5.x]``
   for the compressed indices against the nnz, ``[CSR 3.x]`` for batches that disagree), with
-  the position, and torch is handed exactly the tensors that were checked.
+  the position, and torch is handed exactly the tensors that were checked (traced by
+  ``torch.compile``, the call becomes an operator that checks the data it runs on; see
+  :mod:`safesparse.enforcement.conversions`).
 
 Each result is a checked :class:`~safesparse.SafeSparseTensor` (or an
 :class:`~safesparse.InvariantError` is raised, naming the call that built the tensor and where
@@ -97,7 +99,7 @@ import torch.serialization
 
 from ..base import enforce_flag as _enforcing
 from ..base import originals as _originals
-from . import routes as routes
+from . import conversions, routes
 
 __all__ = ["enforce", "is_enforced", "set_enforce"]
 
@@ -141,8 +143,8 @@ ATEN_CONSTRUCTORS = (
 LEGACY_TYPES = ("FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "ByteTensor",
                 "CharTensor", "ShortTensor", "IntTensor", "LongTensor")
 #: torch's index conversions, checked before they run.
-CONVERSIONS = {"_convert_indices_from_coo_to_csr": routes.coo_to_csr,
-               "_convert_indices_from_csr_to_coo": routes.csr_to_coo}
+CONVERSIONS = {"_convert_indices_from_coo_to_csr": conversions.coo_to_csr,
+               "_convert_indices_from_csr_to_coo": conversions.csr_to_coo}
 
 #: (owner, attribute, make-wrapper-from-previous, TorchScript builtin of the attribute or None)
 Route = tuple[Any, str, Callable[[Any], Any], "str | None"]

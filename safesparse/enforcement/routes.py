@@ -9,8 +9,9 @@ user's monkeypatch) and returns the stand-in that :mod:`safesparse.enforcement.m
 * :class:`Builder` - the legacy typed constructors: builds, then adopts the result;
 * :class:`AtenOp` - an aten constructor packet (``torch.ops.aten.sparse_csr_tensor``) and,
   looked up through it, each of its overloads (``.crow_col_value_size``);
-* :func:`new` / :func:`type_` - ``Tensor.new`` / ``Tensor.type``;
-* :func:`coo_to_csr` / :func:`csr_to_coo` - torch's index conversions, inputs checked first.
+* :func:`new` / :func:`type_` - ``Tensor.new`` / ``Tensor.type``.
+
+torch's index conversions are in :mod:`safesparse.enforcement.conversions`.
 
 Outside enforce mode every stand-in calls what was there before, unchanged.
 
@@ -42,7 +43,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import operator
 import os
 import sys
 import threading
@@ -58,15 +58,14 @@ from .. import files
 from ..base import enforce_flag as _enforcing
 from ..base import originals as _originals
 from ..catalog.errors import InvariantError
-from ..catalog.invariants import SPARSE_LAYOUTS, explain
+from ..catalog.invariants import SPARSE_LAYOUTS
 from ..engine.indices import check_compressed_indices, check_coo_indices
 from ..factories import core as factories
 from ..files.session import _LoadMode
 from ..tensor.core import SafeSparseTensor, validate
 
-__all__ = ["AtenOp", "Builder", "active", "adopt", "builtins_seen", "call_site", "coo_to_csr",
-           "csr_to_coo", "factory", "load", "new", "register_builtin", "stand_in", "type_",
-           "unregister_builtin"]
+__all__ = ["AtenOp", "Builder", "active", "adopt", "builtins_seen", "call_site", "factory",
+           "load", "new", "register_builtin", "stand_in", "type_", "unregister_builtin"]
 
 SAFE: dict[str, Callable[..., Any]] = {
     "sparse_coo_tensor": factories.sparse_coo_tensor,
@@ -432,118 +431,6 @@ def type_(previous: Callable[..., Any]) -> Callable[..., Any]:
 
     type_.__ss_original__ = previous  # type: ignore[attr-defined]
     return type_
-
-
-# ---------------------------------------------------------------------------------------------
-# torch's index conversions
-
-
-_COO_TO_CSR = "torch._convert_indices_from_coo_to_csr"
-_CSR_TO_COO = "torch._convert_indices_from_csr_to_coo"
-
-
-def _with_arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int, name: str,
-              value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The arguments with argument ``i`` (keyword ``name``) replaced by ``value``."""
-    if len(args) > i:
-        return (*args[:i], value, *args[i + 1:]), kwargs
-    return args, {**kwargs, name: value}
-
-
-def _private(t: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
-    """What a conversion is handed in place of its input ``t``: ``t`` made contiguous (torch's
-    kernels read the memory as if it were), or, when an ``out=`` tensor is given, a copy that
-    nothing else shares: the kernel writes ``out`` while it reads the input, and an ``out``
-    over the input's memory would turn checked indices into unchecked ones (heap corruption)."""
-    if kwargs.get("out") is not None:
-        return t.clone(memory_format=torch.contiguous_format)
-    return t.contiguous()
-
-
-def coo_to_csr(previous: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch._convert_indices_from_coo_to_csr(rows, size)``: the rows, made contiguous (torch's
-    kernel reads their memory as if it were), checked against ``size`` and for order (the
-    kernel needs them sorted), then exactly that contiguous tensor handed to torch."""
-
-    @functools.wraps(previous)
-    def convert(*args: Any, **kwargs: Any) -> Any:
-        if _enforcing.is_enforced():
-            rows, size = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "size")
-            if (isinstance(rows, torch.Tensor) and not _foreign(rows)
-                    and rows.dtype in _INDEX_DTYPES and rows.dim() <= 1
-                    and not isinstance(size, torch.Tensor)):
-                rows = _private(rows, kwargs)
-                _check_rows(rows, operator.index(size))
-                args, kwargs = _with_arg(args, kwargs, 0, "input", rows)
-        return previous(*args, **kwargs)
-
-    convert.__ss_original__ = previous  # type: ignore[attr-defined]
-    return convert
-
-
-def _check_rows(rows: torch.Tensor, size: int) -> None:
-    """Row indices for the COO -> CSR conversion: each in ``[0, size)`` ([COO 5.1] / [COO 5.2])
-    and sorted ([COO 5.3]: the conversion is the CSR form of a coalesced tensor's rows), with
-    the position of the first violation. One host sync when they hold: sorted rows lie in
-    range when the first and last do."""
-    flat = rows.reshape(-1)
-    n = flat.numel()
-    if n == 0:
-        return
-    if size >= 0:
-        ends = flat[torch.tensor([0, n - 1], device=flat.device)].to(torch.int64)
-        bad = torch.lt(flat[1:], flat[:-1]).any() | (ends[0] < 0) | (ends[1] >= size)
-        if not bool(bad):
-            return
-    try:
-        check_coo_indices(flat.reshape(1, -1), (size,))
-    except InvariantError as err:
-        raise err.with_context(op=_COO_TO_CSR) from None
-    j = int(torch.lt(flat[1:], flat[:-1]).nonzero()[0, 0]) + 1
-    cur, prev = int(flat[j]), int(flat[j - 1])
-    raise InvariantError(
-        torch.sparse_coo, "5.3", f"position {j}: rows[{j}] = {cur}, rows[{j - 1}] = {prev}",
-        location={"position": j, "value": cur, "previous": prev}, op=_COO_TO_CSR,
-        explanation=explain(torch.sparse_coo, "5.3", "rows", index=cur, previous=prev))
-
-
-def csr_to_coo(previous: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch._convert_indices_from_csr_to_coo(crow, col)``: both made contiguous, the offsets
-    checked against the nnz and the batch shapes against each other (torch's kernel reads past
-    ``crow`` when ``col`` has more batches), then exactly those tensors handed to torch."""
-
-    @functools.wraps(previous)
-    def convert(*args: Any, **kwargs: Any) -> Any:
-        if _enforcing.is_enforced():
-            crow, col = _arg(args, kwargs, 0, "crow_indices"), _arg(args, kwargs, 1, "col_indices")
-            if (isinstance(crow, torch.Tensor) and isinstance(col, torch.Tensor)
-                    and not _foreign(crow) and not _foreign(col)
-                    and crow.dtype in _INDEX_DTYPES and crow.dim() >= 1 and col.dim() >= 1):
-                crow, col = _private(crow, kwargs), _private(col, kwargs)
-                _check_offsets(crow, col.shape, bool(kwargs.get("transpose", False)))
-                args, kwargs = _with_arg(args, kwargs, 0, "crow_indices", crow)
-                args, kwargs = _with_arg(args, kwargs, 1, "col_indices", col)
-        return previous(*args, **kwargs)
-
-    convert.__ss_original__ = previous  # type: ignore[attr-defined]
-    return convert
-
-
-def _check_offsets(compressed: torch.Tensor, plain_shape: torch.Size, transpose: bool) -> None:
-    """The compressed offsets against the nnz (CSR 5.1-5.3; CSC with ``transpose``), the only
-    index data the conversion reads: checked with a plain index of ``plain_shape`` (the shape
-    of ``col``: 3.3 / 3.9 when its batch is not the offsets') that is valid by construction
-    (``0 .. nnz-1``, sorted) against a plain extent of ``nnz``."""
-    batch, nnz = tuple(compressed.shape[:-1]), plain_shape[-1]
-    plain = torch.arange(nnz, dtype=compressed.dtype, device=compressed.device)
-    plain = plain.expand(*plain_shape)
-    n = max(compressed.shape[-1] - 1, 0)
-    size = (*batch, nnz, n) if transpose else (*batch, n, nnz)
-    try:
-        check_compressed_indices(compressed, plain, size,
-                                 layout=torch.sparse_csc if transpose else torch.sparse_csr)
-    except InvariantError as err:
-        raise err.with_context(op=_CSR_TO_COO) from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,6 +13,9 @@ crash fails its test.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -219,3 +222,59 @@ def test_an_out_tensor_over_the_inputs_memory_does_not_change_what_torch_reads()
     proc = CHILDREN.run(ALIASED_OUT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["SAME"]
+
+
+COMPILED = textwrap.dedent(EDGES) + textwrap.dedent("""
+    import warnings
+    warnings.filterwarnings("ignore")
+
+    def f(rows):
+        return torch._convert_indices_from_coo_to_csr(rows, 10) * 2
+
+    def h(crow, col):
+        return torch._convert_indices_from_csr_to_coo(crow, col, transpose=True) + 1
+
+    crow, col = torch.tensor([[0, 1, 3], [0, 2, 3]]), torch.tensor([[0, 1, 2], [1, 0, 1]])
+    want_h = h(crow, col)
+    with ss.enforce():
+        g, g2 = torch.compile(f, backend="aot_eager"), torch.compile(h, backend="aot_eager")
+        for i in range(5):
+            assert g(strided).tolist() == [2 * x for x in want]
+        try:
+            g(torch.tensor([0, 5, 3]))
+            print("NOT REFUSED")
+        except ss.InvariantError as err:
+            print(err.invariant, err.location["position"])
+        g3 = torch.compile(lambda rows, out: torch._convert_indices_from_coo_to_csr(
+            rows, 10, out=out) * 1, backend="aot_eager", dynamic=True)
+        out = torch.empty(11, dtype=torch.long)
+        assert g3(strided, out).tolist() == want and out.tolist() == want
+        try:
+            g3(torch.tensor([0, 5, 3]), out)
+            print("NOT REFUSED")
+        except ss.InvariantError as err:
+            print("out=", err.invariant, err.location["position"])
+        assert torch.equal(g2(crow, col), want_h)
+        try:
+            g2(torch.tensor([[0, 1, 7], [0, 2, 3]]), col)
+            print("NOT REFUSED")
+        except ss.InvariantError as err:
+            print(err.layout, err.invariant)
+""")
+
+
+@pytest.mark.parametrize("first", ["inside enforce mode", "before enforce mode"])
+def test_a_compiled_conversion_checks_the_data_it_runs_on(first: str) -> None:
+    """torch.compile records the conversion in its graph by name; traced with FakeTensors,
+    the wrapper had no data to check and the compiled program ran torch's aten operator on
+    the strided rows (heap corruption on the starting commit). Traced, the call is now a
+    ``safesparse::`` operator that checks the data it runs on. A fresh interpreter: what
+    torch.compile records depends on what torch held when it first looked (before or inside
+    enforce mode)."""
+    code = COMPILED if first == "inside enforce mode" else (
+        "import torch\ntorch.compile(lambda x: x + 1, backend='aot_eager')(torch.ones(2))\n"
+        + COMPILED)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=child_env(ROOT, drop=env.VARIABLES), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["5.3 2", "out= 5.3 2", "torch.sparse_csc 5.2"]
