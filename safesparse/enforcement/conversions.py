@@ -115,7 +115,10 @@ def _check_rows(rows: torch.Tensor, size: int) -> None:
         check_coo_indices(flat.reshape(1, -1), (size,))
     except InvariantError as err:
         raise err.with_context(op=_COO_TO_CSR) from None
-    j = int(torch.lt(flat[1:], flat[:-1]).nonzero()[0, 0]) + 1
+    descents = torch.lt(flat[1:], flat[:-1]).nonzero()
+    if descents.shape[0] == 0:
+        raise AssertionError("the fast check refused rows the diagnosis accepts")
+    j = int(descents[0, 0]) + 1
     cur, prev = int(flat[j]), int(flat[j - 1])
     raise InvariantError(
         torch.sparse_coo, "5.3", f"position {j}: rows[{j}] = {cur}, rows[{j - 1}] = {prev}",
