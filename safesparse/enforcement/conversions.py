@@ -81,7 +81,8 @@ def coo_to_csr(previous: Callable[..., Any]) -> Callable[..., Any]:
     def convert(*args: Any, **kwargs: Any) -> Any:
         if _enforcing.is_enforced():
             rows, size = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "size")
-            if (isinstance(rows, torch.Tensor) and _traced(rows) and isinstance(size, int)
+            if (isinstance(rows, torch.Tensor) and _traced(rows)
+                    and isinstance(size, (int, torch.SymInt))
                     and rows.dtype in _INDEX_DTYPES and rows.dim() <= 1):
                 out = checked_coo_to_csr(rows, size, bool(kwargs.get("out_int32", False)))
                 return _into(out, kwargs.get("out"))
