@@ -97,6 +97,7 @@ def _fresh_safesparse_state() -> Iterator[None]:
 SLOW_MODULES = frozenset({
     "test_beta_warning",
     "test_compile",
+    "test_conversions",
     "test_crash_routes",
     "test_distributed",
     "test_fork",
