@@ -39,7 +39,7 @@ import torch
 from .base import originals as _originals
 from .catalog.invariants import layout_name
 from .files import Found, LoadResult, SparseRecord, load_and_validate
-from .files.modules import ModuleMatrix, member_of, module_matrices
+from .files.results import ModuleMatrix
 from .files.safetensors import load_and_validate as safetensors_load_and_validate
 from .tensor.core import unwrap
 
@@ -333,23 +333,25 @@ def check_file(path: str | os.PathLike[str], *, display: str | None = None,
         if progress is not None:
             progress.done()
     report.tensors = [_tensor_report(found) for found in result.found]
-    report.tensors += [_module_report(m) for m in module_matrices(result.obj)]
+    report.tensors += [_module_report(m) for m in result.modules]
     report.dense = result.dense
     return report
 
 
 def _module_report(m: ModuleMatrix) -> TensorReport:
     """A ``safesparse.nn`` module's saved matrix (its dense triple and geometry), reported as
-    one sparse tensor: the key names the member an invalid one breaks."""
+    one sparse tensor: the key names the member an invalid one breaks (its geometry, when
+    that is damaged)."""
     err = m.error
-    key = (f"{m.prefix}{{compressed_indices,plain_indices,values}}" if err is None
-           else m.prefix + member_of(err))
+    member = ("{compressed_indices,plain_indices,values}" if err is None or m.member is None
+              else m.member)
+    key = m.path(member) if m.keys else m.key(member)  # (a nested state dict: its key path)
     return TensorReport(
-        key=key, key_path=[key], layout=layout_name(m.layout), shape=list(m.shape),
-        nnz=m.nnz, valid=err is None,
-        invariant=None if err is None else err.invariant,
-        message=None if err is None else str(err.with_context(path=key)),
-        location=None if err is None else _jsonable(err.location))
+        key=key, key_path=[key], layout="?" if m.layout is None else layout_name(m.layout),
+        shape=None if m.shape is None else list(m.shape), nnz=m.nnz, valid=err is None,
+        invariant=getattr(err, "invariant", None),
+        message=None if err is None else str(err),
+        location=_jsonable(getattr(err, "location", None)))
 
 
 def find_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:

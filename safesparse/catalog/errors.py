@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .invariants import layout_name, lookup
+from .invariants import hint_for, layout_name, lookup
 
 
 class InvariantError(ValueError, RuntimeError):
@@ -99,8 +99,9 @@ class InvariantError(ValueError, RuntimeError):
 
     @property
     def hint(self) -> str:
-        """How to repair such data (from the catalog), or ``""``."""
-        return lookup(self.layout, self.invariant).hint
+        """How to repair such data (from the catalog, fitting where it came from: data a
+        loader read from a file is corrupt, not "pass a larger size"), or ``""``."""
+        return hint_for(self.layout, self.invariant, self.loaded_by)
 
     def _message(self) -> str:
         first = f"[{layout_name(self.layout)} {self.invariant}] "

@@ -50,6 +50,7 @@ from ..engine.metadata import members
 from ..factories.core import sparse_compressed_tensor, sparse_coo_tensor
 from ..tensor.core import SafeSparseTensor, is_checked, unwrap, validate
 from .atomic import replacing
+from .modules import module_matrices
 from .owned import own_copy
 from .results import Found, LoadResult, PathKey
 from .session import SparseRecord
@@ -336,14 +337,13 @@ def _rebuild(flat: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | Non
         elif of not in out:
             out[of] = built[of]
             found.append(Found((PathKey("item", of),), built[of]))
-    return LoadResult(out, found, dense=dense)
+    return LoadResult(out, found, dense=dense, modules=module_matrices(out))
 
 
 def _raise_first(result: LoadResult, loaded_by: str | None = None) -> dict[str, Any]:
-    for f in result.found:
-        err = f.error
-        if err is not None:
-            raise err if loaded_by is None else err.with_context(loaded_by=loaded_by)
+    err = result.first_error
+    if err is not None:
+        raise err if loaded_by is None else err.with_context(loaded_by=loaded_by)
     obj: dict[str, Any] = result.obj
     return obj
 

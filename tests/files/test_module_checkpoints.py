@@ -1,0 +1,179 @@
+"""Loads that vet pruned checkpoints (issue 39, SPEC 7 and 9).
+
+A ``safesparse.nn`` state dict holds dense tensors only: the index members and values of each
+module beside its geometry (``_extra_state``). ``ss.load``, ``safesparse.safetensors.load_file``
+and ``torch.load`` under enforce mode find each such triple by its geometry and validate it,
+naming the key on the first line; ``python -m safesparse check`` reports it (exit 1 when
+invalid, a damaged geometry included: never "0 sparse tensors checked"); the geometry and the
+values must agree; for data read from a file the repair hint speaks of a corrupt file, not of
+a larger size. No test here runs a kernel on the tampered data: every load refuses it.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from support.cli import run_cli
+from torch import nn
+
+import safesparse as ss
+from safesparse import safetensors as sst
+from safesparse.nn import SparseLinear
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*support is in beta state:UserWarning")
+
+FILE_HINT = "the file's index data is corrupt or belongs to another model"
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = SparseLinear.from_dense(nn.Linear(8, 8), (2, 2), 0.5)
+        self.fc2 = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fc2(self.fc1(x).relu())
+        return out
+
+
+def state(**changes: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A fresh copy of ``Net()``'s state dict with ``changes[key]`` applied to its keys
+    (``fc1__plain_indices`` stands for ``fc1.plain_indices``)."""
+    sd = {k: v.detach().clone() for k, v in Net().state_dict().items()}
+    for name, change in changes.items():
+        key = name.replace("__", ".")
+        sd[key] = change(sd[key])
+    return sd
+
+
+def out_of_range(t: torch.Tensor) -> torch.Tensor:
+    t[0] = 1000
+    return t
+
+
+def geometry(**fields: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    where = {"tag": 0, "layout": 2, "rows": 3, "cols": 4, "block_rows": 5, "block_cols": 6}
+
+    def change(t: torch.Tensor) -> torch.Tensor:
+        for name, value in fields.items():
+            t[where[name]] = value
+        return t
+    return change
+
+
+def save_as(fmt: str, sd: Any, path: Path) -> Path:
+    if fmt == "safetensors":
+        sst.save_file(sd, path.with_suffix(".safetensors"))
+        return path.with_suffix(".safetensors")
+    torch.save(sd, path.with_suffix(".pt"))
+    return path.with_suffix(".pt")
+
+
+def load_with(loader: str, path: Path) -> Any:
+    if loader == "ss.load":
+        return ss.load(path)
+    if loader == "load_file":
+        return sst.load_file(path)
+    with ss.enforce():
+        return torch.load(path, weights_only=True)
+
+
+LOADERS = [("ss.load", "pt"), ("load_file", "safetensors"), ("torch.load-enforced", "pt")]
+
+
+@pytest.mark.parametrize(("loader", "fmt"), LOADERS, ids=[ld for ld, _ in LOADERS])
+def test_loads_refuse_tampered_module_indices_naming_the_key(loader: str, fmt: str,
+                                                             tmp_path: Path) -> None:
+    path = save_as(fmt, state(fc1__plain_indices=out_of_range), tmp_path / "bad")
+    with pytest.raises(ss.InvariantError) as info:
+        load_with(loader, path)
+    first = str(info.value).splitlines()[0]
+    assert info.value.invariant == "5.5"
+    assert "fc1.plain_indices" in first and path.name in first, first
+    # the data came from a file: corrupt or another model's, not "pass a larger size"
+    assert FILE_HINT in str(info.value) and "pass a larger size" not in str(info.value)
+    good = save_as(fmt, state(), tmp_path / "good")
+    loaded = load_with(loader, good)
+    assert set(loaded) == set(Net().state_dict())
+
+
+def test_ss_load_vets_a_state_dict_nested_in_a_checkpoint(tmp_path: Path) -> None:
+    bad = state(fc1__compressed_indices=lambda t: t.flip(0))
+    torch.save({"epoch": 3, "model": bad, "opt": {}}, tmp_path / "ckpt.pt")
+    with pytest.raises(ss.InvariantError) as info:
+        ss.load(tmp_path / "ckpt.pt")
+    first = str(info.value).splitlines()[0]
+    assert "['model']['fc1.compressed_indices']" in first, first
+    code, out = run_cli("check", tmp_path / "ckpt.pt")
+    assert code == 1 and "fc1.compressed_indices" in out, out
+
+
+@pytest.mark.parametrize("fmt", ["pt", "safetensors"])
+def test_geometry_and_values_must_agree(fmt: str, tmp_path: Path) -> None:
+    """A 2x2-block checkpoint whose geometry says 4x4 (or CSR) is refused by the loads and by
+    ``check``, naming the values' key."""
+    for change, iid in ((geometry(block_rows=4, block_cols=4), "3.10"),
+                        (geometry(layout=0, block_rows=1, block_cols=1), "3.4")):
+        path = save_as(fmt, state(fc1___extra_state=change), tmp_path / f"g{iid}")
+        with pytest.raises(ss.InvariantError) as info:
+            ss.load(path) if fmt == "pt" else sst.load_file(path)
+        assert info.value.invariant == iid
+        assert "fc1.values" in str(info.value).splitlines()[0]
+        code, out = run_cli("check", path)
+        assert code == 1 and "fc1.values" in out and "INVALID" in out, out
+
+
+DAMAGED = {
+    "tag": lambda t: geometry(tag=7)(t),
+    "layout-code": lambda t: geometry(layout=9)(t),
+    "negative-rows": lambda t: geometry(rows=-8)(t),
+    "float": lambda t: t.double(),
+    "truncated": lambda t: t[:5].clone(),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGED))
+@pytest.mark.parametrize("fmt", ["pt", "safetensors"])
+def test_a_damaged_geometry_is_invalid_never_dense(damage: str, fmt: str,
+                                                   tmp_path: Path) -> None:
+    """``check`` exits 1 naming the geometry's key (it said "0 sparse tensors checked", exit
+    0, even with invalid indices beside it); the loads refuse the file."""
+    for extra, name in (({}, "geom"), ({"fc1__plain_indices": out_of_range}, "both")):
+        sd = state(fc1___extra_state=DAMAGED[damage], **extra)
+        path = save_as(fmt, sd, tmp_path / f"{name}")
+        code, out = run_cli("check", path)
+        assert code == 1, out
+        assert "fc1._extra_state" in out and "1 invalid" in out, out
+        with pytest.raises(ValueError, match=r"fc1\._extra_state") as info:
+            ss.load(path) if fmt == "pt" else sst.load_file(path)
+        assert "damaged" in str(info.value).splitlines()[0]
+
+
+def test_check_reports_a_valid_module_matrix_ok(tmp_path: Path) -> None:
+    path = save_as("pt", state(), tmp_path / "good")
+    code, out = run_cli("check", path)
+    assert code == 0 and "fc1.{compressed_indices,plain_indices,values}" in out, out
+    assert "1 sparse tensor checked (1 valid" in out, out
+
+
+def test_hint_for_data_built_in_the_program_is_unchanged() -> None:
+    with pytest.raises(ss.InvariantError) as info:
+        ss.sparse_csr_tensor([0, 1], [5], [1.0], (1, 3))
+    assert "pass a larger size" in str(info.value) and FILE_HINT not in str(info.value)
+
+
+def test_hint_for_a_tampered_sparse_tensor_in_a_file(tmp_path: Path) -> None:
+    bad = torch.sparse_csr_tensor(torch.tensor([0, 1]), torch.tensor([5]), torch.tensor([1.0]),
+                                  (1, 3), check_invariants=False)
+    buf = io.BytesIO()
+    torch.save({"w": bad}, buf)
+    buf.seek(0)
+    with pytest.raises(ss.InvariantError) as info:
+        ss.load(buf)
+    assert FILE_HINT in str(info.value) and "pass a larger size" not in str(info.value)
