@@ -99,8 +99,7 @@ class InvariantError(ValueError, RuntimeError):
 
     @property
     def hint(self) -> str:
-        """How to repair such data (from the catalog, fitting where it came from: data a
-        loader read from a file is corrupt, not "pass a larger size"), or ``""``."""
+        """How to repair such data (from the catalog), or ``""``."""
         return hint_for(self.layout, self.invariant, self.loaded_by)
 
     def _message(self) -> str:

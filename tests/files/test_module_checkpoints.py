@@ -12,6 +12,8 @@ a larger size. No test here runs a kernel on the tampered data: every load refus
 from __future__ import annotations
 
 import io
+import json
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -160,6 +162,90 @@ def test_check_reports_a_valid_module_matrix_ok(tmp_path: Path) -> None:
     code, out = run_cli("check", path)
     assert code == 0 and "fc1.{compressed_indices,plain_indices,values}" in out, out
     assert "1 sparse tensor checked (1 valid" in out, out
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.export archives
+
+
+def _export(tmp_path: Path, tamper: bool = False) -> Path:
+    ep = torch.export.export(Net(), (torch.randn(3, 8),))
+    path = tmp_path / "net.pt2"
+    torch.export.save(ep, path)
+    if tamper:  # the plain indices' bytes in the archive, rewritten
+        with zipfile.ZipFile(path) as z:
+            entries = {n: z.read(n) for n in z.namelist()}
+        name = next(n for n in entries if n.endswith("model_weights_config.json"))
+        config = json.loads(entries[name])["config"]
+        weight = name.rsplit("/", 1)[0] + "/" + config["fc1.plain_indices"]["path_name"]
+        data = bytearray(entries[weight])
+        data[0:8] = (1000).to_bytes(8, "little")
+        entries[weight] = bytes(data)
+        with zipfile.ZipFile(path, "w") as z:
+            for n, b in entries.items():
+                z.writestr(n, b)
+    return path
+
+
+def test_check_says_a_pt2_file_is_a_torch_export_archive_and_vets_it(tmp_path: Path) -> None:
+    path = _export(tmp_path)
+    code, out = run_cli("check", path)
+    assert "probably corrupted" not in out and "torch.export" in out, out
+    assert code == 0 and "fc1.{compressed_indices,plain_indices,values}" in out, out
+    assert "BSR" in out, out
+
+
+def test_check_finds_tampered_indices_in_a_pt2_archive(tmp_path: Path) -> None:
+    path = _export(tmp_path, tamper=True)
+    code, out = run_cli("check", path)
+    assert code == 1, out
+    assert "fc1.plain_indices" in out and "5.5" in out, out
+    code, out = run_cli("check", "--json", path)
+    assert code == 1 and '"invariant": "5.5"' in out, out
+
+
+def _rewrite_config(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    with zipfile.ZipFile(path) as z:
+        entries = {n: z.read(n) for n in z.namelist()}
+    name = next(n for n in entries if n.endswith("model_weights_config.json"))
+    config = json.loads(entries[name])
+    change(config["config"])
+    entries[name] = json.dumps(config).encode()
+    with zipfile.ZipFile(path, "w") as z:
+        for n, b in entries.items():
+            z.writestr(n, b)
+
+
+@pytest.mark.parametrize("attack", ["strides-past-the-bytes", "pickled", "symbolic-size",
+                                    "not-json"])
+def test_a_crafted_pt2_archive_is_unreadable_never_read_past_its_bytes(
+        attack: str, tmp_path: Path) -> None:
+    """A member whose strides reach past its bytes, one stored pickled (check unpickles
+    nothing), a symbolic size, a config that is not JSON: exit 2, naming the archive."""
+    path = _export(tmp_path)
+
+    def change(config: dict[str, Any]) -> None:
+        meta = config["fc1.plain_indices"]
+        if attack == "strides-past-the-bytes":
+            meta["tensor_meta"]["strides"] = [{"as_int": 10**6}]
+        elif attack == "pickled":
+            meta["use_pickle"] = True
+        else:
+            meta["tensor_meta"]["sizes"] = [{"as_expr": {"expr_str": "s0"}}]
+
+    if attack == "not-json":
+        with zipfile.ZipFile(path) as z:
+            entries = {n: z.read(n) for n in z.namelist()}
+        name = next(n for n in entries if n.endswith("model_weights_config.json"))
+        entries[name] = b"{not json"
+        with zipfile.ZipFile(path, "w") as z:
+            for n, b in entries.items():
+                z.writestr(n, b)
+    else:
+        _rewrite_config(path, change)
+    code, out = run_cli("check", path)
+    assert code == 2, out
+    assert "torch.export archive" in out and "cannot read" in out, out
 
 
 def test_hint_for_data_built_in_the_program_is_unchanged() -> None:
