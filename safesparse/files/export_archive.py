@@ -235,7 +235,7 @@ def read_export_archive(path: str | os.PathLike[str]) -> LoadResult:
         tensors: dict[str, torch.Tensor] = {}
         stored = 0  # tensors the archive stores (weights and constants)
         modules: list[ModuleMatrix] = []
-        seen: set[tuple[str, str, str]] = set()
+        seen: set[tuple[tuple[str, str, str], torch.layout, tuple[int, int]]] = set()
         for program_name in programs:
             model = program_name[len(root + "models/"):-len(".json")]
             try:
@@ -253,10 +253,10 @@ def read_export_archive(path: str | os.PathLike[str]) -> LoadResult:
             stored += sum(len(store.entries) for store in stores)
             for args, input_names in _operators(program):
                 found = _matrix_of(args, input_names)
-                if found is None or found[0] in seen:
+                if found is None or found in seen:  # (one report per matrix and geometry)
                     continue
                 fqns, layout, size = found
-                seen.add(fqns)
+                seen.add(found)
                 members = tuple(_read(stores, f) for f in fqns)
                 tensors.update(zip(fqns, members, strict=True))
                 modules.append(_vet(fqns, layout, size, (members[0], members[1], members[2])))

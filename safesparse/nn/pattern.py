@@ -253,15 +253,17 @@ class CompressedModule(nn.Module):
                 raise disagree.with_context(path=prefix + "values", loaded_by=self._loader())
             if v.dtype != self.values.dtype or v.device != self.values.device:
                 v = v.to(self.values.device, self.values.dtype)
-            try:  # the module's own copy when valid
+            if not assign:  # the module's own copies, made before they are validated (a
+                # file mapping or shared memory can change under a check, never under a copy)
+                c, p = (t.clone() if t.layout == torch.strided else t for t in (c, p))
+            try:
                 proven = sparse_compressed_tensor(c, p, v.detach(), self._size,
                                                   layout=self.layout)
             except InvariantError as err:
                 raise err.with_context(path=prefix + member_of(err),
                                        loaded_by=self._loader()) from None
-            if not assign:
-                proven = proven.clone()
         refused = self._own_keys_refused(state_dict, prefix)
+        failed_before = len(error_msgs)
         own = set(keys) | {extra_key}
         # what torch loads: the module's other keys (only the refused ones when there are:
         # torch reports them and nothing of this module is written)
@@ -274,7 +276,7 @@ class CompressedModule(nn.Module):
         for k in [*held_back, *([extra_key] if given else [])]:
             while k in missing_keys:
                 missing_keys.remove(k)
-        if proven is not None and not refused:
+        if proven is not None and not refused and len(error_msgs) == failed_before:
             values = proven.values().detach()
             self._replace(proven, values if assign else values.clone(), assign)
 

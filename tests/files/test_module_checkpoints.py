@@ -157,6 +157,17 @@ def test_a_damaged_geometry_is_invalid_never_dense(damage: str, fmt: str,
         assert "damaged" in str(info.value).splitlines()[0]
 
 
+@pytest.mark.parametrize("rows", [2**40, 2**62 - 2, 2**63 - 1])
+def test_a_geometry_with_huge_sizes_is_invalid(rows: int, tmp_path: Path) -> None:
+    """Sizes that do not fit the members (or overflow) are refused by the factory's checks,
+    with no allocation of the stated size."""
+    path = save_as("pt", state(fc1___extra_state=geometry(rows=rows, cols=rows)), tmp_path / "h")
+    code, out = run_cli("check", path)
+    assert code == 1 and "INVALID" in out, out
+    with pytest.raises(ss.InvariantError, match=r"fc1\."):
+        ss.load(path)
+
+
 def test_check_reports_a_valid_module_matrix_ok(tmp_path: Path) -> None:
     path = save_as("pt", state(), tmp_path / "good")
     code, out = run_cli("check", path)

@@ -181,3 +181,26 @@ def test_sparse_matmul_names_its_key_too() -> None:
         model.load_state_dict(sd)
     old = {k: v for k, v in snapshot(model).items() if not k.endswith("_extra_state")}
     model.load_state_dict(old)  # 0.2.0-shaped: the module's own geometry
+
+
+def test_a_bias_torch_fails_to_copy_leaves_the_layer_as_it_was() -> None:
+    """A refusal the shape check cannot foresee (torch cannot copy out of a meta tensor):
+    torch records it while loading, and the pattern is not replaced after it."""
+    net = Net(density=0.75)
+    sd = snapshot(Net(density=0.25, seed=3))
+    sd["fc1.bias"] = torch.empty(8, device="meta")
+    before = snapshot(net)
+    with pytest.raises(RuntimeError, match=r"fc1\.bias"):
+        net.load_state_dict(sd)
+    assert_unchanged(net, before, "fc1.")
+
+
+@pytest.mark.parametrize("rows", [2**40, 2**62 - 2])
+def test_a_geometry_with_huge_sizes_is_refused_without_allocating(rows: int) -> None:
+    """A geometry naming a huge matrix of the layer's own (tampered layer, same sizes in the
+    state dict) cannot load: the layer's shape differs, named by key."""
+    net = Net()
+    sd = snapshot(net)
+    sd["fc1._extra_state"][3] = rows
+    with pytest.raises(ValueError, match=r"fc1\._extra_state"):
+        net.load_state_dict(sd)
