@@ -102,11 +102,12 @@ def _name(layout: torch.layout) -> str:
     return str(layout).removeprefix("torch.sparse_").upper()
 
 
-class GeometryError(ValueError):
+class GeometryError(ValueError, RuntimeError):
     """A ``safesparse.nn`` module's geometry (its extra state) in a checkpoint is damaged:
     not the int64 tensor ``[0x5353, 1, layout, rows, cols, block rows, block cols]`` beside
     the module's index members and values. The matrix cannot be vetted without it, so it is
-    refused (``python -m safesparse check``: invalid), never read as a dense state.
+    refused (``python -m safesparse check``: invalid), never read as a dense state. A
+    ``ValueError`` and a ``RuntimeError``, as :class:`InvariantError` is.
 
     Attributes:
         key: the geometry's key (``"fc1._extra_state"``) or key path.
@@ -121,12 +122,13 @@ class GeometryError(ValueError):
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        first = f"damaged safesparse.nn geometry at {self.key}: {self.reason}"
+        reason = self.reason if len(self.reason) <= 100 else self.reason[:97] + "..."
+        first = f"damaged safesparse.nn geometry at {self.key}: {reason}"
         if self.loaded_by is not None:
             first += f" (loaded by {self.loaded_by})"
         # the shape invariants' repair hint for loaded data ("corrupt or another model")
         hint = hint_for(torch.sparse_csr, "3.1", self.loaded_by or "load_state_dict")
-        return first[:200] + f"\nto repair: {hint}"
+        return f"{first}\nto repair: {hint}"
 
     def with_context(self, *, key: str | None = None,
                      loaded_by: str | None = None) -> GeometryError:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import pickle
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -155,6 +156,8 @@ def test_a_damaged_geometry_is_invalid_never_dense(damage: str, fmt: str,
         with pytest.raises(ValueError, match=r"fc1\._extra_state") as info:
             ss.load(path) if fmt == "pt" else sst.load_file(path)
         assert "damaged" in str(info.value).splitlines()[0]
+        assert isinstance(info.value, RuntimeError)  # (as InvariantError: torch's type too)
+        assert str(pickle.loads(pickle.dumps(info.value))) == str(info.value)
 
 
 @pytest.mark.parametrize("rows", [2**40, 2**62 - 2, 2**63 - 1])
