@@ -231,7 +231,8 @@ class CompressedModule(nn.Module):
         written: an invalid pattern raises ``InvariantError`` naming its key, a damaged
         geometry ``GeometryError``, and the module is unchanged; so it is when torch refuses
         another of its keys (a bias of another shape). A valid one replaces pattern and values
-        whole (another number of stored elements included)."""
+        whole (another number of stored elements included). The index buffers are always
+        the module's own copies (``assign=True`` assigns the values only)."""
         keys = [prefix + n for n in _NAMES]
         extra_key = prefix + "_extra_state"
         given = [k for k in keys if k in state_dict]
@@ -253,9 +254,11 @@ class CompressedModule(nn.Module):
                 raise disagree.with_context(path=prefix + "values", loaded_by=self._loader())
             if v.dtype != self.values.dtype or v.device != self.values.device:
                 v = v.to(self.values.device, self.values.dtype)
-            if not assign:  # the module's own copies, made before they are validated (a
-                # file mapping or shared memory can change under a check, never under a copy)
-                c, p = (t.clone() if t.layout == torch.strided else t for t in (c, p))
+            # the module's own copies of the index members, made before they are validated,
+            # also under assign=True: a file mapping or shared memory can change under a check,
+            # and a loaded file can put another tensor, with a version counter of its own, on
+            # the same bytes (ss.load's walk copies such sparse tensors; these are dense)
+            c, p = (t.clone() if t.layout == torch.strided else t for t in (c, p))
             try:
                 proven = sparse_compressed_tensor(c, p, v.detach(), self._size,
                                                   layout=self.layout)

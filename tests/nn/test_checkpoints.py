@@ -8,8 +8,11 @@ here refuses it before anything is written.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from support.batch import Batch, child_env
 from torch import nn
 
 import safesparse as ss
@@ -204,3 +207,44 @@ def test_a_geometry_with_huge_sizes_is_refused_without_allocating(rows: int) -> 
     sd["fc1._extra_state"][3] = rows
     with pytest.raises(ValueError, match=r"fc1\._extra_state"):
         net.load_state_dict(sd)
+
+
+# ---------------------------------------------------------------------------------------------
+# A file that puts another tensor on the index bytes (in a child: at the starting commit the
+# kernel read the written, unchecked index)
+
+ROOT = Path(__file__).resolve().parents[2]
+CHILDREN = Batch("checkpoints", env=child_env(ROOT, minimal=True))
+ALIAS = CHILDREN.add("alias", """
+    import io, warnings
+    import torch
+    from torch import nn
+    import safesparse as ss
+    from safesparse.nn import SparseLinear
+    warnings.filterwarnings("ignore")
+    torch.manual_seed(0)
+    src = nn.Sequential(SparseLinear.from_dense(nn.Linear(8, 8), (2, 2), 0.5))
+    sd = src.state_dict()
+    sd["step"] = sd["0.plain_indices"][1:]  # another tensor of the file on the index bytes
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    loaded = ss.load(buf)
+    for assign in (True, False):
+        model = nn.Sequential(SparseLinear.from_dense(nn.Linear(8, 8), (2, 2), 0.5))
+        model.load_state_dict({k: v for k, v in loaded.items() if k != "step"}, assign=assign)
+        loaded["step"][0] = 10**6  # a write through the alias (its own version counter)
+        x = torch.randn(2, 8)
+        torch.testing.assert_close(model(x), src(x))  # the layer's own, valid, pattern
+        loaded["step"][0] = int(src[0].plain_indices[1])
+    print("ok")
+""")
+
+
+@CHILDREN.mark
+def test_a_file_alias_of_the_index_bytes_never_reaches_the_layer() -> None:
+    """``load_state_dict`` (``assign=True`` too) gives the layer its own copies of the index
+    members: a tensor of the same file on the same bytes, with a version counter of its own,
+    writes nothing the layer reads."""
+    done = CHILDREN.run(ALIAS)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr
