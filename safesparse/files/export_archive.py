@@ -224,6 +224,9 @@ def read_export_archive(path: str | os.PathLike[str]) -> LoadResult:
         if root is None:
             raise ArchiveError("not a torch.export archive (no archive_format 'pt2')")
         names = z.namelist()
+        if len(set(names)) != len(names):  # (a reader may take either of two same-named
+            # entries: what check reads would not be what torch.export.load reads)
+            raise ArchiveError("the archive holds two entries of the same name")
         programs = [n for n in names if n.startswith(root + "models/") and n.endswith(".json")]
         if not programs:
             raise ArchiveError("a torch.export archive with no exported program in it (an "
@@ -238,8 +241,9 @@ def read_export_archive(path: str | os.PathLike[str]) -> LoadResult:
         seen: set[tuple[tuple[str, str, str], torch.layout, tuple[int, int]]] = set()
         for program_name in programs:
             model = program_name[len(root + "models/"):-len(".json")]
+            text = z.read(program_name)
             try:
-                program = json.loads(z.read(program_name))
+                program = json.loads(text)
             except (ValueError, RecursionError):
                 raise ArchiveError(f"{program_name} is not valid JSON") from None
             if not isinstance(program, dict):
@@ -251,7 +255,11 @@ def read_export_archive(path: str | os.PathLike[str]) -> LoadResult:
                           f"{root}data/constants/{model}_constants_config.json"),
             ]
             stored += sum(len(store.entries) for store in stores)
-            for args, input_names in _operators(program):
+            operators = list(_operators(program))
+            if text.count(b'"torch.ops.safesparse.') > len(operators):
+                raise ArchiveError("safesparse operators inside nested graphs (torch.cond, "
+                                   "...) are not vetted by check")
+            for args, input_names in operators:
                 found = _matrix_of(args, input_names)
                 if found is None or found in seen:  # (one report per matrix and geometry)
                     continue

@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import warnings
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -231,7 +232,7 @@ def _rewrite_config(path: Path, change: Callable[[dict[str, Any]], None]) -> Non
 
 
 @pytest.mark.parametrize("attack", ["strides-past-the-bytes", "pickled", "symbolic-size",
-                                    "not-json"])
+                                    "not-json", "duplicate-entry"])
 def test_a_crafted_pt2_archive_is_unreadable_never_read_past_its_bytes(
         attack: str, tmp_path: Path) -> None:
     """A member whose strides reach past its bytes, one stored pickled (check unpickles
@@ -247,7 +248,18 @@ def test_a_crafted_pt2_archive_is_unreadable_never_read_past_its_bytes(
         else:
             meta["tensor_meta"]["sizes"] = [{"as_expr": {"expr_str": "s0"}}]
 
-    if attack == "not-json":
+    if attack == "duplicate-entry":  # a second, tampered, plain_indices under the same name
+        with zipfile.ZipFile(path) as z:
+            entries = {n: z.read(n) for n in z.namelist()}
+        config = json.loads(next(b for n, b in entries.items()
+                                 if n.endswith("model_weights_config.json")))["config"]
+        weight = next(n for n in entries
+                      if n.endswith("/" + config["fc1.plain_indices"]["path_name"]))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (zipfile warns of the duplicate name)
+            with zipfile.ZipFile(path, "a") as z:
+                z.writestr(weight, (1000).to_bytes(8, "little") + entries[weight][8:])
+    elif attack == "not-json":
         with zipfile.ZipFile(path) as z:
             entries = {n: z.read(n) for n in z.namelist()}
         name = next(n for n in entries if n.endswith("model_weights_config.json"))
@@ -260,6 +272,25 @@ def test_a_crafted_pt2_archive_is_unreadable_never_read_past_its_bytes(
     code, out = run_cli("check", path)
     assert code == 2, out
     assert "torch.export archive" in out and "cannot read" in out, out
+
+
+class Branching(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = Net().fc1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.cond(x.sum() > 0, lambda x: self.fc(x), lambda x: x * 2, (x,))
+        return out
+
+
+def test_safesparse_operators_in_nested_graphs_are_named_not_skipped(tmp_path: Path) -> None:
+    """An operator inside a ``torch.cond`` branch is not vetted: check says so (exit 2)
+    rather than reporting "0 sparse tensors" as if there were none."""
+    torch.export.save(torch.export.export(Branching(), (torch.randn(3, 8),)),
+                      tmp_path / "cond.pt2")
+    code, out = run_cli("check", tmp_path / "cond.pt2")
+    assert code == 2 and "nested graphs" in out, out
 
 
 def test_hint_for_data_built_in_the_program_is_unchanged() -> None:
