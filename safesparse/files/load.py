@@ -101,9 +101,11 @@ def load(f: Any, **kwargs: Any) -> Any:
     lists, tuples, sets, state dicts, object attributes, legacy constructors, nested) before
     anything uses it. Each is returned as a checked :class:`SafeSparseTensor`; one whose index
     storage another loaded tensor shares gets its own copy of its index members. Everything
-    else is returned as ``torch.load`` gives it. A path ending in ``.safetensors`` (which
-    ``torch.load`` hands to plain safetensors) is read with
-    ``safesparse.safetensors.load_file``: its sparse tensors come back rebuilt and checked.
+    else is returned as ``torch.load`` gives it. The matrices of ``safesparse.nn`` state dicts
+    (each layer's index members and values, dense tensors beside its geometry) are validated
+    too, in place. A path ending in ``.safetensors`` (which ``torch.load`` hands to plain
+    safetensors) is read with ``safesparse.safetensors.load_file``: its sparse tensors come
+    back rebuilt and checked.
 
     Example::
 
@@ -119,8 +121,11 @@ def load(f: Any, **kwargs: Any) -> Any:
         The loaded object, with every sparse tensor a checked ``SafeSparseTensor``.
 
     Raises:
-        InvariantError: a sparse tensor breaks an invariant; ``str(err)`` and ``err.path``
-            name its key path, e.g. ``['layer.weight']``.
+        InvariantError: a sparse tensor, or a ``safesparse.nn`` layer's saved matrix, breaks
+            an invariant; ``str(err)`` and ``err.path`` name its key path, e.g.
+            ``['layer.weight']``, ``['fc1.plain_indices']``.
+        ValueError: a ``safesparse.nn`` layer's saved geometry is damaged
+            (``GeometryError``, naming ``['fc1._extra_state']``).
         RuntimeError: a legacy-format file holds sparse tensors where they cannot be put back
             validated (save it again in torch's default format).
         pickle.UnpicklingError: ``torch.load`` refused the file (e.g. ``weights_only=True``

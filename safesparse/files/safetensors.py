@@ -386,7 +386,8 @@ def load_file(filename: str | os.PathLike[str],
 
     Dense tensors come back as safetensors gives them; each sparse tensor is rebuilt from its
     members through the validating factories and returned as a checked
-    :class:`~safesparse.SafeSparseTensor`.
+    :class:`~safesparse.SafeSparseTensor`. The matrices of ``safesparse.nn`` state dicts (a
+    layer's index members and values beside its geometry) are validated too.
 
     Args:
         filename: the safetensors file.
@@ -396,7 +397,10 @@ def load_file(filename: str | os.PathLike[str],
         key -> tensor.
 
     Raises:
-        InvariantError: a sparse tensor breaks an invariant; ``err.path`` names its key.
+        InvariantError: a sparse tensor, or a ``safesparse.nn`` layer's saved matrix, breaks
+            an invariant; ``err.path`` names its key (``['fc1.plain_indices']``).
+        ValueError: a ``safesparse.nn`` layer's saved geometry is damaged
+            (``GeometryError``, naming its key).
         FormatError: the file's sparse entries break the on-disk naming (see the module doc).
         ImportError: the safetensors package is not installed.
     """
