@@ -22,7 +22,6 @@ line per group.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -89,39 +88,40 @@ def _matrix(keys: Path, prefix: str, extra: Any, members: tuple[Any, Any, Any]
     return ModuleMatrix(keys, prefix, layout, shape, nnz, error, member)
 
 
-def _in_mapping(obj: Mapping[Any, Any], keys: Path, found: list[ModuleMatrix]) -> None:
-    for key in list(obj.keys()):
+def _in_mapping(obj: dict[Any, Any], keys: Path, found: list[ModuleMatrix]) -> None:
+    for key in list(dict.keys(obj)):
         if not isinstance(key, str) or not key.endswith(SUFFIX):
             continue
         prefix = key[: -len(SUFFIX)]
         names = [prefix + n for n in NAMES]
-        if not all(n in obj for n in names):
+        if not all(dict.__contains__(obj, n) for n in names):
             continue  # a geometry alone (or another module's extra state): nothing to vet
-        c, p, v = (obj[n] for n in names)
-        found.append(_matrix(keys, prefix, obj[key], (c, p, v)))
+        c, p, v = (dict.__getitem__(obj, n) for n in names)
+        found.append(_matrix(keys, prefix, dict.__getitem__(obj, key), (c, p, v)))
 
 
 def module_matrices(obj: Any) -> list[ModuleMatrix]:
-    """Every ``safesparse.nn`` module matrix in ``obj`` (in mappings, nested in mappings,
-    lists and tuples), validated."""
+    """Every ``safesparse.nn`` module matrix in ``obj`` (in dicts, nested in dicts, lists and
+    tuples), validated. Only the built-in container methods are called (a loaded object's own
+    methods never run)."""
     found: list[ModuleMatrix] = []
     seen: set[int] = set()
 
     def visit(x: Any, keys: Path) -> None:
         if id(x) in seen or len(keys) > _MAX_DEPTH:
             return
-        if isinstance(x, Mapping):
+        if isinstance(x, dict):  # (dicts only: another Mapping's methods may run code)
             seen.add(id(x))
             _in_mapping(x, keys, found)
-            items: Any = x.items()
+            items: Any = dict.items(x)
         elif isinstance(x, (list, tuple)):
             seen.add(id(x))
             items = enumerate(x)
         else:
             return
         for k, v in items:
-            if isinstance(v, (Mapping, list, tuple)):
-                visit(v, (*keys, PathKey("item" if isinstance(x, Mapping) else "index", k)))
+            if isinstance(v, (dict, list, tuple)):
+                visit(v, (*keys, PathKey("item" if isinstance(x, dict) else "index", k)))
 
     visit(obj, ())
     return found
