@@ -37,9 +37,11 @@ from typing import Any, TextIO
 import torch
 
 from .base import originals as _originals
+from .catalog.errors import source_name
 from .catalog.invariants import layout_name
 from .files import Found, LoadResult, SparseRecord, load_and_validate
-from .files.modules import ModuleMatrix, member_of, module_matrices
+from .files.export_archive import is_export_archive, read_export_archive
+from .files.results import ModuleMatrix
 from .files.safetensors import load_and_validate as safetensors_load_and_validate
 from .tensor.core import unwrap
 
@@ -53,7 +55,9 @@ PROGRESS_MIN_BYTES = 32 * 2**20
 PROGRESS_INTERVAL_S = 0.1
 #: Files a directory argument is searched for (recursively). ``.bin`` is a common name for
 #: other formats too: such a file is checked only if it starts like a torch checkpoint.
-CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".pt2")
+#: How reports name a file written by ``torch.export.save``.
+EXPORT_ARCHIVE = "torch.export archive (.pt2, torch.export.save)"
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _UNSUPPORTED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (?P<name>[\w.]+)")
@@ -122,6 +126,7 @@ class FileReport:
     error: str | None = None
     tensors: list[TensorReport] = field(default_factory=list)
     dense: int = 0  # dense (strided) tensors read
+    kind: str | None = None  # what the file is, when not a checkpoint: "torch.export archive"
 
     @property
     def ok(self) -> bool:
@@ -141,6 +146,7 @@ class FileReport:
             "ok": self.ok,
             "error": self.error,
             "dense": self.dense,
+            "kind": self.kind,
             "tensors": [t.to_json() for t in self.tensors],
         }
 
@@ -155,11 +161,13 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _tensor_report(found: Found) -> TensorReport:
+def _tensor_report(found: Found, loaded_by: str | None = None) -> TensorReport:
+    """``loaded_by``: the checker and file, for the message (its repair hint speaks of a
+    corrupt file)."""
     item = found.item
     key_path = None if found.keys is None else [_jsonable(k.to_json()) for k in found.keys]
     if isinstance(item, SparseRecord):
-        err = item.error
+        err = item.error if loaded_by is None else item.error.with_context(loaded_by=loaded_by)
         return TensorReport(
             key=found.path,
             key_path=key_path,
@@ -307,6 +315,8 @@ def check_file(path: str | os.PathLike[str], *, display: str | None = None,
         return report
     stream = progress_stream if progress_stream is not None else sys.stderr
     progress = _Progress(stream, report.path) if _wants_progress(p, stream) else None
+    if is_export_archive(p):
+        return _check_export_archive(p, report)
     try:
         is_safetensors = p.suffix.lower() == ".safetensors" or _looks_like_safetensors(p)
         if not is_safetensors and not _looks_like_torch_file(p):
@@ -332,24 +342,48 @@ def check_file(path: str | os.PathLike[str], *, display: str | None = None,
     finally:
         if progress is not None:
             progress.done()
-    report.tensors = [_tensor_report(found) for found in result.found]
-    report.tensors += [_module_report(m) for m in module_matrices(result.obj)]
+    by = _checked_by(p)
+    report.tensors = [_tensor_report(found, by) for found in result.found]
+    report.tensors += [_module_report(m, by) for m in result.modules]
     report.dense = result.dense
     return report
 
 
-def _module_report(m: ModuleMatrix) -> TensorReport:
+def _check_export_archive(p: Path, report: FileReport) -> FileReport:
+    """A ``torch.export`` archive: its ``safesparse`` operators' matrices, read without
+    unpickling anything (:mod:`safesparse.files.export_archive`)."""
+    report.kind = EXPORT_ARCHIVE
+    try:
+        result = read_export_archive(p)
+    except Exception as exc:  # (ArchiveError, or the zip's own errors)
+        report.error = f"{EXPORT_ARCHIVE}: {_read_error(exc)}"
+        return report
+    report.tensors = [_module_report(m, _checked_by(p)) for m in result.modules]
+    report.dense = result.dense
+    return report
+
+
+def _checked_by(p: Path) -> str:
+    """How a refusal names ``check`` and the file (by its base name) as its loader."""
+    return f"check from {source_name(p.name)}"
+
+
+def _module_report(m: ModuleMatrix, loaded_by: str | None = None) -> TensorReport:
     """A ``safesparse.nn`` module's saved matrix (its dense triple and geometry), reported as
-    one sparse tensor: the key names the member an invalid one breaks."""
+    one sparse tensor: the key names the member an invalid one breaks (its geometry, when
+    that is damaged)."""
     err = m.error
-    key = (f"{m.prefix}{{compressed_indices,plain_indices,values}}" if err is None
-           else m.prefix + member_of(err))
+    if err is not None and loaded_by is not None:
+        err = err.with_context(loaded_by=loaded_by)
+    member = ("{compressed_indices,plain_indices,values}" if err is None or m.member is None
+              else m.member)
+    key = m.path(member) if m.keys else m.key(member)  # (a nested state dict: its key path)
     return TensorReport(
-        key=key, key_path=[key], layout=layout_name(m.layout), shape=list(m.shape),
-        nnz=m.nnz, valid=err is None,
-        invariant=None if err is None else err.invariant,
-        message=None if err is None else str(err.with_context(path=key)),
-        location=None if err is None else _jsonable(err.location))
+        key=key, key_path=[key], layout="?" if m.layout is None else layout_name(m.layout),
+        shape=None if m.shape is None else list(m.shape), nnz=m.nnz, valid=err is None,
+        invariant=getattr(err, "invariant", None),
+        message=None if err is None else str(err),
+        location=_jsonable(getattr(err, "location", None)))
 
 
 def find_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
@@ -428,7 +462,8 @@ def format_text(reports: Sequence[FileReport], *, quiet: bool = False) -> str:
             continue
         if quiet and report.ok:
             continue
-        lines.append(f"{report.path}: {_plural(len(report.tensors), 'sparse tensor')}, "
+        kind = "" if report.kind is None else f"{report.kind}, "
+        lines.append(f"{report.path}: {kind}{_plural(len(report.tensors), 'sparse tensor')}, "
                      f"{_plural(report.dense, 'dense tensor')}")
         rows = [
             (

@@ -8,7 +8,7 @@ from typing import Any, Final
 
 import torch
 
-from .invariants import layout_name, lookup
+from .invariants import hint_for, layout_name, lookup
 
 
 class InvariantError(ValueError, RuntimeError):
@@ -102,7 +102,7 @@ class InvariantError(ValueError, RuntimeError):
     @property
     def hint(self) -> str:
         """How to repair such data (from the catalog), or ``""``."""
-        return lookup(self.layout, self.invariant).hint
+        return hint_for(self.layout, self.invariant, self.loaded_by)
 
     def _message(self) -> str:
         head = f"[{layout_name(self.layout)} {self.invariant}] "

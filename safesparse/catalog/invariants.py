@@ -231,6 +231,31 @@ COO: Final[dict[str, Invariant]] = _table(
     },
 )
 
+#: The repair hint for index data that came from a file or a state dict (SPEC 2: a corrupt
+#: file is not "pass a larger size"): the shape and index invariants (3.x, 5.x) of data that
+#: the reading code did not build. ``{source}`` is "file" or "state dict".
+_HINT_LOADED = (
+    "the {source}'s index data is corrupt or belongs to another model: load the checkpoint "
+    "saved by this model (unmodified), or save it again from the model that wrote it; do "
+    "not resize the model to fit it"
+)
+#: How the loaders name themselves in ``InvariantError.loaded_by`` when the data came from a
+#: state dict rather than from a file (``SparseLinear.load_state_dict`` ...).
+STATE_DICT_LOADER = "load_state_dict"
+
+
+def hint_for(layout: torch.layout, invariant_id: str, loaded_by: str | None = None) -> str:
+    """The repair hint that fits where the data came from: the catalog's own hint for data
+    built in the program, the loaded-data hint for the shape and index invariants (3.x, 5.x)
+    of data a loader read (``loaded_by``: a file, or a state dict when it names
+    :data:`STATE_DICT_LOADER`), else the catalog's hint."""
+    inv = lookup(layout, invariant_id)
+    if loaded_by is None or not invariant_id.startswith(("3.", "5.")):
+        return inv.hint
+    source = "state dict" if STATE_DICT_LOADER in loaded_by.split(" ", 1)[0] else "file"
+    return _HINT_LOADED.format(source=source)
+
+
 class Catalog(dict[Family, dict[str, Invariant]]):
     """The invariant catalog: ``CATALOG[family][id]`` is an :class:`Invariant`.
 
@@ -393,10 +418,12 @@ __all__ = [
     "COO",
     "LAYOUT_NAMES",
     "SPARSE_LAYOUTS",
+    "STATE_DICT_LOADER",
     "Catalog",
     "Invariant",
     "explain",
     "family_of",
+    "hint_for",
     "layout_name",
     "lookup",
     "render_markdown",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from typing import Any
 
@@ -12,6 +13,7 @@ import torch
 from ..catalog.errors import source_name
 from . import safetensors as _safetensors
 from .atomic import is_path
+from .modules import module_matrices
 from .results import Found, LoadResult
 from .session import (
     LEGACY_WRAPPED_MESSAGE,
@@ -47,9 +49,12 @@ def load_and_validate(
     """``torch.load(f, **kwargs)`` with every sparse tensor validated before it is used.
 
     Never raises :class:`InvariantError`: a refused tensor stays a :class:`SparseRecord` in the
-    returned object and in ``found``. Any other error of ``torch.load`` propagates, except that
-    one caused by a refused tensor (torch wrapping it in a Parameter, say) is reported as that
-    tensor (``found`` then lists the refused tensors only, with no key path).
+    returned object and in ``found``; the matrices of ``safesparse.nn`` state dicts in it
+    (index members and values beside their geometry) are validated too, each with its verdict
+    in ``modules`` (:mod:`safesparse.files.modules`). Any other error of ``torch.load``
+    propagates, except that one caused by a refused tensor (torch wrapping it in a Parameter,
+    say) is reported as that tensor (``found`` then lists the refused tensors only, with no
+    key path).
     ``on_sparse(count, layout, shape)`` is called after each sparse tensor is validated.
 
     A path ending in ``.safetensors`` is read as ``torch.load`` reads it (torch hands such a
@@ -78,11 +83,12 @@ def load_and_validate(
     finally:
         _local.session = prior
     try:
-        return _Walk(session, session.resolve_pending()).run(obj)
+        result = _Walk(session, session.resolve_pending()).run(obj)
     except RecursionError:
         raise RuntimeError(
             "the loaded object is nested too deeply for safesparse to check every tensor in it"
         ) from None
+    return dataclasses.replace(result, modules=module_matrices(result.obj))
 
 
 def load(f: Any, **kwargs: Any) -> Any:
@@ -95,9 +101,11 @@ def load(f: Any, **kwargs: Any) -> Any:
     lists, tuples, sets, state dicts, object attributes, legacy constructors, nested) before
     anything uses it. Each is returned as a checked :class:`SafeSparseTensor`; one whose index
     storage another loaded tensor shares gets its own copy of its index members. Everything
-    else is returned as ``torch.load`` gives it. A path ending in ``.safetensors`` (which
-    ``torch.load`` hands to plain safetensors) is read with
-    ``safesparse.safetensors.load_file``: its sparse tensors come back rebuilt and checked.
+    else is returned as ``torch.load`` gives it. The matrices of ``safesparse.nn`` state dicts
+    (each layer's index members and values, dense tensors beside its geometry) are validated
+    too, in place. A path ending in ``.safetensors`` (which ``torch.load`` hands to plain
+    safetensors) is read with ``safesparse.safetensors.load_file``: its sparse tensors come
+    back rebuilt and checked.
 
     Example::
 
@@ -113,8 +121,11 @@ def load(f: Any, **kwargs: Any) -> Any:
         The loaded object, with every sparse tensor a checked ``SafeSparseTensor``.
 
     Raises:
-        InvariantError: a sparse tensor breaks an invariant; ``str(err)`` and ``err.path``
-            name its key path, e.g. ``['layer.weight']``.
+        InvariantError: a sparse tensor, or a ``safesparse.nn`` layer's saved matrix, breaks
+            an invariant; ``str(err)`` and ``err.path`` name its key path, e.g.
+            ``['layer.weight']``, ``['fc1.plain_indices']``.
+        ValueError: a ``safesparse.nn`` layer's saved geometry is damaged
+            (``GeometryError``, naming ``['fc1._extra_state']``).
         RuntimeError: a legacy-format file holds sparse tensors where they cannot be put back
             validated (save it again in torch's default format).
         pickle.UnpicklingError: ``torch.load`` refused the file (e.g. ``weights_only=True``
@@ -128,11 +139,9 @@ def load_as(loader: str, f: Any, **kwargs: Any) -> Any:
     """:func:`load` with ``kwargs`` as given (no ``weights_only`` default), for ``loader``
     (``"ss.load"``, ``"torch.load"`` in enforce mode), which a refusal names with the file."""
     result = load_and_validate(f, **kwargs)
-    for found in result.found:
-        err = found.error
-        if err is not None:
-            raise err.with_context(loaded_by=f"{loader} from {source_name(f)}") \
-                from result.aborted
+    err = result.first_error
+    if err is not None:
+        raise err.with_context(loaded_by=f"{loader} from {source_name(f)}") from result.aborted
     if result.unplaced:
         raise RuntimeError(
             "a legacy-format checkpoint holds sparse tensors where safesparse cannot put the "

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from ..catalog.errors import InvariantError
+from ..catalog.module_geometry import GeometryError
 from ..tensor.core import SafeSparseTensor
 from .session import SparseRecord
 
@@ -81,6 +84,36 @@ class Found:
 
 
 @dataclass(frozen=True)
+class ModuleMatrix:
+    """One ``safesparse.nn`` module's saved matrix found in a loaded object (its index
+    members and values beside its geometry, :mod:`safesparse.files.modules`) and the
+    validation's verdict.
+
+    ``keys`` is the key path of the mapping (state dict) that holds it (empty: the loaded
+    object itself), ``prefix`` the module's key prefix in it (``"fc1."``); ``layout`` and
+    ``shape`` are the geometry's (``None`` when it is damaged); ``member`` is the member an
+    error is about (``"plain_indices"``, ``"_extra_state"`` ...).
+    """
+
+    keys: Path
+    prefix: str
+    layout: torch.layout | None
+    shape: tuple[int, int] | None
+    nnz: int | None
+    error: InvariantError | GeometryError | None = None
+    member: str | None = None
+
+    def key(self, member: str) -> str:
+        """The state-dict key of one of its members, e.g. ``"fc1.plain_indices"``."""
+        return self.prefix + member
+
+    def path(self, member: str) -> str:
+        """The key path of one of its members in the loaded object, e.g.
+        ``"['fc1.plain_indices']"``."""
+        return path_str((*self.keys, PathKey("item", self.key(member))))
+
+
+@dataclass(frozen=True)
 class LoadResult:
     """The loaded object, with valid sparse tensors wrapped (refused ones as records), every
     sparse tensor found, and how many dense tensors the walk saw."""
@@ -90,3 +123,16 @@ class LoadResult:
     aborted: BaseException | None = None  # what stopped torch.load after a refused tensor
     unplaced: int = 0  # valid pending tensors the walk could not put back (legacy format)
     dense: int = 0  # strided tensors in the object
+    #: the ``safesparse.nn`` module matrices (state dict triples beside their geometry)
+    modules: list[ModuleMatrix] = field(default_factory=list)
+
+    @property
+    def first_error(self) -> InvariantError | GeometryError | None:
+        """The first refusal: a sparse tensor's, else a module matrix's (naming its key)."""
+        for f in self.found:
+            if f.error is not None:
+                return f.error
+        for m in self.modules:
+            if m.error is not None:
+                return m.error
+        return None

@@ -50,6 +50,7 @@ from ..engine.metadata import members
 from ..factories.core import sparse_compressed_tensor, sparse_coo_tensor
 from ..tensor.core import SafeSparseTensor, is_checked, unwrap, validate
 from .atomic import replacing
+from .modules import module_matrices
 from .owned import own_copy
 from .results import Found, LoadResult, PathKey
 from .session import SparseRecord
@@ -338,14 +339,13 @@ def _rebuild(flat: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | Non
         elif of not in out:
             out[of] = built[of]
             found.append(Found((PathKey("item", of),), built[of]))
-    return LoadResult(out, found, dense=dense)
+    return LoadResult(out, found, dense=dense, modules=module_matrices(out))
 
 
 def _raise_first(result: LoadResult, loaded_by: str | None = None) -> dict[str, Any]:
-    for f in result.found:
-        err = f.error
-        if err is not None:
-            raise err if loaded_by is None else err.with_context(loaded_by=loaded_by)
+    err = result.first_error
+    if err is not None:
+        raise err if loaded_by is None else err.with_context(loaded_by=loaded_by)
     obj: dict[str, Any] = result.obj
     return obj
 
@@ -388,7 +388,8 @@ def load_file(filename: str | os.PathLike[str],
 
     Dense tensors come back as safetensors gives them; each sparse tensor is rebuilt from its
     members through the validating factories and returned as a checked
-    :class:`~safesparse.SafeSparseTensor`.
+    :class:`~safesparse.SafeSparseTensor`. The matrices of ``safesparse.nn`` state dicts (a
+    layer's index members and values beside its geometry) are validated too.
 
     Args:
         filename: the safetensors file.
@@ -398,7 +399,10 @@ def load_file(filename: str | os.PathLike[str],
         key -> tensor.
 
     Raises:
-        InvariantError: a sparse tensor breaks an invariant; ``err.path`` names its key.
+        InvariantError: a sparse tensor, or a ``safesparse.nn`` layer's saved matrix, breaks
+            an invariant; ``err.path`` names its key (``['fc1.plain_indices']``).
+        ValueError: a ``safesparse.nn`` layer's saved geometry is damaged
+            (``GeometryError``, naming its key).
         FormatError: the file's sparse entries break the on-disk naming (see the module doc).
         ImportError: the safetensors package is not installed.
     """

@@ -28,8 +28,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..catalog.invariants import COMPRESSED_LAYOUTS
-from ..catalog.module_geometry import geometry_tensor, parse_geometry
+from ..catalog.errors import InvariantError
+from ..catalog.invariants import COMPRESSED_LAYOUTS, STATE_DICT_LOADER
+from ..catalog.module_geometry import (
+    MEMBER_NAMES,
+    GeometryError,
+    geometry_tensor,
+    member_of,
+    parse_geometry,
+    values_disagree,
+)
 from ..factories import sparse_compressed_tensor
 from ..state import checked  # (the one place that decides whether a proof holds)
 from ..tensor import SafeSparseTensor, validate
@@ -38,7 +46,7 @@ __all__ = ["CompressedModule"]
 
 _BLOCK = (torch.sparse_bsr, torch.sparse_bsc)
 _ROW = (torch.sparse_csr, torch.sparse_bsr)
-_NAMES = ("compressed_indices", "plain_indices", "values")
+_NAMES = MEMBER_NAMES
 
 
 def members(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,48 +182,104 @@ class CompressedModule(nn.Module):
         return geometry_tensor(self.layout, self._size, self.blocksize)
 
     def set_extra_state(self, state: Any) -> None:
-        layout, size, _ = parse_geometry(state)
+        self._incoming_geometry(state, "_extra_state")
+
+    def _incoming_geometry(self, state: Any, key: str
+                           ) -> tuple[torch.layout, tuple[int, int], tuple[int, int] | None]:
+        """The checkpoint's geometry at ``key``: damaged (:class:`GeometryError`) or of
+        another layout or size than this module's (``ValueError``) is refused, naming the
+        key."""
+        try:
+            layout, size, blocksize = parse_geometry(state)
+        except ValueError as exc:
+            raise GeometryError(key, str(exc), loaded_by=self._loader()) from None
         if layout != self.layout or size != self._size:
             raise ValueError(
                 f"{type(self).__name__}: the checkpoint holds a {layout} matrix of shape "
-                f"{size}, this module a {self.layout} matrix of shape {self._size}\n"
-                "  Build the module with the checkpoint's layout and size.")
+                f"{size} (at {key}), this module a {self.layout} matrix of shape "
+                f"{self._size}\n  Build the module with the checkpoint's layout and size.")
+        return layout, size, blocksize
+
+    def _loader(self) -> str:
+        return f"{type(self).__name__}.{STATE_DICT_LOADER}"
+
+    def _own_keys_refused(self, state_dict: dict[str, Any], prefix: str) -> list[str]:
+        """This module's other keys in ``state_dict`` (the bias ...) that torch will refuse
+        (not a tensor, another shape), so that the pattern is not written when it does."""
+        refused = []
+        local = {**self._parameters, **self._buffers}
+        for name, mine in local.items():
+            key = prefix + name
+            if mine is None or name in _NAMES or key not in state_dict:
+                continue
+            given = state_dict[key]
+            if not isinstance(given, torch.Tensor):
+                refused.append(key)
+                continue
+            shape = given.shape[1:] if mine.dim() == 0 and given.dim() == 1 else given.shape
+            if shape != mine.shape:  # (torch's rules: a 1-element 1-D tensor fills a 0-D one)
+                refused.append(key)
+        return refused
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str,
                               local_metadata: dict[str, Any], strict: bool,
                               missing_keys: list[str], unexpected_keys: list[str],
                               error_msgs: list[str]) -> None:
         """The incoming pattern is validated (with the incoming values, or the current ones)
-        before anything is written: an invalid one raises ``InvariantError`` and the module is
-        unchanged; a valid one replaces pattern and values whole (another number of stored
-        elements included)."""
+        against the checkpoint's geometry (or, in a state dict without one, saved by 0.2.0,
+        this module's own), and this module's other keys are checked, before anything is
+        written: an invalid pattern raises ``InvariantError`` naming its key, a damaged
+        geometry ``GeometryError``, and the module is unchanged; so it is when torch refuses
+        another of its keys (a bias of another shape). A valid one replaces pattern and values
+        whole (another number of stored elements included). The index buffers are always
+        the module's own copies (``assign=True`` assigns the values only)."""
         keys = [prefix + n for n in _NAMES]
+        extra_key = prefix + "_extra_state"
         given = [k for k in keys if k in state_dict]
-        extra = state_dict.get(prefix + "_extra_state")
-        if extra is not None:
-            self.set_extra_state(extra)  # (raises before anything is written)
+        if extra_key in state_dict:
+            _, _, blocksize = self._incoming_geometry(state_dict[extra_key], extra_key)
+        else:  # (a state dict saved by 0.2.0: the module's own geometry)
+            blocksize = self.blocksize
         proven: SafeSparseTensor | None = None
+        assign = bool(local_metadata.get("assign_to_params_buffers", False))
         if given:
             c, p, v = (state_dict[k] if k in state_dict else getattr(self, n).detach()
                        for k, n in zip(keys, _NAMES, strict=True))
-            if not all(isinstance(t, torch.Tensor) for t in (c, p, v)):
-                raise TypeError(f"{type(self).__name__}: {prefix}{{{', '.join(_NAMES)}}} "
-                                "must be tensors")
+            for k, t in zip(keys, (c, p, v), strict=True):
+                if not isinstance(t, torch.Tensor):
+                    raise TypeError(f"{type(self).__name__}: {k} must be a tensor, got "
+                                    f"{type(t).__name__}")
+            disagree = values_disagree(self.layout, blocksize, v)
+            if disagree is not None:
+                raise disagree.with_context(path=prefix + "values", loaded_by=self._loader())
             if v.dtype != self.values.dtype or v.device != self.values.device:
                 v = v.to(self.values.device, self.values.dtype)
-            # InvariantError when invalid; the module's own copy when valid
-            proven = sparse_compressed_tensor(c, p, v.detach(), self._size,
-                                              layout=self.layout)
-            assign = bool(local_metadata.get("assign_to_params_buffers", False))
-            if not assign:
-                proven = proven.clone()
-        rest = {k: t for k, t in state_dict.items() if k not in given} if given else state_dict
+            # the module's own copies of the index members, made before they are validated,
+            # also under assign=True: a file mapping or shared memory can change under a check,
+            # and a loaded file can put another tensor, with a version counter of its own, on
+            # the same bytes (ss.load's walk copies such sparse tensors; these are dense)
+            c, p = (t.clone() if t.layout == torch.strided else t for t in (c, p))
+            try:
+                proven = sparse_compressed_tensor(c, p, v.detach(), self._size,
+                                                  layout=self.layout)
+            except InvariantError as err:
+                raise err.with_context(path=prefix + member_of(err),
+                                       loaded_by=self._loader()) from None
+        refused = self._own_keys_refused(state_dict, prefix)
+        failed_before = len(error_msgs)
+        own = set(keys) | {extra_key}
+        # what torch loads: the module's other keys (only the refused ones when there are:
+        # torch reports them and nothing of this module is written)
+        rest = {k: t for k, t in state_dict.items() if k not in own and (
+            not refused or not k.startswith(prefix) or k in refused
+            or k[len(prefix):].split(".", 1)[0] not in {**self._parameters, **self._buffers})}
         super()._load_from_state_dict(rest, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
-        for k in given:
-            if k in missing_keys:
+        held_back = [k for k in state_dict if k not in rest]
+        for k in [*held_back, *([extra_key] if given else [])]:
+            while k in missing_keys:
                 missing_keys.remove(k)
-        if proven is not None:
+        if proven is not None and not refused and len(error_msgs) == failed_before:
             values = proven.values().detach()
             self._replace(proven, values if assign else values.clone(), assign)
 

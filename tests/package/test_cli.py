@@ -74,8 +74,9 @@ def test_invalid_file_exits_1_and_names_invariant_and_location(files: dict[str, 
     bad = next(line for line in out.splitlines() if "decoder.weight" in line)
     assert bad.split()[:5] == ["['decoder.weight']", "CSR", "(3,", "3)", "nnz"]
     assert "INVALID [CSR 5.5] column 1000000000 is out of range for 3 columns (row 1, " \
-           "position 1: col_indices[1] = 1000000000, n_plain = 3); invariant: plain indices " \
-           "are < n_plain; to repair: " in bad
+           "position 1: col_indices[1] = 1000000000, n_plain = 3) (loaded by check from " \
+           "'bad.pt'); invariant: plain indices are < n_plain; to repair: the file's index " \
+           "data is corrupt or belongs to another model" in bad
     ok = next(line for line in out.splitlines() if "['ok']" in line)
     assert ok.rstrip().endswith("OK")
     assert out.splitlines()[-1].endswith("(1 valid, 1 invalid), 0 dense tensors, 0 unreadable")
@@ -111,8 +112,8 @@ def test_a_truncated_file_and_an_empty_directory_are_unreadable(
     code, out = run_cli("check", empty, truncated)
     assert code == 2
     assert f"{truncated}: cannot read: " in out
-    assert (f"{empty}: cannot read: no checkpoint files (.pt, .pth, .ckpt, .bin, .safetensors)"
-            in out)
+    assert (f"{empty}: cannot read: no checkpoint files "
+            "(.pt, .pth, .ckpt, .bin, .safetensors, .pt2)" in out)
 
 
 def test_unreadable_wins_over_invalid_and_every_file_is_reported(files: dict[str, Path]) -> None:
@@ -167,7 +168,7 @@ def test_json_document_schema(files: dict[str, Path]) -> None:
                               "dense": 0, "unreadable": 1}
     good, bad, evil = doc["files"]
     for entry, path in zip(doc["files"], ("good.pt", "bad.pt", "evil.pt"), strict=True):
-        assert set(entry) == {"path", "ok", "error", "dense", "tensors"}
+        assert set(entry) == {"path", "ok", "error", "dense", "kind", "tensors"}
         assert entry["path"] == str(files[path])
     assert good["ok"] is True and good["error"] is None
     assert bad["ok"] is False and bad["error"] is None
