@@ -44,7 +44,7 @@ from ..engine.validation import (
 )
 from ..state import checked
 from ..state.checked import VOLATILE, Record, attach, claim, plain_members
-from ..state.memory import watchable_spans
+from ..state.memory import file_mapped, watchable_spans
 from ..tensor.core import SafeSparseTensor, retype
 
 __all__ = ["compressed", "coo", "fast_compressed", "fast_coo", "final_size", "own_alias",
@@ -77,6 +77,11 @@ def own_alias(x: torch.Tensor) -> torch.Tensor:
     (torch keeps the tensors it is given as the members themselves). Values that require grad
     get a view instead, which keeps them in the autograd graph."""
     return x.view_as(x) if x.requires_grad else x.detach()
+
+
+def _own_copy(x: torch.Tensor) -> torch.Tensor:
+    """A copy of index member ``x`` in memory torch allocates (nothing else can write it)."""
+    return x.detach().clone(memory_format=torch.contiguous_format)
 
 
 def _key(members: Sequence[torch.Tensor]) -> checked.IndexKey:
@@ -317,10 +322,14 @@ def compressed(c: torch.Tensor, p: torch.Tensor, v: torch.Tensor, meta: Compress
             own0, own1 = checked.proven_members(r)
             return _rebuilt(build(own0, own1, own_alias(v), meta.size, check_invariants=False,
                                   **extra), r)
+    spans = watchable_spans((c, p))
+    if spans is None and file_mapped((c, p)):
+        # index memory in a file mapping (SPEC 4): built and validated on a copy of its own
+        c, p = _own_copy(c), _own_copy(p)
+        spans = watchable_spans((c, p))
     # torch builds on detached aliases (see own_alias), validation reads the caller's tensors (the
     # same memory and view) and watches their counters
     cd, pd, vd = c.detach(), p.detach(), own_alias(v)
-    spans = watchable_spans((c, p))
     if spans is None:
         meta = check_compressed_indices(meta, c, p, estimate=estimate, values=v)
         checked.count("validations")
@@ -390,6 +399,9 @@ def coo(idx: torch.Tensor, v: torch.Tensor, meta: CooMeta, is_coalesced: bool | 
             checked.count("skipped")
             return _rebuilt(build(meta.size, checked.proven_members(r)[0]), r, meta.nnz)
     spans = watchable_spans((idx,))
+    if spans is None and file_mapped((idx,)):
+        idx = _own_copy(idx)  # a file mapping (SPEC 4): built and validated on a copy
+        spans = watchable_spans((idx,))
     if spans is None:
         meta = check_coo_indices(meta, idx, is_coalesced=coalesced, estimate=estimate, values=v)
         checked.count("validations")

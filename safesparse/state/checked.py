@@ -8,7 +8,9 @@ checked before and after the operation ran. It stops being checked as soon as an
 write that index memory writes it in place (every tensor built or adopted on overlapping memory,
 the index tensors it was built from, the members it handed out), unless the write is one known
 to keep it valid. Index memory this process cannot watch (inference tensors, storage shared
-with other processes, file mappings) is never remembered: it is validated whenever asked.
+with other processes, file mappings and every slice of one: :func:`memory.file_mapped`) is never
+remembered: it is validated whenever asked, and the factories and ``ss.validate`` given members
+in a file mapping work on their own copy of them.
 
 How it is remembered
 --------------------
@@ -98,8 +100,9 @@ The questions other modules ask (none reads a record's fields)
 :func:`renew`, :func:`share`, :func:`hand_out`, :func:`watch`.
 
 Limits: writes that bypass version counters are not seen (NumPy views of the memory, raw
-pointers, ``.data`` of a member, a ``detach()`` of a handed-out member once that member and its
-tensor are gone, private APIs that skip ``__torch_function__`` such as
+pointers, a storage object's own ``fill_`` / ``copy_`` and a ``resize_`` back to the same size
+at the same address, ``.data`` of a member, a ``detach()`` of a handed-out member once that
+member and its tensor are gone, private APIs that skip ``__torch_function__`` such as
 ``torch._C.DisableTorchFunctionSubclass``). Debug mode ignores all of this and validates every
 input and result.
 """
@@ -204,8 +207,8 @@ class Record:
     the view key and ``seen`` the state's epoch when the proof was last seen there.
     """
 
-    __slots__ = ("__weakref__", "extra", "gen", "geom", "key", "m0", "m1", "p0", "p1", "seen",
-                 "state", "ver")
+    __slots__ = ("__weakref__", "extra", "gen", "geom", "key", "m0", "m1", "n0", "n1", "p0",
+                 "p1", "seen", "state", "ver")
 
     def __init__(self, m0: torch.Tensor, m1: torch.Tensor | None, ver: int,
                  geom: Hashable) -> None:
@@ -213,6 +216,8 @@ class Record:
         self.m1 = m1
         self.p0 = m0.data_ptr()
         self.p1 = 0 if m1 is None else m1.data_ptr()
+        self.n0 = m0.untyped_storage().nbytes()
+        self.n1 = 0 if m1 is None else m1.untyped_storage().nbytes()
         self.ver = ver
         self.gen = _generation
         self.geom = geom
@@ -243,10 +248,11 @@ def holds(r: Record) -> bool:
     if ver < 0:  # (inference tensors, which volatile records hold, have no counter to read)
         return False
     m0 = r.m0
-    if m0._version != ver or m0.data_ptr() != r.p0:
+    if (m0._version != ver or m0.data_ptr() != r.p0
+            or m0.untyped_storage().nbytes() != r.n0):
         return False
     m1 = r.m1
-    if m1 is not None and m1.data_ptr() != r.p1:
+    if m1 is not None and (m1.data_ptr() != r.p1 or m1.untyped_storage().nbytes() != r.n1):
         return False
     extra = r.extra  # read before the state: share() sets the state, then clears extra
     st = r.state
@@ -271,8 +277,13 @@ def proves(r: Record, m0: torch.Tensor, m1: torch.Tensor | None,
       caller's index tensors (build.py), so no outside object can swap, shrink or move its
       members (``col.data = col[:1]``, ``nn.Module._apply``): ``.data =`` on the caller's
       tensor changes that tensor only;
-    * *the memory*: ``r.m0`` / ``r.m1`` hold their storages, so an equal data pointer is the
-      same live memory (it cannot have been freed and reused);
+    * *the memory*: ``r.m0`` / ``r.m1`` hold their storages, so the storage cannot die and
+      another take its address; the proof names each storage's data pointer and byte size, so
+      a ``resize_`` that moves the memory or changes its size is seen. What is not: a storage
+      resized to zero and back to the same size that the allocator places at the same address,
+      and ``fill_`` / ``copy_`` through the storage object (public torch names an allocation
+      by nothing else, and storage methods bump no counter): docs/ops.md lists them beside raw
+      pointers and NumPy;
     * *the view*: ``m0`` / ``m1`` must have ``r``'s members' data pointer, shape, strides,
       dtype and device: a tensor presented as a member whose shape or memory changed without a
       counter moving (``.data =`` on a handed-out member) is not the proven one;
@@ -429,6 +440,16 @@ def sole_record(plain: torch.Tensor, ver: int, geom: Hashable) -> Record:
     return Record(m0, m1, ver, geom)
 
 
+def fresh(t: torch.Tensor) -> Record:
+    """Give ``t``, whose index members were just copied into memory only ``t`` holds (an
+    adoption on a copy), a sole record, unchecked (shortcut 1: only ``t``'s counter can write
+    that memory); volatile without a counter (made in inference mode)."""
+    with DisableTorchFunctionSubclass():
+        m0, m1 = plain_members(t)
+        inference = t.is_inference()
+    return attach(t, Record(m0, m1, VOLATILE if inference else UNCHECKED, None))
+
+
 def attach(t: torch.Tensor, rec: Record) -> Record:
     t.__dict__["_ss"] = rec
     return rec
@@ -533,9 +554,11 @@ def settle(rec: Record, m0: torch.Tensor, m1: torch.Tensor | None, ver: int, geo
             return False
         rec.m0 = m0
         rec.p0 = m0.data_ptr()
+        rec.n0 = m0.untyped_storage().nbytes()
         if m1 is not rec.m1:
             rec.m1 = m1
             rec.p1 = 0 if m1 is None else m1.data_ptr()
+            rec.n1 = 0 if m1 is None else m1.untyped_storage().nbytes()
         rec.geom = geom
         rec.extra = extra
         rec.gen = _generation
@@ -650,10 +673,12 @@ def current(t: torch.Tensor) -> Record:
         r1 = rec.m1
         if (m0.data_ptr() == rec.p0 and m0.shape == rec.m0.shape
                 and m0.stride() == rec.m0.stride()
+                and m0.untyped_storage().nbytes() == rec.n0
                 and (m1 is None) == (r1 is None)
                 and (m1 is None or r1 is None or (m1.data_ptr() == rec.p1
                                                   and m1.shape == r1.shape
-                                                  and m1.stride() == r1.stride()))):
+                                                  and m1.stride() == r1.stride()
+                                                  and m1.untyped_storage().nbytes() == rec.n1))):
             return rec
     return join(t)
 
