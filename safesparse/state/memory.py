@@ -593,13 +593,11 @@ def _mapped_storage(st: torch.UntypedStorage) -> bool:
     nbytes = st.nbytes()
     cdata = st._cdata
     hit = _mapped_seen.get(cdata)
-    if hit is not None and hit[1] == start and hit[2] == nbytes \
-            and not hit[0].expired():  # type: ignore[no-untyped-call]
+    if hit is not None and hit[1] == start and hit[2] == nbytes and not hit[0].expired():
         return hit[3]
     out = _in_file_mapping(start, start + max(nbytes, 1))
     if len(_mapped_seen) >= _MAPPED_MAX:
-        for k in [k for k, v in _mapped_seen.items()
-                  if v[0].expired()]:  # type: ignore[no-untyped-call]
+        for k in [k for k, v in _mapped_seen.items() if v[0].expired()]:
             del _mapped_seen[k]
         if len(_mapped_seen) >= _MAPPED_MAX:
             _mapped_seen.clear()
@@ -636,8 +634,8 @@ def _in_file_mapping(start: int, end: int) -> bool:
     for line in lines:
         parts = line.split(None, 5)
         if len(parts) >= 5 and parts[4] != b"0":  # an inode: a file (or shared memory)
-            lo, _, hi = parts[0].partition(b"-")
-            if int(lo, 16) < end and start < int(hi, 16):
+            low, _, high = parts[0].partition(b"-")
+            if int(low, 16) < end and start < int(high, 16):
                 return True
     return False
 

@@ -48,8 +48,10 @@ def _build(t: torch.Tensor) -> torch.Tensor:
                                                layout=t.layout, check_invariants=False)
 
 
-class _OwnIndices(torch.autograd.Function):
-    """Identity on the values (their gradient flows back to the adopted tensor)."""
+class ToSafeSparseTensor(torch.autograd.Function):
+    """Identity from a plain sparse tensor to one on copies of its index members, keeping the
+    graph (the gradient flows back to the adopted tensor; named as core.ToSafeSparseTensor,
+    what an adoption's grad_fn is called either way)."""
 
     @staticmethod
     def forward(ctx: Any, plain: torch.Tensor) -> torch.Tensor:
@@ -66,6 +68,6 @@ def own_indices(t: torch.Tensor) -> torch.Tensor:
     index members, which only the new tensor holds."""
     with DisableTorchFunctionSubclass():
         if t.requires_grad:
-            out: torch.Tensor = _OwnIndices.apply(t)  # type: ignore[no-untyped-call]
+            out: torch.Tensor = ToSafeSparseTensor.apply(t)  # type: ignore[no-untyped-call]
             return out
         return _build(t)
