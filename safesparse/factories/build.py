@@ -47,7 +47,7 @@ from ..engine.validation import (
     native_coo_ok,
 )
 from ..state import checked
-from ..state.admission import Admission, Validation, admit, proven, settled
+from ..state.admission import Admission, Validation, admit, opened, proven
 from ..state.memory import watchable_spans
 from ..tensor.core import SafeSparseTensor, retype
 
@@ -145,11 +145,9 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
     spans = watchable_spans((c, p))
     if not spans:  # (no memory at all: a state per view key; or memory never cached)
         return compressed(c, p, v, meta)
-    pending = checked.announce(spans, c, p)
-    if pending is None:  # memory a state or another first validation may cover
+    first = opened(spans, (c, p))
+    if first is None:  # memory a state or another first validation may cover
         return compressed(c, p, v, meta)
-    vc = c._version
-    vp = p._version
     # torch's index kernel (validation.py's native path, behind its preconditions and the
     # offsets pre-check), then torch's unchecked constructor. Not torch's factory with
     # check_invariants=True: it sets torch's process-wide invariant-check flag for the call and
@@ -163,14 +161,12 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
     # (own_alias inlined: the factories' hot path)
     plain = build(cd, pd, v.view_as(v) if v.requires_grad else v.detach(), shape,
                   check_invariants=False)
-    if c._version != vc or p._version != vp:
-        return compressed(c, p, v, meta)  # written meanwhile: the general way decides
     # m0: an alias sharing the new tensor's counter; m1: the new tensor's own plain member (a
     # detached alias of the caller's, sharing its counter), whose data pointer tells a move;
     # the caller's counters are watched through the detached aliases
     m0 = plain.crow_indices() if meta.info.row_compressed else plain.ccol_indices()
-    if not settled(plain, pending, geom, ((cd, vc), (pd, vp)), (m0, pd)):
-        return compressed(c, p, v, meta)  # a racing registration met it: register
+    if not first.close(plain, geom, (cd, pd), (m0, pd)):
+        return compressed(c, p, v, meta)  # written meanwhile, or a racing registration
     plain.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
     return plain  # type: ignore[return-value]
 
@@ -193,26 +189,22 @@ def fast_coo(idx: Any, v: Any, size: Any, dtype: torch.dtype | None, device: Any
     spans = watchable_spans((idx,))
     if not spans:
         return coo(idx, v, meta, is_coalesced)
-    pending = checked.announce(spans, idx, None)
-    if pending is None:
+    first = opened(spans, (idx,))
+    if first is None:
         return coo(idx, v, meta, is_coalesced)
     coalesced = bool(is_coalesced)
-    vi = idx._version
     if not (native_coo_ok(meta, idx, v, is_coalesced=coalesced)
             and _native_coo_accepts(meta, idx, v, is_coalesced=coalesced)):
         check_coo_indices(meta, idx, is_coalesced=coalesced)  # the vectorised path: located
     checked.count("validations")
     plain = _originals.sparse_coo_tensor(idx.detach(), own_alias(v), shape, check_invariants=False,
                                          is_coalesced=is_coalesced)
-    if idx._version != vi:
-        return coo(idx, v, meta, is_coalesced)  # written meanwhile: the general way decides
     # the coalesced flag torch gave it: the validated one, or (nnz <= 1) trivially true
     flag = plain.is_coalesced()
     if flag and not coalesced and meta.nnz > 1:
         return unchecked(plain, (idx,))
-    if not settled(plain, pending, ("coo", shape[: meta.sparse_dim], flag),
-                   ((idx.detach(), vi),)):
-        return coo(idx, v, meta, is_coalesced)  # a racing registration met it: register
+    if not first.close(plain, ("coo", shape[: meta.sparse_dim], flag)):
+        return coo(idx, v, meta, is_coalesced)  # written meanwhile, or a racing registration
     plain.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
     return plain  # type: ignore[return-value]
 

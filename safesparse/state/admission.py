@@ -13,7 +13,9 @@ returned :class:`Admission` finishes the job in one of its ways; the protocol ea
   proof already there or validate under a snapshot, prove). Memory that cannot be watched
   (inference tensors, shared memory) is validated and volatile; members in a file mapping are
   copied first (:func:`safesparse.state.memory.file_mapped`) and admitted on the copy.
-* :func:`settled` / :func:`volatile_onto`: the straight-line fast path's ending (build.py);
+* :func:`opened` / :meth:`First.close`: a first validation's protocol around the caller's
+  validate-and-build (announce and read the counters; compare, settle and attach), used by
+  :meth:`Admission.validate` and by the factories' straight-line fast paths (build.py);
   tensor/fastpath.py gives fresh results and views their record with
   :func:`safesparse.state.checked.attach`.
 
@@ -46,9 +48,10 @@ from .checked import (
     vouch,
 )
 from .members import plain_members
-from .memory import IndexKey, file_mapped, index_key, watchable_spans
+from .memory import IndexKey, Spans, file_mapped, index_key, watchable_spans
 
-__all__ = ["Admission", "Validation", "admit", "proven", "settled", "volatile_onto"]
+__all__ = ["Admission", "First", "Validation", "admit", "opened", "proven", "settled",
+           "volatile_onto"]
 
 #: Attempts to validate index data that another thread keeps writing, before giving up.
 ATTEMPTS = 3
@@ -139,14 +142,13 @@ class Admission:
                 return plain, False
             volatile_onto(plain, geom)
             return plain, True
-        m1 = members[1] if len(members) > 1 else None
-        pending = announce(spans, members[0], m1) if spans else None
-        if pending is not None:  # memory no state covers: a private record, no registration
+        first = opened(spans, members) if spans else None
+        if first is not None:  # memory no state covers: a private record, no registration
             for _ in range(ATTEMPTS):
-                vers = [m._version for m in members]
+                first.read()
                 meta = how.check(members, meta, estimate)
                 count("validations")
-                if vers == [m._version for m in members]:
+                if first.unchanged():
                     break
             else:
                 raise RuntimeError(CHANGING)
@@ -154,10 +156,8 @@ class Admission:
             geom = how.final(plain, meta)
             if geom is None:
                 return plain, False
-            if vers == [m._version for m in members]:  # (else written meanwhile: register)
-                extra = tuple((m.detach(), v) for m, v in zip(members, vers, strict=True))
-                if settled(plain, pending, geom, extra):
-                    return plain, True
+            if first.close(plain, geom):
+                return plain, True
             estimate = False  # (resolved; a racing write or registration met it: register)
         key = index_key(members)
         state = register(members, key)
@@ -181,6 +181,59 @@ class Admission:
             implied_coo(state, key, geom, int(plain._nnz()))
         _finish(plain, state, key, geom)
         return plain, True
+
+
+class First:
+    """An open first validation of memory no state covered (shortcut 5): the announced pending
+    record and the caller's counters as validation read them. The caller validates and builds
+    between :func:`opened` and :meth:`close`; nothing else of the protocol is its business."""
+
+    __slots__ = ("members", "rec", "versions")
+
+    def __init__(self, rec: Record, members: tuple[torch.Tensor, ...]) -> None:
+        self.rec = rec
+        self.members = members
+        self.versions = _versions(members)
+
+    def read(self) -> None:
+        """Read the caller's counters (before validation reads the data)."""
+        self.versions = _versions(self.members)
+
+    def unchanged(self) -> bool:
+        return self.versions == _versions(self.members)
+
+    def close(self, plain: torch.Tensor, geom: Hashable,
+              aliases: tuple[torch.Tensor, ...] | None = None,
+              members: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> bool:
+        """``plain`` was built on the validated data: settle the record onto it (its own
+        counter and the caller's at the versions read, watched through ``aliases``, detached
+        aliases of the caller's tensors; ``members``: ``plain``'s member aliases, when the
+        caller has them). False when a counter moved since :meth:`read` or a racing
+        registration shared the record: the caller takes the registering path."""
+        vers = self.versions
+        if vers != _versions(self.members):
+            return False
+        if aliases is None:
+            aliases = tuple(m.detach() for m in self.members)
+        if len(vers) == 1:
+            extra: tuple[tuple[torch.Tensor, int], ...] = ((aliases[0], vers[0]),)
+        else:
+            extra = ((aliases[0], vers[0]), (aliases[1], vers[1]))
+        return settled(plain, self.rec, geom, extra, members)
+
+
+def _versions(members: tuple[torch.Tensor, ...]) -> tuple[int, ...]:
+    if len(members) == 1:
+        return (members[0]._version,)
+    return (members[0]._version, members[1]._version)
+
+
+def opened(spans: Spans, members: tuple[torch.Tensor, ...]) -> First | None:
+    """Open a first validation of ``members`` (their memory ``spans``, watchable): None when
+    memory overlapping it may be covered (a state or another open first validation): the
+    caller takes the registering path."""
+    rec = announce(spans, members[0], members[1] if len(members) > 1 else None)
+    return None if rec is None else First(rec, members)
 
 
 def proven(m0: torch.Tensor, m1: torch.Tensor | None,

@@ -320,7 +320,7 @@ def announce(spans: Spans, m0: torch.Tensor, m1: torch.Tensor | None) -> Record 
     pending records are looked at (see above). Returns the record, to :func:`settle` once the
     tensor is built on proven data; None when memory overlapping ``spans`` may be covered (the
     caller takes the registering path; the listed record dies with the call)."""
-    rec = Record(m0, m1, UNCHECKED, None)
+    rec = Record(m0, m1, UNCHECKED, None, (0, 0))  # (sizes: unchecked until settle sets them)
     entry = (spans, weakref.ref(rec))
     with _pending_lock:  # (a scan rotates the list: only under the lock is every entry in it)
         _pending.append(entry)
@@ -347,7 +347,7 @@ def settle(rec: Record, m0: torch.Tensor, m1: torch.Tensor | None, ver: int, geo
         if m1 is not rec.m1:
             rec.m1 = m1
             rec.p1 = 0 if m1 is None else m1.data_ptr()
-            rec.n1 = 0 if m1 is None else m1.untyped_storage().nbytes()
+        rec.n1 = 0 if m1 is None else m1.untyped_storage().nbytes()
         rec.extra = extra
         rec.set_checked(ver, geom)
     if len(_pending) > _PENDING_MAX:
