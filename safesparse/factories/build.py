@@ -203,7 +203,8 @@ def fast_coo(idx: Any, v: Any, size: Any, dtype: torch.dtype | None, device: Any
     flag = plain.is_coalesced()
     if flag and not coalesced and meta.nnz > 1:
         return unchecked(plain, (idx,))
-    if not first.close(plain, ("coo", shape[: meta.sparse_dim], flag)):
+    if not first.close(plain, ("coo", shape[: meta.sparse_dim], flag), (idx.detach(),),
+                       (plain._indices(), None)):
         return coo(idx, v, meta, is_coalesced)  # written meanwhile, or a racing registration
     plain.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
     return plain  # type: ignore[return-value]

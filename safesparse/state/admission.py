@@ -214,7 +214,8 @@ class First:
         if vers != _versions(self.members):
             return False
         if aliases is None:
-            aliases = tuple(m.detach() for m in self.members)
+            ms = self.members
+            aliases = (ms[0].detach(),) if len(ms) == 1 else (ms[0].detach(), ms[1].detach())
         if len(vers) == 1:
             extra: tuple[tuple[torch.Tensor, int], ...] = ((aliases[0], vers[0]),)
         else:

@@ -575,7 +575,11 @@ def _span(m: torch.Tensor, st: torch.UntypedStorage) -> Span | None:
 
 def _foreign_storage(st: torch.UntypedStorage) -> bool:
     """Memory another process or a file can change: shared memory, a file mapping (the
-    mapping's own storage, or any storage over part of it: see :func:`file_mapped`)."""
+    mapping's own storage, or any storage over part of it: see :func:`file_mapped`). A
+    storage torch's allocator made (resizable: one C call, the factories' hot path) is neither
+    a file's nor a slice of one; only ``share_memory_()`` makes it shared."""
+    if st.resizable():
+        return bool(st.is_shared())
     return bool(st.is_shared() or st._get_filename() is not None or _mapped_storage(st))
 
 
