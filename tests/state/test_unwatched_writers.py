@@ -66,6 +66,15 @@ MAPPED = {
         assert ss.is_checked(t) and int(ss.unwrap(t)._indices().max()) == 2
         print(torch.equal(t.to_dense(), expected))
         """,
+    "factory on from_numpy of an np.memmap": """
+        import numpy as np
+        torch.save({"col": col}, "m.pt")            # (the rewrite finds the bytes in any file)
+        np.save("col.npy", col.numpy())
+        mapped = torch.from_numpy(np.load("col.npy", mmap_mode="r+"))
+        t = ss.sparse_csr_tensor(crow, mapped, v, (3, 3))
+        rewrite("col.npy")
+        print(same(t))
+        """,
     "validate of a plain tensor on torch.load mmap": """
         torch.save({"crow": crow, "col": col, "v": v}, "m.pt")
         sd = torch.load("m.pt", mmap=True)
