@@ -1,20 +1,24 @@
 """Building a checked tensor from members in their final form: the second half of every factory.
 
 :mod:`safesparse.factories` converts the arguments and runs the O(1) metadata stage; what is
-left is here, one straight path per case:
+left is here. Trust is asked for once, :func:`safesparse.state.admission.admit` on the caller's
+index members, and the admission finishes the job (the protocol is written there, in
+``state/``; this module builds tensors and retypes them, never attaches a record):
 
 * **rebuild** on members a checked tensor handed out (``ss.sparse_csr_tensor(t.crow_indices(),
   t.col_indices(), v, t.shape)``): proven through the record the members carry (checked.py,
   shortcut 4): no storage lookup, no O(nnz) check; the new tensor's counter joins that state.
-* **first validation**: the state of the index memory is found (or made) once by memory range,
-  the caller's index tensors are watched there (they can write the data), the index stage runs
-  unless that state already proves this view and geometry, and the proof is taken from a
-  snapshot of the counters made before validation read the data.
-* **volatile** index memory (inference tensors, shared memory, file mappings): validated, never
-  remembered (validated again whenever asked).
+* **first validation** (:meth:`Admission.validate`): private when no state covers the memory,
+  else registered (watched, proven from a snapshot of the counters made before validation read
+  the data, or already proven there). Index members in a file mapping are copied first.
+* **volatile** index memory (inference tensors, shared memory): validated, never remembered
+  (validated again whenever asked).
 * **unchecked** (``check_invariants=False``): built and joined, not validated.
 
-The result is the tensor torch built, retyped (no wrapper object).
+:func:`fast_compressed` / :func:`fast_coo` keep the common case in a straight line (the per-op
+costs of SPEC 4): they open the private path themselves and end it with
+:func:`safesparse.state.admission.settled`; anything else goes to :func:`compressed` /
+:func:`coo`. The result is the tensor torch built, retyped (no wrapper object).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from ..engine.validation import (
     native_coo_ok,
 )
 from ..state import checked
-from ..state.checked import VOLATILE, Record, attach, claim, plain_members
+from ..state.admission import Admission, Validation, admit, opened, proven
 from ..state.memory import watchable_spans
 from ..tensor.core import SafeSparseTensor, retype
 
@@ -56,8 +60,6 @@ _BUILD: Final[dict[torch.layout, Callable[..., torch.Tensor]]] = {
     torch.sparse_bsr: _originals.sparse_bsr_tensor,
     torch.sparse_bsc: _originals.sparse_bsc_tensor,
 }
-#: Attempts to validate index data that another thread keeps writing, before giving up.
-_ATTEMPTS = 3
 
 
 def _extra(requires_grad: bool, pin_memory: bool) -> dict[str, Any]:
@@ -77,83 +79,6 @@ def own_alias(x: torch.Tensor) -> torch.Tensor:
     (torch keeps the tensors it is given as the members themselves). Values that require grad
     get a view instead, which keeps them in the autograd graph."""
     return x.view_as(x) if x.requires_grad else x.detach()
-
-
-def _key(members: Sequence[torch.Tensor]) -> checked.IndexKey:
-    return tuple((m.data_ptr(), tuple(m.shape), m.stride(), m.dtype, m.device) for m in members)
-
-
-def _finish(plain: torch.Tensor, state: checked.IndexState, key: checked.IndexKey,
-            geom: Hashable) -> SafeSparseTensor:
-    """``plain`` (built on proven index data) retyped, with a record on ``state`` watched by its
-    own counter (new: nothing wrote through it yet). A write through any other counter since
-    the proof shows in the state (the record is unchecked at its next check). Built in
-    inference mode, it has no counter: volatile (validated whenever asked)."""
-    if plain.is_inference():
-        return _volatile(plain, geom)
-    m0, m1 = plain_members(plain)
-    rec = checked.shared_record((m0, m1), state, key, m0._version, geom)
-    plain.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
-    plain.__dict__["_ss"] = rec
-    return plain  # type: ignore[return-value]
-
-
-def _rebuilt(plain: torch.Tensor, r: Record, nnz: int = 0) -> SafeSparseTensor:
-    """``plain``, built on the index data ``r`` proves (:func:`checked.vouch` accepted the
-    members), retyped with a record on ``r``'s state; COO with the coalesced flag torch gave
-    it (``nnz``: its stored entries)."""
-    geom = checked.geometry_of(plain)
-    if plain.is_inference():
-        return _volatile(plain, geom)
-    m0, m1 = plain_members(plain)
-    rec = checked.rebuilt(r, m0, m1, m0._version, geom, nnz)
-    plain.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
-    plain.__dict__["_ss"] = rec
-    return plain  # type: ignore[return-value]
-
-
-def _watch_callers(state: checked.IndexState, xs: Sequence[torch.Tensor]) -> bool:
-    """Watch the caller's index tensors on ``state`` (each can write the data). Returns whether a
-    proof already on the state can be taken for them: each was watched there already, is a
-    member a record of this state handed out, or never wrote (``_version == 0``)."""
-    known = True
-    for x in xs:
-        c = claim(x)
-        if c is not None and checked.state_of(c) is state:
-            continue  # its record's watch covers its counter
-        with state.lock:
-            seen = state._watch_of(x) is not None
-        if not seen:
-            known = known and x._version == 0
-            state.witness(x, x.detach())
-    return known
-
-
-_CHANGING = ("safesparse: the index data kept changing while it was validated (another thread "
-             "writes it); nothing was built")
-
-
-def _private(plain: torch.Tensor, geom: Hashable, extra: tuple[tuple[torch.Tensor, int], ...],
-             rec: Record) -> SafeSparseTensor | None:
-    """``plain``, built on index memory no state covered when ``rec`` was announced and just
-    validated, retyped with ``rec`` settled as its private record: its own counter and the
-    caller's tensors' (``extra``, at the versions validation read). None when a racing
-    registration shared ``rec`` meanwhile (:func:`checked.settle`): the caller registers."""
-    if plain.is_inference():
-        return _volatile(plain, geom)
-    m0, m1 = plain_members(plain)
-    if not checked.settle(rec, m0, m1, m0._version, geom, extra):
-        return None
-    plain.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
-    plain.__dict__["_ss"] = rec
-    return plain  # type: ignore[return-value]
-
-
-def _volatile(plain: torch.Tensor, geom: Hashable) -> SafeSparseTensor:
-    m0, m1 = plain_members(plain)
-    out = retype(plain)
-    attach(out, Record(m0, m1, VOLATILE, geom))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,33 +127,27 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
         return None
     geom = ("compressed", meta.n_compressed, meta.n_plain)
     build = _BUILD[layout]
-    if claim(c) is not None:
+    if checked.claim(c) is not None:
         # members a checked tensor handed out: proven through its record (checked.proves:
         # the same objects at the proven views, unwritten since, the same geometry)
-        r = checked.vouch(c, p, (geom,))
+        r = proven(c, p, (geom,))
         if r is None:
             return compressed(c, p, v, meta)
-        checked.count("skipped")
         # built on the record's own aliases of the proven members (see own_alias), not on the
         # caller's handed-out tensors; m1: the new tensor's own plain member
-        own0, own1 = checked.proven_members(r)
+        own0, own1 = Admission.proven_members(r)
         built = build(own0, own1, v.view_as(v) if v.requires_grad else v.detach(), shape,
                       check_invariants=False)
-        if built.is_inference():
-            return _volatile(built, geom)
         m0 = built.crow_indices() if meta.info.row_compressed else built.ccol_indices()
-        rec = checked.rebuilt(r, m0, own1, m0._version)
-        built.__class__ = SafeSparseTensor
-        built.__dict__["_ss"] = rec
+        Admission.rebuilt(built, r, members=(m0, own1))
+        built.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
         return built  # type: ignore[return-value]
     spans = watchable_spans((c, p))
     if not spans:  # (no memory at all: a state per view key; or memory never cached)
         return compressed(c, p, v, meta)
-    pending = checked.announce(spans, c, p)
-    if pending is None:  # memory a state or another first validation may cover
+    first = opened(spans, (c, p))
+    if first is None:  # memory a state or another first validation may cover
         return compressed(c, p, v, meta)
-    vc = c._version
-    vp = p._version
     # torch's index kernel (validation.py's native path, behind its preconditions and the
     # offsets pre-check), then torch's unchecked constructor. Not torch's factory with
     # check_invariants=True: it sets torch's process-wide invariant-check flag for the call and
@@ -242,18 +161,13 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
     # (own_alias inlined: the factories' hot path)
     plain = build(cd, pd, v.view_as(v) if v.requires_grad else v.detach(), shape,
                   check_invariants=False)
-    if c._version != vc or p._version != vp:
-        return compressed(c, p, v, meta)  # written meanwhile: the general way decides
-    if plain.is_inference():
-        return _volatile(plain, geom)
     # m0: an alias sharing the new tensor's counter; m1: the new tensor's own plain member (a
     # detached alias of the caller's, sharing its counter), whose data pointer tells a move;
     # the caller's counters are watched through the detached aliases
     m0 = plain.crow_indices() if meta.info.row_compressed else plain.ccol_indices()
-    if not checked.settle(pending, m0, pd, m0._version, geom, ((cd, vc), (pd, vp))):
-        return compressed(c, p, v, meta)  # a racing registration met it: register
+    if not first.close(plain, geom, (cd, pd), (m0, pd)):
+        return compressed(c, p, v, meta)  # written meanwhile, or a racing registration
     plain.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
-    plain.__dict__["_ss"] = pending
     return plain  # type: ignore[return-value]
 
 
@@ -270,30 +184,30 @@ def fast_coo(idx: Any, v: Any, size: Any, dtype: torch.dtype | None, device: Any
     if shape is None or is_debug() or validation._forked:  # (a forked child: validation.py)
         return None
     meta = check_coo_metadata(idx, v, shape)
-    if claim(idx) is not None:
+    if checked.claim(idx) is not None:
         return coo(idx, v, meta, is_coalesced)
     spans = watchable_spans((idx,))
     if not spans:
         return coo(idx, v, meta, is_coalesced)
-    pending = checked.announce(spans, idx, None)
-    if pending is None:
+    first = opened(spans, (idx,))
+    if first is None:
         return coo(idx, v, meta, is_coalesced)
     coalesced = bool(is_coalesced)
-    vi = idx._version
     if not (native_coo_ok(meta, idx, v, is_coalesced=coalesced)
             and _native_coo_accepts(meta, idx, v, is_coalesced=coalesced)):
         check_coo_indices(meta, idx, is_coalesced=coalesced)  # the vectorised path: located
     checked.count("validations")
     plain = _originals.sparse_coo_tensor(idx.detach(), own_alias(v), shape, check_invariants=False,
                                          is_coalesced=is_coalesced)
-    if idx._version != vi:
-        return coo(idx, v, meta, is_coalesced)  # written meanwhile: the general way decides
     # the coalesced flag torch gave it: the validated one, or (nnz <= 1) trivially true
     flag = plain.is_coalesced()
     if flag and not coalesced and meta.nnz > 1:
         return unchecked(plain, (idx,))
-    out = _private(plain, ("coo", shape[: meta.sparse_dim], flag), ((idx, vi),), pending)
-    return coo(idx, v, meta, is_coalesced) if out is None else out
+    if not first.close(plain, ("coo", shape[: meta.sparse_dim], flag), (idx.detach(),),
+                       (plain._indices(), None)):
+        return coo(idx, v, meta, is_coalesced)  # written meanwhile, or a racing registration
+    plain.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
+    return plain  # type: ignore[return-value]
 
 
 # the factories call build.fast_* by attribute: bound here, never traced by torch.compile
@@ -306,60 +220,35 @@ def compressed(c: torch.Tensor, p: torch.Tensor, v: torch.Tensor, meta: Compress
                estimate: bool = False) -> SafeSparseTensor:
     """A checked tensor of ``meta``'s layout on members in their final form, which passed the
     metadata stage (``estimate``: the size was omitted; the index stage resolves it)."""
-    geom = checked.compressed_geometry(meta.n_compressed, meta.n_plain)
     extra = _extra(requires_grad, pin_memory)
     build = _BUILD[meta.info.layout]
     debug = is_debug()
+    adm = admit((c, p))
     if not estimate and not debug:
-        r = checked.vouch(c, p, (geom,)) if claim(c) is not None else None
-        if r is not None:
-            checked.count("skipped")
-            own0, own1 = checked.proven_members(r)
-            return _rebuilt(build(own0, own1, own_alias(v), meta.size, check_invariants=False,
-                                  **extra), r)
-    # torch builds on detached aliases (see own_alias), validation reads the caller's tensors (the
-    # same memory and view) and watches their counters
-    cd, pd, vd = c.detach(), p.detach(), own_alias(v)
-    spans = watchable_spans((c, p))
-    if spans is None:
-        meta = check_compressed_indices(meta, c, p, estimate=estimate, values=v)
-        checked.count("validations")
-        return _volatile(build(cd, pd, vd, meta.size, check_invariants=False, **extra),
-                         checked.compressed_geometry(meta.n_compressed, meta.n_plain))
-    pending = checked.announce(spans, c, p) if spans else None
-    if pending is not None:
-        # memory no state covers: a private record (checked.py), no registration
-        for _ in range(_ATTEMPTS):
-            vc, vp = c._version, p._version
-            meta = check_compressed_indices(meta, c, p, estimate=estimate, values=v)
-            checked.count("validations")
-            if c._version == vc and p._version == vp:
-                break
-        else:
-            raise RuntimeError(_CHANGING)
         geom = checked.compressed_geometry(meta.n_compressed, meta.n_plain)
-        plain = build(cd, pd, vd, meta.size, check_invariants=False, **extra)
-        if c._version == vc and p._version == vp:  # (else written meanwhile: register)
-            out = _private(plain, geom, ((cd, vc), (pd, vp)), pending)
-            if out is not None:
-                return out
-        estimate = False  # (resolved; a racing write or registration met it: register)
-    key = _key((c, p))
-    state = checked.register((c, p), key)
-    known = _watch_callers(state, (c, p)) and not estimate and not debug
-    if known and state.is_proven((key, geom)):
-        checked.count("skipped")
-    else:
-        for _ in range(_ATTEMPTS):
-            snap = state.snapshot()
-            meta = check_compressed_indices(meta, c, p, estimate=estimate, values=v)
-            checked.count("validations")
-            geom = checked.compressed_geometry(meta.n_compressed, meta.n_plain)
-            if state.prove((key, geom), snap):
-                break
-        else:
-            raise RuntimeError(_CHANGING)
-    return _finish(build(cd, pd, vd, meta.size, check_invariants=False, **extra), state, key, geom)
+        r = adm.proven((geom,))
+        if r is not None:
+            own0, own1 = adm.proven_members(r)
+            return retype(adm.rebuilt(build(own0, own1, own_alias(v), meta.size,
+                                            check_invariants=False, **extra), r))
+    vd = own_alias(v)
+
+    def check(ms: tuple[torch.Tensor, ...], m: CompressedMeta, est: bool) -> CompressedMeta:
+        return check_compressed_indices(m, ms[0], ms[1], estimate=est, values=v)
+
+    def make(ms: tuple[torch.Tensor, ...], m: CompressedMeta) -> torch.Tensor:
+        # torch builds on detached aliases (see own_alias); validation read the caller's
+        # tensors (the same memory and view) and watches their counters
+        return build(ms[0].detach(), ms[1].detach(), vd, m.size, check_invariants=False,
+                     **extra)
+
+    def geometry(m: CompressedMeta) -> Hashable:
+        return checked.compressed_geometry(m.n_compressed, m.n_plain)
+
+    how = Validation(check, make, geometry, lambda _, m: geometry(m),
+                     lambda m: (geometry(m),))
+    plain, _ = adm.validate(how, meta, estimate=estimate, debug=debug)
+    return retype(plain)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,78 +263,40 @@ def coo(idx: torch.Tensor, v: torch.Tensor, meta: CooMeta, is_coalesced: bool | 
     coalesced = bool(is_coalesced)
     extra = _extra(requires_grad, pin_memory)
     debug = is_debug()
-
     own_v = own_alias(v)  # (see own_alias)
 
-    def build(size: Sequence[int], own_idx: torch.Tensor | None = None) -> torch.Tensor:
-        return _originals.sparse_coo_tensor(idx.detach() if own_idx is None else own_idx,
-                                            own_v, size, check_invariants=False,
+    def build(size: Sequence[int], own_idx: torch.Tensor) -> torch.Tensor:
+        return _originals.sparse_coo_tensor(own_idx, own_v, size, check_invariants=False,
                                             is_coalesced=is_coalesced, **extra)
 
-    sparse = tuple(meta.size[: meta.sparse_dim])
-    if not estimate and not debug and claim(idx) is not None:
-        r = checked.vouch(idx, None, (checked.coo_geometry(sparse, coalesced),
-                                      checked.coo_geometry(sparse, True)))
+    adm = admit((idx,))
+    if not estimate and not debug:
+        sparse = tuple(meta.size[: meta.sparse_dim])
+        r = adm.proven((checked.coo_geometry(sparse, coalesced),
+                        checked.coo_geometry(sparse, True)))
         if r is not None:
-            checked.count("skipped")
-            return _rebuilt(build(meta.size, checked.proven_members(r)[0]), r, meta.nnz)
-    spans = watchable_spans((idx,))
-    if spans is None:
-        meta = check_coo_indices(meta, idx, is_coalesced=coalesced, estimate=estimate, values=v)
-        checked.count("validations")
-        plain = build(meta.size)
-        return _volatile(plain, checked.coo_geometry(meta.size[: meta.sparse_dim],
-                                                     plain.is_coalesced()))
-    pending = checked.announce(spans, idx, None) if spans else None
-    if pending is not None:
-        for _ in range(_ATTEMPTS):
-            vi = idx._version
-            meta = check_coo_indices(meta, idx, is_coalesced=coalesced, estimate=estimate,
-                                     values=v)
-            checked.count("validations")
-            if idx._version == vi:
-                break
-        else:
-            raise RuntimeError(_CHANGING)
-        plain = build(meta.size)
+            plain = build(meta.size, adm.proven_members(r)[0])
+            return retype(adm.rebuilt(plain, r, checked.geometry_of(plain), meta.nnz))
+
+    def check(ms: tuple[torch.Tensor, ...], m: CooMeta, est: bool) -> CooMeta:
+        return check_coo_indices(m, ms[0], is_coalesced=coalesced, estimate=est, values=v)
+
+    def final(plain: torch.Tensor, m: CooMeta) -> Hashable | None:
         # the coalesced flag torch gave it: the validated one, or (nnz <= 1) trivially true
         flag = plain.is_coalesced()
-        if flag and not coalesced and meta.nnz > 1:
-            return unchecked(plain, (idx,))
-        if idx._version == vi:  # (else written meanwhile: register)
-            out = _private(plain, checked.coo_geometry(meta.size[: meta.sparse_dim], flag),
-                           ((idx, vi),), pending)
-            if out is not None:
-                return out
-        estimate = False  # (resolved; a racing write or registration met it: register)
-        sparse = tuple(meta.size[: meta.sparse_dim])
-    key = _key((idx,))
-    state = checked.register((idx,), key)
-    known = _watch_callers(state, (idx,)) and not estimate and not debug
-    if known and any(state.is_proven((key, checked.coo_geometry(sparse, flag)))
-                     for flag in {coalesced, True}):
-        checked.count("skipped")
-    else:
-        for _ in range(_ATTEMPTS):
-            snap = state.snapshot()
-            meta = check_coo_indices(meta, idx, is_coalesced=coalesced, estimate=estimate,
-                                     values=v)
-            checked.count("validations")
-            sparse = tuple(meta.size[: meta.sparse_dim])
-            if state.prove((key, checked.coo_geometry(sparse, coalesced)), snap):
-                break
-        else:
-            raise RuntimeError(_CHANGING)
-    return _finish_coo(build(meta.size), state, key, sparse, meta.nnz)
+        if flag and not coalesced and m.nnz > 1:
+            return None
+        return checked.coo_geometry(m.size[: m.sparse_dim], flag)
 
+    def known(m: CooMeta) -> tuple[Hashable, ...]:
+        sparse = m.size[: m.sparse_dim]
+        return tuple(checked.coo_geometry(sparse, f) for f in {coalesced, True})
 
-def _finish_coo(plain: torch.Tensor, state: checked.IndexState, key: checked.IndexKey,
-                sparse: tuple[int, ...], nnz: int) -> SafeSparseTensor:
-    """As :func:`_finish`, with the geometry of the coalesced flag torch gave ``plain``
-    (:func:`checked.implied_coo`)."""
-    geom = checked.coo_geometry(sparse, plain.is_coalesced())
-    checked.implied_coo(state, key, geom, nnz)
-    return _finish(plain, state, key, geom)
+    how = Validation(check, lambda ms, m: build(m.size, ms[0].detach()),
+                     lambda m: checked.coo_geometry(m.size[: m.sparse_dim], coalesced),
+                     final, known)
+    plain, ok = adm.validate(how, meta, estimate=estimate, debug=debug)
+    return retype(plain) if ok else unchecked(plain, adm.members)
 
 
 # ---------------------------------------------------------------------------------------------

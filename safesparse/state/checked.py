@@ -1,5 +1,8 @@
 """Checked state: the one module that decides whether a tensor counts as checked.
 
+(The records and the rule itself, :func:`proves` / :func:`holds`, are in :mod:`.records`, whose
+names this module re-exports; the factories' admission protocol is in :mod:`.admission`.)
+
 When is a tensor checked
 ------------------------
 A SafeSparseTensor is checked when validation has passed on its current index data, or when an
@@ -8,7 +11,9 @@ checked before and after the operation ran. It stops being checked as soon as an
 write that index memory writes it in place (every tensor built or adopted on overlapping memory,
 the index tensors it was built from, the members it handed out), unless the write is one known
 to keep it valid. Index memory this process cannot watch (inference tensors, storage shared
-with other processes, file mappings) is never remembered: it is validated whenever asked.
+with other processes, file mappings and every slice of one: :func:`memory.file_mapped`) is never
+remembered: it is validated whenever asked, and the factories and ``ss.validate`` given members
+in a file mapping work on their own copy of them.
 
 How it is remembered
 --------------------
@@ -66,7 +71,7 @@ The shortcuts, and why each is sound
    check). A copy of a member (``copy.copy``: its own counter) carries the dict but not the id:
    its claim is refused.
 5. *First validations are private until their memory is looked up* (a factory call on index
-   memory no state or pending record covers; build.py): the result's record watches its own
+   memory no state or pending record covers; :mod:`.admission`): the result's record watches its own
    counter and the caller's index tensors (``extra``) without a state, and is listed as
    *pending* with the memory ranges of its members. Every registry lookup first shares the
    pending records overlapping the memory it looks up (see the section on private records), so
@@ -92,14 +97,17 @@ The questions other modules ask (none reads a record's fields)
 :func:`confirm` (model code's operators), :func:`known` (a state already proves a view),
 :func:`proven_members` (what a proven rebuild builds on).
 *What is proven?* :func:`proven_geometry`, :func:`is_volatile`, :func:`proof_cache`.
+*Admit index members (factories):* :mod:`safesparse.state.admission` (``admit``), which writes
+the protocols of shortcuts 4 and 5 and the registering path once, on the functions below.
 *Record a proof or a tensor:* :func:`announce` / :func:`settle` (a first validation, private),
 :func:`register` + :func:`shared_record` (on a state), :func:`rebuilt` (a proven rebuild),
 :func:`born` (a fresh result), :func:`implied_coo`, the ``mark_*`` functions, :func:`join`,
 :func:`renew`, :func:`share`, :func:`hand_out`, :func:`watch`.
 
 Limits: writes that bypass version counters are not seen (NumPy views of the memory, raw
-pointers, ``.data`` of a member, a ``detach()`` of a handed-out member once that member and its
-tensor are gone, private APIs that skip ``__torch_function__`` such as
+pointers, a storage object's own ``fill_`` / ``copy_`` and a ``resize_`` back to the same size
+at the same address, ``.data`` of a member, a ``detach()`` of a handed-out member once that
+member and its tensor are gone, private APIs that skip ``__torch_function__`` such as
 ``torch._C.DisableTorchFunctionSubclass``). Debug mode ignores all of this and validates every
 input and result.
 """
@@ -110,7 +118,7 @@ import collections
 import threading
 import weakref
 from collections.abc import Hashable, Sequence
-from typing import Any, Final
+from typing import Any
 
 import torch
 from torch._C import DisableTorchFunctionSubclass
@@ -134,6 +142,25 @@ from .memory import (
     spans_of,
 )
 from .memory import register as _register
+from .records import (
+    UNCHECKED,
+    VOLATILE,
+    Record,
+    attach,
+    born,
+    bump_generation,
+    confirm,
+    fresh,
+    holds,
+    is_volatile,
+    proven_geometry,
+    proven_members,
+    proves,
+    record,
+    sole_record,
+    state_of,
+    vouch,
+)
 
 __all__ = [
     "UNCHECKED",
@@ -144,32 +171,37 @@ __all__ = [
     "Snapshot",
     "Stats",
     "Tags",
+    "attach",
+    "born",
     "cache_size",
     "claims",
     "clear_cache",
     "compressed_geometry",
+    "confirm",
     "coo_geometry",
     "count",
     "foreign",
+    "fresh",
     "geometry_of",
     "holds",
     "index_key",
     "index_members",
+    "is_volatile",
     "plain_members",
     "proof_cache",
+    "proven_geometry",
+    "proven_members",
+    "proves",
     "record",
     "register",
     "reset_stats",
     "share",
+    "sole_record",
+    "state_of",
     "stats",
+    "vouch",
 ]
 
-#: ``Record.ver`` of a tensor that is not checked; of one whose memory cannot be watched.
-UNCHECKED: Final = -1
-VOLATILE: Final = -2
-
-#: Bumped by :func:`clear_cache`: records proven before it are not trusted after it.
-_generation = 0
 _share_lock = threading.RLock()  # (sharing one record may share the pending ones it meets)
 
 
@@ -189,203 +221,6 @@ def index_members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return (m0,) if m1 is None else (m0, m1)
 
 
-# ---------------------------------------------------------------------------------------------
-# Records
-
-
-class Record:
-    """The checked state of the tensors that carry it (one tensor, its views, ``detach()``).
-
-    ``m0``, ``m1``: aliases of the index members sharing the owner's version counter (COO:
-    ``m1`` None); ``p0``, ``p1``: their data pointers when the record was made (storage moved
-    since, e.g. by ``share_memory_()``, makes it unchecked); ``ver``: the counter value its
-    proof holds for (:data:`UNCHECKED`, :data:`VOLATILE`: validated whenever asked); ``geom``:
-    the proven geometry; ``state``: None (sole) or the shared :class:`IndexState`, with ``key``
-    the view key and ``seen`` the state's epoch when the proof was last seen there.
-    """
-
-    __slots__ = ("__weakref__", "extra", "gen", "geom", "key", "m0", "m1", "p0", "p1", "seen",
-                 "state", "ver")
-
-    def __init__(self, m0: torch.Tensor, m1: torch.Tensor | None, ver: int,
-                 geom: Hashable) -> None:
-        self.m0 = m0
-        self.m1 = m1
-        self.p0 = m0.data_ptr()
-        self.p1 = 0 if m1 is None else m1.data_ptr()
-        self.ver = ver
-        self.gen = _generation
-        self.geom = geom
-        self.state: IndexState | None = None
-        self.key: IndexKey = ()
-        self.seen = -1
-        #: a *private* record's other counters: ``(tensor, version at the proof)`` for the
-        #: caller's index tensors (see :func:`announce`, :func:`settle`); () once shared
-        self.extra: tuple[tuple[torch.Tensor, int], ...] = ()
-
-    def set_checked(self, ver: int, geom: Hashable) -> None:
-        """The proof holds at counter value ``ver`` for ``geom`` (callers made sure)."""
-        self.geom = geom
-        self.gen = _generation
-        self.ver = ver
-
-    def members(self) -> tuple[torch.Tensor, ...]:
-        return (self.m0,) if self.m1 is None else (self.m0, self.m1)
-
-    def proof(self) -> Hashable:
-        return (self.key, self.geom)
-
-
-def holds(r: Record) -> bool:
-    """:func:`proves` for ``r``'s own tensors: ``r``'s proof holds now (see the module
-    docstring). Never for volatile records (those are validated by the caller)."""
-    ver = r.ver
-    if ver < 0:  # (inference tensors, which volatile records hold, have no counter to read)
-        return False
-    m0 = r.m0
-    if m0._version != ver or m0.data_ptr() != r.p0:
-        return False
-    m1 = r.m1
-    if m1 is not None and m1.data_ptr() != r.p1:
-        return False
-    extra = r.extra  # read before the state: share() sets the state, then clears extra
-    st = r.state
-    if st is None:
-        for x, v in extra:
-            if x._version != v:
-                return False
-        return r.gen == _generation  # (clear_cache voids states; sole records by generation)
-    return _shared_holds(r, st)
-
-
-def proves(r: Record, m0: torch.Tensor, m1: torch.Tensor | None,
-           geometries: tuple[Hashable, ...]) -> bool:
-    """The one question every module asks before it trusts index data: does ``r``'s proof hold
-    now for the index tensors ``m0`` / ``m1`` (compressed and plain; COO: indices and None),
-    presented in the roles of ``r``'s members, as a tensor of one of ``geometries``?
-
-    Why a True answer is sound. A proof names everything the validity of the data depends on:
-
-    * *the members' objects*: ``r.m0`` / ``r.m1`` are aliases that only ``r`` (and the tensors
-      carrying it) hold, and the tensor they describe was built on detached aliases of the
-      caller's index tensors (build.py), so no outside object can swap, shrink or move its
-      members (``col.data = col[:1]``, ``nn.Module._apply``): ``.data =`` on the caller's
-      tensor changes that tensor only;
-    * *the memory*: ``r.m0`` / ``r.m1`` hold their storages, so an equal data pointer is the
-      same live memory (it cannot have been freed and reused);
-    * *the view*: ``m0`` / ``m1`` must have ``r``'s members' data pointer, shape, strides,
-      dtype and device: a tensor presented as a member whose shape or memory changed without a
-      counter moving (``.data =`` on a handed-out member) is not the proven one;
-    * *the counters*: :func:`holds`: the record's own counter unmoved and, for a shared record,
-      every counter that can write the memory (the state's watches) unmoved, or for a private
-      one the caller's index tensors' counters (``extra``) unmoved, and no
-      :func:`clear_cache` since;
-    * *the geometry*: ``(n_compressed, n_plain)`` (COO: sparse size and coalesced flag) is the
-      proven one; the metadata stage checked everything else about the new tensor in O(1).
-
-    Every other module asks this function (or :func:`holds`, its form for a record's own
-    tensors, :func:`vouch` for members a record handed out) and never compares a record's
-    fields itself."""
-    if r.geom not in geometries:
-        return False
-    if not _same_view(r.m0, m0):
-        return False
-    r1 = r.m1
-    if r1 is None or m1 is None:
-        if r1 is not m1:
-            return False
-    elif not _same_view(r1, m1):
-        return False
-    return holds(r)
-
-
-def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """``b`` is at ``a``'s view of the same memory (``a`` holds that memory alive): the same
-    storage, offset, sizes and strides (``is_set_to``, one call), and the same dtype (a
-    ``view(dtype)`` of the same item size has the same sizes)."""
-    return a is b or (b.is_set_to(a) and b.dtype is a.dtype)
-
-
-def vouch(m0: torch.Tensor, m1: torch.Tensor | None,
-          geometries: tuple[Hashable, ...]) -> Record | None:
-    """The record that proves ``m0`` / ``m1`` (index tensors a checked tensor handed out, each
-    carrying its record: see :func:`hand_out`) for one of ``geometries`` now, or None. A
-    rebuild on such members needs no O(nnz) check (shortcut 4)."""
-    r = claims.get(m0)
-    if r is None or (m1 is not None and claims.get(m1) is not r):
-        return None
-    return r if proves(r, m0, m1, geometries) else None
-
-
-def proven_members(r: Record) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``r``'s own aliases of its members, at the proven views: what a rebuild that
-    :func:`vouch` accepted builds on (only ``r`` and its tensors hold them, so no ``.data =``
-    from outside can change the new tensor's members; the caller's handed-out tensors, which
-    :func:`proves` found at these views, are not used)."""
-    return r.m0, r.m1
-
-
-def confirm(compressed: torch.Tensor, plain: torch.Tensor, geometry: Hashable) -> bool:
-    """Whether ``compressed`` / ``plain`` are index members a checked tensor handed out, still
-    proven for ``geometry`` (:func:`vouch`): the O(1) run-time check of model code's
-    operators."""
-    return vouch(compressed, plain, (geometry,)) is not None
-
-
-def _shared_holds(r: Record, st: IndexState) -> bool:
-    """Lock-free read of a shared record's state (shortcut 6 of the module docstring)."""
-    if st.merged is not None:
-        st = r.state = resolve(st)  # type: ignore[assignment]
-        r.seen = -1
-    try:
-        epoch = st.epoch  # read first: a removal after this read changes it
-        if r.seen != epoch:
-            if (r.key, r.geom) not in st.proven:
-                return False
-            r.seen = epoch
-        for w in st.watches.values():
-            if w.alias._version != w.version:
-                return False
-        for w in st.retired:  # noqa: SIM110  (a loop: no generator on the hot path)
-            if w.alias._version != w.version:
-                return False
-        return True
-    except RuntimeError:  # a watch dict changed size while we read it
-        with st.lock:
-            return (r.key, r.geom) in st.proven and st._holds()
-
-
-def is_volatile(r: Record) -> bool:
-    """Whether ``r``'s index memory cannot be watched: its tensor is validated whenever asked."""
-    return r.ver == VOLATILE
-
-
-def proven_geometry(t: torch.Tensor) -> Hashable:
-    """The geometry ``t``'s proof is for when ``t`` carries a proof (its index data and
-    extents are unchanged since, or the proof does not hold and nothing is trusted on it),
-    else the geometry read from ``t`` (:func:`geometry_of`)."""
-    rec = record(t)
-    if rec is not None and rec.ver >= 0:
-        return rec.geom
-    return geometry_of(t)
-
-
-def born(r: Record, m0: torch.Tensor, m1: torch.Tensor | None,
-         coalesced: bool | None) -> Record | None:
-    """A sole record for the result of a copying op on ``r``'s checked tensor (shortcut 1),
-    whose index members are ``m0`` / ``m1`` (aliases sharing the result's counter) and, for
-    COO, whose coalesced flag is ``coalesced``; checked if ``r`` still holds after the op.
-    None when the result's index memory is not fresh (the input's, or empty) or its flag is
-    not the proven one: the caller wraps it the general way (joined by memory range)."""
-    if coalesced is not None and coalesced != r.geom[2]:  # type: ignore[index]
-        return None
-    p0 = m0.data_ptr()
-    if p0 == r.p0 or p0 == 0 or (m1 is not None and (m1.data_ptr() == r.p1
-                                                    or m1.data_ptr() == 0)):
-        return None
-    return Record(m0, m1, m0._version if holds(r) else UNCHECKED, r.geom)
-
-
 def rebuilt(r: Record, m0: torch.Tensor, m1: torch.Tensor | None, ver: int,
             geom: Hashable = None, nnz: int = 0) -> Record:
     """A record for a tensor built on the index data ``r`` proves (a rebuild that
@@ -394,10 +229,11 @@ def rebuilt(r: Record, m0: torch.Tensor, m1: torch.Tensor | None, ver: int,
     (:func:`implied_coo`); else the record is unchecked (validated at its first use)."""
     state = share(r)
     assert state is not None  # (a record that handed out members is shared)
+    sizes = (r.n0, r.n1)  # (the new members are on r's proven storages)
     if geom is None or geom == r.geom:
-        return shared_record((m0, m1), state, r.key, ver, r.geom)
+        return shared_record((m0, m1), state, r.key, ver, r.geom, sizes)
     implied_coo(state, r.key, geom, nnz)
-    rec = shared_record((m0, m1), state, r.key, UNCHECKED, geom)
+    rec = shared_record((m0, m1), state, r.key, UNCHECKED, geom, sizes)
     if state.is_proven((r.key, geom)):
         rec.set_checked(ver, geom)
     return rec
@@ -415,32 +251,6 @@ def implied_coo(state: IndexState, key: IndexKey, geom: Hashable, nnz: int) -> N
             other = (key, coo_geometry(sparse, not flag))
             if other in proven and (not flag or nnz <= 1):
                 proven.add((key, geom))
-
-
-def record(t: torch.Tensor) -> Record | None:
-    rec: Record | None = t.__dict__.get("_ss")
-    return rec
-
-
-def sole_record(plain: torch.Tensor, ver: int, geom: Hashable) -> Record:
-    """A sole record for a tensor whose index memory only its own counter can write (shortcut
-    1); ``ver``: its counter now if checked, else :data:`UNCHECKED`."""
-    m0, m1 = plain_members(plain)
-    return Record(m0, m1, ver, geom)
-
-
-def attach(t: torch.Tensor, rec: Record) -> Record:
-    t.__dict__["_ss"] = rec
-    return rec
-
-
-def state_of(rec: Record) -> IndexState | None:
-    """``rec``'s state, following merges (and remembering the survivor)."""
-    state = rec.state
-    if state is not None and state.merged is not None:
-        state = rec.state = resolve(state)
-        rec.seen = -1
-    return state
 
 
 def share(rec: Record) -> IndexState | None:
@@ -510,7 +320,7 @@ def announce(spans: Spans, m0: torch.Tensor, m1: torch.Tensor | None) -> Record 
     pending records are looked at (see above). Returns the record, to :func:`settle` once the
     tensor is built on proven data; None when memory overlapping ``spans`` may be covered (the
     caller takes the registering path; the listed record dies with the call)."""
-    rec = Record(m0, m1, UNCHECKED, None)
+    rec = Record(m0, m1, UNCHECKED, None, (0, 0))  # (sizes: unchecked until settle sets them)
     entry = (spans, weakref.ref(rec))
     with _pending_lock:  # (a scan rotates the list: only under the lock is every entry in it)
         _pending.append(entry)
@@ -533,13 +343,13 @@ def settle(rec: Record, m0: torch.Tensor, m1: torch.Tensor | None, ver: int, geo
             return False
         rec.m0 = m0
         rec.p0 = m0.data_ptr()
+        rec.n0 = m0.untyped_storage().nbytes()
         if m1 is not rec.m1:
             rec.m1 = m1
             rec.p1 = 0 if m1 is None else m1.data_ptr()
-        rec.geom = geom
+        rec.n1 = 0 if m1 is None else m1.untyped_storage().nbytes()
         rec.extra = extra
-        rec.gen = _generation
-        rec.ver = ver
+        rec.set_checked(ver, geom)
     if len(_pending) > _PENDING_MAX:
         _flush(None)
     return True
@@ -607,10 +417,12 @@ def register(members: Sequence[torch.Tensor], key: IndexKey | None = None) -> In
 
 
 def shared_record(members: tuple[torch.Tensor, torch.Tensor | None], state: IndexState,
-                  key: IndexKey, ver: int, geom: Hashable) -> Record:
+                  key: IndexKey, ver: int, geom: Hashable,
+                  sizes: tuple[int, int] | None = None) -> Record:
     """A record on ``state`` for a tensor whose members (aliases sharing its counter) are
-    ``members``, watched there by its own counter."""
-    rec = Record(members[0], members[1], ver, geom)
+    ``members``, watched there by its own counter (``sizes``: the storages' byte sizes, when
+    known)."""
+    rec = Record(members[0], members[1], ver, geom, sizes)
     rec.key = key
     rec.state = state
     state.witness(rec, rec.m0)
@@ -650,10 +462,12 @@ def current(t: torch.Tensor) -> Record:
         r1 = rec.m1
         if (m0.data_ptr() == rec.p0 and m0.shape == rec.m0.shape
                 and m0.stride() == rec.m0.stride()
+                and m0.untyped_storage().nbytes() == rec.n0
                 and (m1 is None) == (r1 is None)
                 and (m1 is None or r1 is None or (m1.data_ptr() == rec.p1
                                                   and m1.shape == r1.shape
-                                                  and m1.stride() == r1.stride()))):
+                                                  and m1.stride() == r1.stride()
+                                                  and m1.untyped_storage().nbytes() == rec.n1))):
             return rec
     return join(t)
 
@@ -831,8 +645,7 @@ def clear_cache() -> None:
     ``False`` for them). Useful in tests and benchmarks; normal code never needs it, since
     in-place writes to index data already drop the checked state.
     """
-    global _generation
-    _generation += 1  # sole records (in no state) proven before now are not trusted
+    bump_generation()  # sole records (in no state) proven before now are not trusted
     for state in all_states():
         with state.lock:
             state._void()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import os
 import threading
 import weakref
 from collections.abc import Hashable, Iterable, Sequence
@@ -36,6 +37,7 @@ __all__ = [
     "Watch",
     "all_states",
     "claims",
+    "file_mapped",
     "foreign",
     "index_key",
     "memory_state_count",
@@ -448,7 +450,13 @@ def register(members: Sequence[torch.Tensor], key: IndexKey | None = None) -> In
             spans.append((cdata, st, device, start, end))
             for rg in _registry.overlapping(device, start, end):
                 owner = rg.state()
-                if owner is None or not rg.alive(st):
+                if owner is not None and rg.cdata == cdata and rg.end != end:
+                    # the storage was resized at the same address (``resize_(0)`` then
+                    # ``resize_(n)``): new memory; no proof naming the old survives
+                    _registry.remove(rg)
+                    with owner.lock:
+                        owner._forget(rg)
+                elif owner is None or not rg.alive(st):
                     _registry.remove(rg)
                     if owner is not None:
                         with owner.lock:
@@ -462,7 +470,7 @@ def register(members: Sequence[torch.Tensor], key: IndexKey | None = None) -> In
         for cdata, st, device, start, end in spans:
             old = state.ranges.get(cdata)
             if old is not None:
-                if old.start == start and old.alive(st):
+                if old.start == start and old.end == end and old.alive(st):
                     continue
                 _registry.remove(old)  # that storage moved, or died and its address was reused
                 with state.lock:
@@ -566,8 +574,85 @@ def _span(m: torch.Tensor, st: torch.UntypedStorage) -> Span | None:
 
 
 def _foreign_storage(st: torch.UntypedStorage) -> bool:
-    """Memory another process or a file can change: shared memory, a file mapping."""
-    return bool(st.is_shared() or st._get_filename() is not None)
+    """Memory another process or a file can change: shared memory, a file mapping (the
+    mapping's own storage, or any storage over part of it: see :func:`file_mapped`). A
+    storage torch's allocator made (resizable: one C call, the factories' hot path) is neither
+    a file's nor a slice of one; only ``share_memory_()`` makes it shared."""
+    if st.resizable():
+        return bool(st.is_shared())
+    return bool(st.is_shared() or st._get_filename() is not None or _mapped_storage(st))
+
+
+def _mapped_storage(st: torch.UntypedStorage) -> bool:
+    """Whether ``st``'s memory lies in a file mapping. A storage torch's allocator made is
+    resizable and never mapped (one C call decides: the factories' hot path); any other one
+    (a slice of ``torch.load(mmap=True)``'s mapping, safetensors' ``load_file``,
+    ``from_numpy`` of a ``np.memmap``, ``frombuffer``, ``from_dlpack``) is looked up in the
+    process's file mappings, once per storage allocation."""
+    if st.resizable():
+        return False
+    start = st.data_ptr()
+    if not start:
+        return False
+    nbytes = st.nbytes()
+    cdata = st._cdata
+    hit = _mapped_seen.get(cdata)
+    if hit is not None and hit[1] == start and hit[2] == nbytes and not hit[0].expired():
+        return hit[3]
+    out = _in_file_mapping(start, start + max(nbytes, 1))
+    if len(_mapped_seen) >= _MAPPED_MAX:
+        for k in [k for k, v in _mapped_seen.items() if v[0].expired()]:
+            del _mapped_seen[k]
+        if len(_mapped_seen) >= _MAPPED_MAX:
+            _mapped_seen.clear()
+    _mapped_seen[cdata] = (StorageWeakRef(st), start, nbytes, out)  # type: ignore[no-untyped-call]
+    return out
+
+
+#: storage address -> (weak reference, data pointer, nbytes, in a file mapping): a storage
+#: allocation's answer (an entry counts only while its storage lives at that pointer and size)
+_mapped_seen: dict[int, tuple[Any, int, int, bool]] = {}
+_MAPPED_MAX = 1024
+
+
+def _in_file_mapping(start: int, end: int) -> bool:
+    """Whether ``[start, end)`` overlaps a mapping backed by a file (``/proc/self/map_files``
+    lists exactly those, shared anonymous memory included; ``/proc/self/maps`` where that
+    cannot be listed). Without either (not Linux) every memory torch did not allocate counts
+    as mapped: validated whenever asked, never trusted from a cache."""
+    try:
+        names = os.listdir("/proc/self/map_files")
+    except OSError:
+        names = None
+    if names is not None:
+        for name in names:
+            lo, _, hi = name.partition("-")
+            if int(lo, 16) < end and start < int(hi, 16):
+                return True
+        return False
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return True
+    for line in lines:
+        parts = line.split(None, 5)
+        if len(parts) >= 5 and parts[4] != b"0":  # an inode: a file (or shared memory)
+            low, _, high = parts[0].partition(b"-")
+            if int(low, 16) < end and start < int(high, 16):
+                return True
+    return False
+
+
+def file_mapped(tensors: Iterable[torch.Tensor]) -> bool:
+    """Whether the memory of one of ``tensors`` lies in a file mapping (not shared memory a
+    process set up: :func:`foreign` says that): where safesparse takes such index members it
+    works on its own copy of them (SPEC 4)."""
+    for x in tensors:
+        st = x.untyped_storage()
+        if not st.is_shared() and _mapped_storage(st):
+            return True
+    return False
 
 
 def _foreign(m: torch.Tensor) -> bool:

@@ -33,6 +33,7 @@ from ..catalog.invariants import SPARSE_LAYOUTS
 from ..engine.validation import validate_tensor
 from ..state import checked
 from ..state.checked import Record, holds
+from .adopt import copyable, own_indices
 from .fastpath import FAST, MISS
 from .optable import INDEX_ACCESSORS, INSPECTION, Classifier, OpEntry, OpKind, _mutates, op_name
 
@@ -435,14 +436,17 @@ _ATTEMPTS = 3
 
 
 @not_traced
-def validate(t: torch.Tensor) -> SafeSparseTensor:
+def validate(t: torch.Tensor, *, copy_indices: bool = True) -> SafeSparseTensor:
     """Validate ``t`` and return it as a checked :class:`SafeSparseTensor`.
 
     The way to adopt a sparse tensor built elsewhere (by torch, a library, a file), or to
-    re-check one whose checked state was lost. A plain torch tensor is wrapped (the result
-    shares its storage and autograd graph; no copy); a ``SafeSparseTensor`` is checked in
-    place and returned itself. A tensor that is already checked is not validated again
-    (outside debug mode), so calling ``validate`` defensively costs nothing.
+    re-check one whose checked state was lost. A plain torch tensor is adopted on a copy of its
+    index members (the result shares ``t``'s values and autograd graph): torch keeps the index
+    tensors ``t`` was built from as its members (your ``col``, a view of an ``edge_index``), and
+    their writes bump counters safesparse cannot see, so the result is built on memory only it
+    can write. A ``SafeSparseTensor`` is checked in place and returned itself. A tensor that is
+    already checked is not validated again (outside debug mode), so calling ``validate``
+    defensively costs nothing.
 
     For a module parameter, validate the *detached* tensor and wrap it:
     ``layer.weight = nn.Parameter(ss.validate(layer.weight.detach()))`` (see docs/models.md).
@@ -450,10 +454,16 @@ def validate(t: torch.Tensor) -> SafeSparseTensor:
     Args:
         t: a sparse tensor of any layout (COO, CSR, CSC, BSR, BSC), plain or
             ``SafeSparseTensor``, on any device.
+        copy_indices: ``False`` adopts a plain ``t`` without copying its index members (the
+            result shares all of ``t``'s storage). You then state that nothing but ``t`` and
+            what safesparse hands out writes them: a write through the index tensors ``t`` was
+            built from is not seen, and leaves the result reporting checked over the written
+            data (docs/ops.md, Limitations). Index memory that cannot be watched at all (a file
+            mapping, shared memory, inference tensors) is then validated whenever asked.
 
     Returns:
-        The checked ``SafeSparseTensor``: ``t`` itself if it is one, else a wrapper sharing
-        ``t``'s storage.
+        The checked ``SafeSparseTensor``: ``t`` itself if it is one, else a new tensor sharing
+        ``t``'s values (and, with ``copy_indices=False``, its index storage).
 
     Raises:
         InvariantError: ``t`` breaks an invariant; ``str(err)`` names it and where.
@@ -479,9 +489,19 @@ def validate(t: torch.Tensor) -> SafeSparseTensor:
             return t  # type: ignore[return-value]
         if isinstance(t, SafeSparseTensor):
             out, watched = t, True
+        elif copy_indices and copyable(t):
+            # index members of its own (SPEC 4): only out's counter can write them
+            out, watched = retype(own_indices(t)), True
+            checked.fresh(out)
         else:
-            out, watched = wrap(t), False
-            checked.hand_out(out, t)  # t shares out's counter, and may outlive it
+            if copy_indices:  # (members torch's checker refuses as laid out: validated as
+                validate_into(wrap(t), debug, watched=False)  # they are, then copied)
+                out = retype(own_indices(t))
+                watched = True
+                checked.fresh(out)
+            else:
+                out, watched = wrap(t), False
+                checked.hand_out(out, t)  # t shares out's counter, and may outlive it
         validate_into(out, debug, watched=watched)
     return out
 
@@ -580,31 +600,17 @@ def guard(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
     return safe and not plain
 
 
-#: Plain sparse tensors the guard validated -> the SafeSparseTensor kept for each (sharing its
-#: members and counter; not in the tensor's ``__dict__``, which torch would pickle).
-_guarded = checked.Tags()
-
-
 def _guard_plain(func: Callable[..., Any], name: str, x: torch.Tensor) -> None:
-    """A plain sparse argument: validated once, remembered through a SafeSparseTensor kept on
-    ``x`` (sharing its members and counter) while ``x``'s members are the ones validated."""
-    seen = _guarded.get(x)
-    if seen is not None:
-        # x's members now are the ones validated (the same views of the same memory, for the
-        # same geometry), and that proof holds (checked.proves)
-        rec = checked.record(seen)
-        m0, m1 = checked.plain_members(x)
-        if (rec is not None and seen.shape == x.shape and seen.layout == x.layout
-                and checked.proves(rec, m0, m1, (geometry_of(x),))):
-            checked.count("skipped")
-            return
-    out = wrap(x)
-    checked.hand_out(out, x)  # x shares out's counter, and may outlive it
+    """A plain sparse argument: validated now, every time (nothing is remembered). Its members
+    may be index tensors the caller holds, which torch kept as they are, each with a version
+    counter no public API reaches from ``x`` (docs/ops.md): a write through one of them bumps
+    nothing safesparse can see, so no earlier validation of ``x`` can be trusted (SPEC 4,
+    ``ss.validate``). Adopt it (``ss.validate``, the safe factories) to validate it once."""
     try:
-        validate_into(out, False, watched=False)
+        validate_tensor(x)
     except InvariantError as err:
         raise err.with_context(op=f"{op_name(func)}, argument {name}") from None
-    _guarded.set(x, out)
+    checked.count("validations")
 
 
 def _inputs_checked(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

@@ -34,7 +34,7 @@ import torch
 
 from ..base.debug_flag import is_debug
 from ..engine.metadata import _UNSUPPORTED_VALUE_DTYPES, SUPPORTED_DEVICE_TYPES
-from ..state.checked import Record, born, holds
+from ..state.checked import Record, attach, born, holds
 from .optable import VALUES_ONLY
 
 __all__ = ["FAST", "MISS", "Fallback", "Handler"]
@@ -105,7 +105,7 @@ def _born(cls: type, a: Any, r: Record, ret: Any, move: bool, func: Callable[...
     if rec is None:
         return fallback(func, args, ret)
     ret.__class__ = cls
-    ret.__dict__["_ss"] = rec
+    attach(ret, rec)
     return ret
 
 
@@ -181,7 +181,7 @@ def _view(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ...]
     if type(ret) is not T or ret.layout is not _SWAPPED[lay] or ret._base is not a:
         return MISS
     ret.__class__ = cls
-    ret.__dict__["_ss"] = r
+    attach(ret, r)
     return ret
 
 
@@ -198,7 +198,7 @@ def _detach(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ..
     if type(ret) is not T:
         return fallback(func, args, ret)
     ret.__class__ = cls
-    ret.__dict__["_ss"] = r
+    attach(ret, r)
     return ret
 
 

@@ -372,16 +372,25 @@ def test_requires_grad_leaf_receives_grad_like_torch() -> None:
 
 
 @LAYOUT_PARAMS
-def test_validate_adopts_a_torch_tensor_without_copy(layout: torch.layout) -> None:
+def test_validate_adopts_a_torch_tensor_on_its_own_index_members(layout: torch.layout) -> None:
+    """SPEC 4: the index members are copied (values shared); ``copy_indices=False`` shares
+    them too."""
     plain = _example(layout, batch=() if layout == COO else (2,))
     assert not ss.is_checked(plain)
     t = ss.validate(plain)
     assert type(t) is ss.SafeSparseTensor
     assert ss.is_checked(t)
-    for ours, theirs in zip(_members(t), _members(plain), strict=True):
-        assert ours.data_ptr() == theirs.data_ptr()
+    *index, values = _members(t)
+    *theirs_index, theirs_values = _members(plain)
+    for ours, theirs in zip(index, theirs_index, strict=True):
+        assert ours.data_ptr() != theirs.data_ptr() and torch.equal(ours, theirs)
+        assert ours.stride() == theirs.stride()
+    assert values.data_ptr() == theirs_values.data_ptr()
     assert torch.equal(t.to_dense(), plain.to_dense())
     assert ss.stats().validations == 1
+    shared = ss.validate(plain, copy_indices=False)
+    for ours, theirs in zip(_members(shared), _members(plain), strict=True):
+        assert ours.data_ptr() == theirs.data_ptr()
 
 
 def test_validate_of_a_checked_tensor_is_free() -> None:

@@ -257,7 +257,8 @@ def test_a_first_validation_meets_a_later_adoption_of_its_memory() -> None:
     crow, col = torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 2])
     t = _csr_on(crow, col)  # private: no state yet
     plain = torch.sparse_csr_tensor(crow, col, torch.ones(3), (3, 3), check_invariants=False)
-    adopted = ss.validate(plain)  # a lookup of that memory: t is registered first
+    # a lookup of that memory (an adoption sharing it): t is registered first
+    adopted = ss.validate(plain, copy_indices=False)
     adopted.col_indices()[0] = 2  # still valid data, but written: t must be unchecked
     assert not ss.is_checked(t)
     assert ss.is_checked(ss.validate(t))
@@ -338,7 +339,7 @@ def test_a_build_racing_with_a_first_validation_on_the_same_memory(
             other.append(_csr_on(c2, p2))
         else:  # an adoption: ss.validate of a plain tensor on that memory
             plain = torch.sparse_csr_tensor(c2, p2, torch.ones(3), (3, 3), check_invariants=False)
-            other.append(ss.validate(plain))
+            other.append(ss.validate(plain, copy_indices=False))
 
     errors = _while_validating(monkeypatch, build_second)
     first = _csr_on(torch.from_numpy(crow), torch.from_numpy(col))

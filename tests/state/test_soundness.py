@@ -59,7 +59,8 @@ def test_valid_plain_operand_gives_a_validated_or_unchecked_result() -> None:
     ss.reset_stats()
     # torch built new indices: the result is validated (not trusted from the plain input)
     assert ss.is_checked(a + p) and ss.is_checked(p + a)
-    assert ss.stats().validations == 3  # p once (the guard), then each sum
+    # p at each use (the guard remembers no plain operand: docs/ops.md), then each sum
+    assert ss.stats().validations == 4
 
 
 PLAIN_OPERAND_CRASH = CHILDREN.add("plain operand crash", """
@@ -439,14 +440,18 @@ def test_member_reshaped_in_place_gives_the_invariant_id(member: str, layout: st
     one in place (``unsqueeze_``) changes the member dims of a plain tensor built on it, and
     of its adoption. The next op names the broken id; it used to fail with an IndexError while
     reading the tensor's geometry. A safe factory's tensor is built on detached aliases: the
-    same reshape leaves it whole (validated again, still valid)."""
+    same reshape leaves it whole (validated again, still valid), and so does the default
+    adoption, which works on its own copy of the index members."""
     crow, col = torch.tensor([0, 1, 2]), torch.tensor([0, 1])
     build = torch.sparse_csr_tensor if layout == "csr" else torch.sparse_bsr_tensor
     values = torch.ones(2) if layout == "csr" else torch.ones(2, 1, 1)
     safe = (ss.sparse_csr_tensor if layout == "csr" else ss.sparse_bsr_tensor)(
         crow, col, values, (2, 2))
-    t = ss.validate(build(crow, col, values, (2, 2), check_invariants=False))
+    owned = ss.validate(build(crow, col, values, (2, 2), check_invariants=False))
+    t = ss.validate(build(crow, col, values, (2, 2), check_invariants=False),
+                    copy_indices=False)
     (crow if member == "compressed" else col).unsqueeze_(0)
+    assert ss.is_checked(owned) and torch.equal((owned * 2).to_dense(), 2 * torch.eye(2))
     assert not ss.is_checked(t)
     with pytest.raises(ss.InvariantError) as info:
         t * 2

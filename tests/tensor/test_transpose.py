@@ -221,7 +221,8 @@ def test_transposed_results_keep_working(
     ss.reset_stats()
     plain = ss.unwrap(r)
     assert type(plain) is torch.Tensor
-    v = ss.validate(plain)
+    # (sharing r's index memory: its validation proves r's view again, which the rest uses)
+    v = ss.validate(plain, copy_indices=False)
     assert ss.stats().validations == 1
     assert torch.equal(v.to_dense(), expected)
 

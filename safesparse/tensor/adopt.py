@@ -1,0 +1,73 @@
+"""Adoption of a plain sparse tensor on index members of its own (``ss.validate``, SPEC 4).
+
+torch keeps the index tensors a plain sparse tensor was built from as its members (the caller's
+``col``, a view of a PyG ``edge_index``), each with a version counter of its own that no public
+API reaches from the sparse tensor, and a file mapping can be rewritten by another process:
+safesparse cannot watch such memory. So adoption copies the index members (values stay shared)
+and validates the copy, which nothing but the adopted tensor can write.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._C import DisableTorchFunctionSubclass
+
+from ..base import originals as _originals
+
+__all__ = ["copyable", "own_indices"]
+
+_COO = torch.sparse_coo
+_ROW = (torch.sparse_csr, torch.sparse_bsr)
+
+
+def _members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    if t.layout is _COO:
+        return (t._indices(),)
+    if t.layout in _ROW:
+        return t.crow_indices(), t.col_indices()
+    return t.ccol_indices(), t.row_indices()
+
+
+def copyable(t: torch.Tensor) -> bool:
+    """Whether ``t``'s index members can be copied as they are (contiguous: a copy keeps every
+    stride, so validating it says what validating them would)."""
+    with DisableTorchFunctionSubclass():
+        return all(m.is_contiguous() for m in _members(t))
+
+
+def _build(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor like ``t`` on copies of its index members and ``t``'s own values."""
+    if t.layout is _COO:
+        return _originals.sparse_coo_tensor(
+            t._indices().clone(), t._values(), t.shape, check_invariants=False,
+            is_coalesced=t.is_coalesced())
+    c, p = _members(t)
+    return _originals.sparse_compressed_tensor(c.clone(), p.clone(), t.values(), t.shape,
+                                               layout=t.layout, check_invariants=False)
+
+
+class ToSafeSparseTensor(torch.autograd.Function):
+    """Identity from a plain sparse tensor to one on copies of its index members, keeping the
+    graph (the gradient flows back to the adopted tensor; named as core.ToSafeSparseTensor,
+    what an adoption's grad_fn is called either way)."""
+
+    @staticmethod
+    def forward(ctx: Any, plain: torch.Tensor) -> torch.Tensor:
+        ctx.set_materialize_grads(False)
+        return _build(plain.detach())
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor | None) -> torch.Tensor | None:
+        return grad
+
+
+def own_indices(t: torch.Tensor) -> torch.Tensor:
+    """A new plain tensor sharing ``t``'s values (and its autograd graph) on copies of ``t``'s
+    index members, which only the new tensor holds."""
+    with DisableTorchFunctionSubclass():
+        if t.requires_grad:
+            out: torch.Tensor = ToSafeSparseTensor.apply(t)  # type: ignore[no-untyped-call]
+            return out
+        return _build(t)
