@@ -13,13 +13,14 @@ from typing import Any
 
 import torch
 
+from ..base.layouts import BLOCK_LAYOUTS
+
 __all__ = ["EXTRA_TAG", "geometry_tensor", "parse_geometry"]
 
 EXTRA_TAG = 0x5353
 _VERSION = 1
 _CODES = {torch.sparse_csr: 0, torch.sparse_csc: 1, torch.sparse_bsr: 2, torch.sparse_bsc: 3}
 _BY_CODE = {code: layout for layout, code in _CODES.items()}
-_BLOCK = (torch.sparse_bsr, torch.sparse_bsc)
 
 
 def geometry_tensor(layout: torch.layout, shape: tuple[int, int],
@@ -40,7 +41,7 @@ def parse_geometry(t: Any) -> tuple[torch.layout, tuple[int, int], tuple[int, in
     tag, version, code, rows, cols, r, c = (int(v) for v in t.tolist())
     layout = _BY_CODE.get(code)
     if tag != EXTRA_TAG or version != _VERSION or layout is None or min(rows, cols) < 0 \
-            or r < 1 or c < 1 or (layout not in _BLOCK and (r, c) != (1, 1)):
+            or r < 1 or c < 1 or (layout not in BLOCK_LAYOUTS and (r, c) != (1, 1)):
         raise ValueError(f"the extra state {t.tolist()} is not a safesparse.nn geometry "
                          "(tag 0x5353, version 1, layout 0..3, sizes >= 0, blocks >= 1)")
-    return layout, (rows, cols), ((r, c) if layout in _BLOCK else None)
+    return layout, (rows, cols), ((r, c) if layout in BLOCK_LAYOUTS else None)
