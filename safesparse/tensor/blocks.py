@@ -184,7 +184,7 @@ def _takes(a: torch.Tensor, x: torch.Tensor) -> bool:
     this route computes on."""
     return (_is_checked(a) and a.dense_dim() == 0 and x.dtype == a.dtype
             and x.device == a.device and a.dtype in _DTYPES
-            and (a.device.type != "cpu" or a.dtype in _CPU_DTYPES or a.dim() == 2))
+            and (a.device.type != "cpu" or a.dtype in _CPU_DTYPES or _kernels_cover(a)))
 
 
 def _fits(a: torch.Tensor, x: torch.Tensor, sparse_left: bool, matmul: bool) -> bool:
@@ -479,7 +479,8 @@ def _pattern(a: torch.Tensor) -> _Pattern:
     return found
 
 
-#: Blocks of fewer elements get their values' gradient from the element CSR route
+#: Blocks of fewer elements get their values' gradient (float32 / float64; the half types
+#: have no CPU ``sampled_addmm``) from the element CSR route
 #: (:meth:`Structure.block_grad` / ``sampled_addmm``), not from the kernels: with the
 #: torch-op kernels the values gradient of small blocks costs 3-15x more (one thread, CPU
 #: time, 5 % of blocks, / dense forward: 2048 x 2048, K 64: 2 x 2 0.66 against 0.16, 4 x 4
@@ -538,7 +539,7 @@ def _kernel_product(a: torch.Tensor, x: torch.Tensor, *, batch_major: bool,
     values, target = _operands(a)
     pattern = _pattern(a)
     old = None
-    if (torch.is_grad_enabled() and values.requires_grad
+    if (torch.is_grad_enabled() and values.requires_grad and values.dtype in _CPU_DTYPES
             and pattern.r * pattern.c < _KERNEL_GRAD_FROM):
         old = structure(a, True, True)
     y: torch.Tensor = _KernelProduct.apply(  # type: ignore[no-untyped-call]

@@ -143,7 +143,7 @@ class Side:
 def _coordinates(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """Where each stored block (element, for CSR/CSC) of the compressed tensor ``t`` sits, in
     stored order: its block row and block column within its batch (int64, flat over the
-    batches), the number of batches and the stored blocks per batch."""
+    batches, new tensors), the number of batches and the stored blocks per batch."""
     row = t.layout in ROW_LAYOUTS
     compressed = t.crow_indices() if row else t.ccol_indices()
     plain = t.col_indices() if row else t.row_indices()
@@ -153,7 +153,9 @@ def _coordinates(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]
     lines = torch.repeat_interleave(
         torch.arange(compressed.shape[1] - 1, device=plain.device).repeat(n_batch),
         compressed.diff(dim=1).reshape(-1), output_size=n_batch * nnz)
-    across = plain.reshape(-1).long()
+    # a copy, never an alias of the member: a structure built on it is read by backward
+    # passes after the member may have been written
+    across = plain.reshape(-1).to(torch.long, copy=True)
     return (lines, across, n_batch, nnz) if row else (across, lines, n_batch, nnz)
 
 
