@@ -12,6 +12,7 @@ import torch
 __all__ = [
     "BLOCK_LAYOUTS",
     "BY_SHORT_NAME",
+    "BY_TORCH_NAME",
     "COLUMN_LAYOUTS",
     "COMPRESSED_LAYOUTS",
     "INDEX_MEMBERS",
@@ -20,6 +21,7 @@ __all__ = [
     "SHORT_NAMES",
     "SPARSE_LAYOUTS",
     "SWAPPED",
+    "TORCH_NAMES",
     "layout_name",
 ]
 
@@ -70,6 +72,13 @@ SHORT_NAMES: Final[dict[torch.layout, str]] = {
 }
 #: :data:`SHORT_NAMES` read backwards.
 BY_SHORT_NAME: Final[dict[str, torch.layout]] = {name: lay for lay, name in SHORT_NAMES.items()}
+#: torch's own names of the sparse layouts ("sparse_coo", "sparse_csr", ...: ``torch.<name>``),
+#: as files store them.
+TORCH_NAMES: Final[dict[torch.layout, str]] = {
+    layout: "sparse_" + SHORT_NAMES[layout] for layout in SPARSE_LAYOUTS
+}
+#: :data:`TORCH_NAMES` read backwards.
+BY_TORCH_NAME: Final[dict[str, torch.layout]] = {name: lay for lay, name in TORCH_NAMES.items()}
 
 
 def layout_name(layout: torch.layout) -> str:

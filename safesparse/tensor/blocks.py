@@ -213,7 +213,8 @@ def route(p: Product) -> BlockCall | None:
 
     Taken for ``mm`` / ``matmul`` / ``@`` / ``addmm`` / ``torch.sparse.mm`` /
     ``torch.sparse.addmm`` where one factor is a checked, non-hybrid BSR or BSC tensor and the
-    other a dense tensor of the same dtype and device (float32 / float64; half types off CPU),
+    other a dense tensor of the same dtype and device (float32 / float64; the half types too
+    off CPU and, on CPU, for 2-D tensors: :func:`_kernels_cover`),
     addmm's ``input`` dense; for ``F.linear`` a 2-D such weight, a dense input and a dense bias
     or none. ``out=`` and in-place forms are bound here too; writing the result is the
     caller's (:mod:`safesparse.tensor.ops`).
