@@ -260,10 +260,11 @@ def _torch_is_faster(a: torch.Tensor, x: torch.Tensor) -> bool:
     """torch's own kernel for ``a @ x`` where it has one and beats the block kernels
     (benchmarks/group_blocks.py): MKL's square-block BSR @ dense on CPU for blocks of
     ``_MKL_BLOCKS``, float32 / float64, when no gradient is needed."""
-    return (a.device.type == "cpu" and a.layout == torch.sparse_bsr
-            and a.dim() == 2 and x.dim() == 2 and a.dtype in _CPU_DTYPES
-            and a.values().shape[-1] == a.values().shape[-2]
-            and int(a.values().shape[-1]) in _MKL_BLOCKS
+    if not (a.layout == torch.sparse_bsr and a.device.type == "cpu" and a.dim() == 2
+            and x.dim() == 2 and a.dtype in _CPU_DTYPES):
+        return False
+    r, c = a.values().shape[-2:]
+    return (r == c and int(r) in _MKL_BLOCKS
             and not (torch.is_grad_enabled() and (a.requires_grad or x.requires_grad)))
 
 
@@ -467,12 +468,13 @@ class _Pattern:
         return kernels.matmul_grad_values(left, right, *args)
 
 
-def _pattern(a: torch.Tensor) -> _Pattern:
-    """``a``'s :class:`_Pattern`, kept with its index data's proof as :func:`structure`."""
+def _pattern(a: torch.Tensor, block: torch.Size | None = None) -> _Pattern:
+    """``a``'s :class:`_Pattern` (``block``: its block shape, when the caller has it), kept
+    with its index data's proof as :func:`structure`."""
     cache = checked.proof_cache(a)
     if cache is None:
         return _Pattern(a)
-    key = ("kernels", a.layout, a.shape, a.values().shape[-2:])
+    key = ("kernels", a.layout, a.shape, a.values().shape[-2:] if block is None else block)
     found = cache.get(key)
     if found is None:
         found = cache[key] = _Pattern(a)
@@ -538,9 +540,12 @@ def _kernel_product(a: torch.Tensor, x: torch.Tensor, *, batch_major: bool,
                     transpose: bool) -> torch.Tensor:
     """:class:`_KernelProduct` of the 2-D ``a`` and the 2-D ``x``."""
     values, target = _operands(a)
-    pattern = _pattern(a)
+    pattern = _pattern(a, values.shape[-2:])
+    grad = torch.is_grad_enabled()
+    if not (grad and (values.requires_grad or x.requires_grad or target is not None)):
+        return pattern.apply(values, x, batch_major, transpose)  # no graph: no Function
     old = None
-    if (torch.is_grad_enabled() and values.requires_grad and values.dtype in _CPU_DTYPES
+    if (grad and values.requires_grad and values.dtype in _CPU_DTYPES
             and pattern.r * pattern.c < _KERNEL_GRAD_FROM):
         old = structure(a, True, True)
     y: torch.Tensor = _KernelProduct.apply(  # type: ignore[no-untyped-call]
