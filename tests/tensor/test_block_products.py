@@ -879,3 +879,22 @@ def test_values_written_between_forward_and_backward_are_refused() -> None:
         values.mul_(2)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+@PARAMS
+def test_debug_mode_builds_the_kernel_pattern_afresh(layout: torch.layout) -> None:
+    """Debug mode trusts no remembered state: no pattern is kept, every call reads the
+    members it was given (after the guard validates them), and gradients still flow."""
+    a, dense = make(layout, (16, 16))
+    compressed, plain = members(a)
+    values = a.values().detach().clone().requires_grad_()
+    x = rand(dense.shape[1], 2).requires_grad_()
+    with ss.debug():
+        t = factory(layout)(compressed, plain, values, dense.shape)
+        assert blocks._pattern(t) is not blocks._pattern(t)
+        y = t @ x
+        assert_dense_result(y.detach(), dense @ x.detach(), torch.float64)
+        y.sum().backward()
+    assert values.grad is not None and x.grad is not None
+    torch.testing.assert_close(x.grad, dense.mT @ torch.ones(dense.shape[0], 2,
+                                                             dtype=torch.float64))
