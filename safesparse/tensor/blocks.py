@@ -9,9 +9,11 @@ operand. Here every such product is computed by one of two routes:
   ``safesparse.nn``'s operators (:mod:`safesparse.kernels.blocks`: ``matmul`` / ``linear`` and
   their gradients), through :class:`_KernelProduct` and the tensor's :class:`_Pattern` (a
   private copy of the checked index members and the other storage order, kept with the
-  proof); except the square-block BSR forward without a gradient where torch's MKL kernel is
-  faster (:data:`_MKL_BLOCKS`) and the values gradient of small blocks
-  (:data:`_KERNEL_GRAD_FROM`), which the element route below computes faster today.
+  proof). Where the kernels' torch-op implementation is measured slower: the square-block BSR
+  forward without a gradient takes torch's MKL kernel (:data:`_MKL_BLOCKS`), the values
+  gradient of small blocks the element route below (:data:`_KERNEL_GRAD_FROM`), and
+  batch-major products of small blocks (``F.linear``, ``x @ A``) the column-major kernel on
+  the transposes (:data:`_BATCH_MAJOR_FROM`). Native kernels may drop these exceptions.
 * batched tensors and other devices: torch's CSR kernels, which exist on every device, on
   the element CSR form of the block matrix (:mod:`safesparse.tensor.elements`, kept with the
   proof), through :class:`_BlockProduct`: the product with the transpose, and
