@@ -278,7 +278,7 @@ def block_product(call: BlockCall) -> torch.Tensor:
     """The dense result of ``call`` (its product, plus ``addmm``'s / ``linear``'s terms)."""
     a, x = call.a, call.x
     if call.form == "linear":  # x @ a^T, x flattened to (M, in)
-        x2 = x.reshape(-1, x.shape[-1])
+        x2 = x.reshape(x.shape[:-1].numel(), x.shape[-1])
         if _kernels_cover(a):
             y = _kernel_product(a, x2, batch_major=True, transpose=False)
         else:  # x @ a^T == (a @ x^T)^T
@@ -572,7 +572,8 @@ def _kernel_matmul(a: torch.Tensor, x: torch.Tensor, sparse_left: bool) -> torch
     batch-major (the rows of every batch of ``x`` one batch of rows)."""
     if not sparse_left:
         lead = x.shape[:-1]
-        y = _kernel_product(a, x.reshape(-1, x.shape[-1]), batch_major=True, transpose=True)
+        x2 = x.reshape(lead.numel(), x.shape[-1])  # (explicit: -1 is ambiguous for 0 elements)
+        y = _kernel_product(a, x2, batch_major=True, transpose=True)
         return y.reshape(*lead, a.shape[1])
     if x.dim() == 1:
         return _kernel_product(a, x.unsqueeze(1), batch_major=False, transpose=False).squeeze(1)

@@ -898,3 +898,26 @@ def test_debug_mode_builds_the_kernel_pattern_afresh(layout: torch.layout) -> No
     assert values.grad is not None and x.grad is not None
     torch.testing.assert_close(x.grad, dense.mT @ torch.ones(dense.shape[0], 2,
                                                              dtype=torch.float64))
+
+
+@ROUTES
+@PARAMS
+@pytest.mark.parametrize("shape", [(0, 6), (4, 0), (0, 0)], ids=str)
+def test_zero_size_matrices(route: str, layout: torch.layout, shape: tuple[int, int],
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Matrices with no rows or no columns, operands with no columns: every form gives the
+    empty (or zero) result of the dense product, and the gradient of the operand."""
+    _force(route, monkeypatch)
+    d = torch.zeros(*shape, dtype=torch.float64)
+    a = ss.validate(d.to_sparse_bsr((2, 3)) if layout == BSR else d.to_sparse_bsc((2, 3)))
+    m, n = shape
+    for k in (0, 3):
+        x = rand(n, k).requires_grad_()
+        y = a @ x
+        assert_dense_result(y.detach(), d @ x.detach(), torch.float64)
+        y.sum().backward()
+        assert x.grad is not None and torch.equal(x.grad, torch.zeros(n, k, dtype=torch.float64))
+        assert_dense_result(F.linear(rand(k, n), a), rand(k, n) @ d.mT, torch.float64)
+        assert_dense_result(F.linear(rand(2, k, n), a), rand(2, k, n) @ d.mT, torch.float64)
+        assert_dense_result(rand(k, m) @ a, rand(k, m) @ d, torch.float64)
+        assert_dense_result(rand(2, k, m) @ a, rand(2, k, m) @ d, torch.float64)
