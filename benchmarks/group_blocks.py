@@ -1,8 +1,11 @@
 """Group ``blocks``: BSR / BSC products with a dense operand, forward and backward.
 
-Side by side in one process: safesparse's block route (safesparse/tensor/blocks.py), torch's own BSR
-kernel where it has one (square blocks on CPU, forward only), and the dense matmul of the same
-matrix, on a 2048 x 2048 matrix with 5 % of its blocks stored, times a 2048 x 64 operand.
+Side by side in one process: safesparse's block route (safesparse/tensor/blocks.py: on CPU the
+kernels of safesparse.nn's operators, safesparse/kernels/blocks.py), torch's own BSR kernel
+where it has one (square blocks on CPU, forward only), and the dense matmul of the same
+matrix, on a 2048 x 2048 matrix with 5 % of its blocks stored, times a 2048 x 64 operand; and
+issue 40's figure: ``A @ x`` of a checked BSR 16 x 32 / BSC 16 x 16 tensor, 1024 x 1024 at
+5 %, x 1024 x 256, against the dense matmul and against the kernel called on the members.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ TARGETS = [
      "dense matmul of the same matrix", 0.5, "x"),
     ("blocks.backward_vs_dense", "BSR and BSC @ x, backward (values and x): safesparse / dense "
      "backward", 1.0, "x"),
+    ("blocks.engine_forward", "`A @ x` of a checked BSR 16 x 32 / BSC 16 x 16 tensor, 1024 x "
+     "1024 at 5 % of blocks, x 1024 x 256: safesparse / dense matmul (issue 40)", 0.12, "x"),
 ]
 
 COLUMNS = [
@@ -52,7 +57,10 @@ COLUMNS = [
 SIZE, QUICK_SIZE = 2048, 512
 DENSITY = 0.05
 K = 64
-BLOCKS = [(2, 2), (4, 4), (2, 3), (3, 2), (1, 4)]
+BLOCKS = [(2, 2), (4, 4), (2, 3), (3, 2), (1, 4), (16, 16)]
+#: issue 40's figure: (layout, block), size, operand columns
+ENGINE_CASES = [(torch.sparse_bsr, (16, 32)), (torch.sparse_bsc, (16, 16))]
+ENGINE_SIZE, ENGINE_K = 1024, 256
 
 
 @register("blocks", "BSR / BSC @ dense, forward and backward: vs torch's BSR kernel (square "
@@ -72,6 +80,10 @@ def bench_blocks(cfg: Config) -> list[Table]:
             for layout in (torch.sparse_bsr, torch.sparse_bsc):
                 _rows(table, cfg, ss, blocks, layout, block, n, gen)
                 gc.collect()
+        for layout, block in ENGINE_CASES:
+            _engine_row(table, cfg, ss, layout, block, n // 2 if cfg.quick else ENGINE_SIZE,
+                        gen)
+            gc.collect()
     table.notes += [
         "safesparse: `a @ x` on a checked SafeSparseTensor; on CPU, square-block BSR without "
         + "a gradient takes torch's MKL kernel when it is the faster (row `forward, route "
@@ -81,6 +93,10 @@ def bench_blocks(cfg: Config) -> list[Table]:
         + "ss.sparse_bs*_tensor from values that require grad) and x; dense: w.r.t. the dense "
         + "matrix and x. The forward graph is built once, outside the timing.",
         "Rows with blocks of 3 use 2046 (a multiple of 3) for that side. float32.",
+        f"Rows `forward (issue 40)`: {ENGINE_SIZE} x {ENGINE_SIZE} at 5 % of blocks, x "
+        + f"{ENGINE_SIZE} x {ENGINE_K}; row `kernel on members`: "
+        + "safesparse.kernels.blocks.matmul called on the members (the route's own cost is "
+        + "the difference).",
     ]
     return [table]
 
@@ -147,6 +163,32 @@ def _rows(table: Table, cfg: Config, ss: ModuleType, blocks: ModuleType | None,
     tb = measure(bwd, cfg, f"blocks {name} {label} backward")
     _add(table, name, label, "backward", nnz, tb["ss"], "dense backward", tb["dense"],
          "blocks.backward_vs_dense", tb.max_spread())
+
+
+def _engine_row(table: Table, cfg: Config, ss: ModuleType, layout: torch.layout,
+                block: tuple[int, int], n: int, gen: torch.Generator) -> None:
+    kernels = load_safesparse("kernels.blocks")
+    r, c = block
+    mask = torch.rand(n // r, n // c, generator=gen) < DENSITY
+    dense = torch.randn(n, n, generator=gen) * mask.repeat_interleave(r, 0).repeat_interleave(
+        c, 1)
+    bsr = layout == torch.sparse_bsr
+    plain = dense.to_sparse_bsr(block) if bsr else dense.to_sparse_bsc(block)
+    a = ss.validate(plain)
+    x = torch.randn(n, ENGINE_K, generator=gen)
+    members = ((plain.crow_indices(), plain.col_indices()) if bsr
+               else (plain.ccol_indices(), plain.row_indices()))
+    fns: dict[str, Callable[[], object]] = {"ss": lambda: a @ x, "dense": lambda: dense @ x}
+    if kernels is not None:
+        fns["kernel"] = lambda: kernels.matmul(layout, *members, plain.values(), n, n, x)
+    tm = measure(fns, cfg, f"blocks engine {layout} {r}x{c}")
+    name, label = ("BSR" if bsr else "BSC"), f"{r}x{c}"
+    nnz = plain.values().numel()
+    _add(table, name, label, "forward (issue 40)", nnz, tm["ss"], "dense matmul", tm["dense"],
+         "blocks.engine_forward", tm.max_spread())
+    if kernels is not None:
+        _add(table, name, label, "kernel on members", nnz, tm["kernel"], "dense matmul",
+             tm["dense"], None, tm.max_spread())
 
 
 def _add(table: Table, name: str, label: str, step: str, nnz: int, t_ss: Cell, baseline: str,

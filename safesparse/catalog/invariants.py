@@ -17,6 +17,8 @@ from typing import Final, Literal
 
 import torch
 
+from ..base.layouts import COMPRESSED_LAYOUTS, LAYOUT_NAMES, SPARSE_LAYOUTS, layout_name
+
 Family = Literal["compressed", "coo"]
 
 
@@ -272,24 +274,6 @@ class Catalog(dict[Family, dict[str, Invariant]]):
 
 CATALOG: Final[Catalog] = Catalog({"compressed": COMPRESSED, "coo": COO})
 
-COMPRESSED_LAYOUTS: Final[tuple[torch.layout, ...]] = (
-    torch.sparse_csr,
-    torch.sparse_csc,
-    torch.sparse_bsr,
-    torch.sparse_bsc,
-)
-SPARSE_LAYOUTS: Final[tuple[torch.layout, ...]] = (torch.sparse_coo, *COMPRESSED_LAYOUTS)
-
-LAYOUT_NAMES: Final[dict[torch.layout, str]] = {
-    torch.sparse_coo: "COO",
-    torch.sparse_csr: "CSR",
-    torch.sparse_csc: "CSC",
-    torch.sparse_bsr: "BSR",
-    torch.sparse_bsc: "BSC",
-    torch.strided: "strided",
-}
-
-
 def family_of(layout: torch.layout) -> Family:
     """The catalog family that governs ``layout``."""
     if layout == torch.sparse_coo:
@@ -302,10 +286,6 @@ def family_of(layout: torch.layout) -> Family:
 def lookup(layout: torch.layout, invariant_id: str) -> Invariant:
     """The catalog entry for ``invariant_id`` under ``layout`` (KeyError if unknown)."""
     return CATALOG[family_of(layout)][invariant_id]
-
-
-def layout_name(layout: torch.layout) -> str:
-    return LAYOUT_NAMES.get(layout, str(layout))
 
 
 #: The nouns of a compressed layout's plain words: (line, other, compressed member name).

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..base.layouts import BLOCK_LAYOUTS
 from .errors import InvariantError
 from .invariants import hint_for
 
@@ -28,7 +29,6 @@ EXTRA_TAG = 0x5353
 _VERSION = 1
 _CODES = {torch.sparse_csr: 0, torch.sparse_csc: 1, torch.sparse_bsr: 2, torch.sparse_bsc: 3}
 _BY_CODE = {code: layout for layout, code in _CODES.items()}
-_BLOCK = (torch.sparse_bsr, torch.sparse_bsc)
 #: A module's members in its state dict, beside ``_extra_state`` (the geometry).
 MEMBER_NAMES = ("compressed_indices", "plain_indices", "values")
 _PLAIN_IDS = frozenset({"1.2", "2.2", "3.3", "3.6", "3.9", "4.3", "5.4", "5.5", "5.6"})
@@ -58,10 +58,10 @@ def parse_geometry(t: Any) -> tuple[torch.layout, tuple[int, int], tuple[int, in
     tag, version, code, rows, cols, r, c = values
     layout = _BY_CODE.get(code)
     if tag != EXTRA_TAG or version != _VERSION or layout is None or min(rows, cols) < 0 \
-            or r < 1 or c < 1 or (layout not in _BLOCK and (r, c) != (1, 1)):
+            or r < 1 or c < 1 or (layout not in BLOCK_LAYOUTS and (r, c) != (1, 1)):
         raise ValueError(f"{values} is not [0x5353, 1, layout 0..3, rows >= 0, cols >= 0, "
                          "block rows >= 1, block cols >= 1] (blocks 1 x 1 for CSR / CSC)")
-    return layout, (rows, cols), ((r, c) if layout in _BLOCK else None)
+    return layout, (rows, cols), ((r, c) if layout in BLOCK_LAYOUTS else None)
 
 
 def member_of(error: InvariantError) -> str:
@@ -83,7 +83,7 @@ def values_disagree(layout: torch.layout, blocksize: tuple[int, int] | None,
     if not isinstance(values, torch.Tensor):
         return None
     shape = tuple(values.shape)
-    if layout in _BLOCK:
+    if layout in BLOCK_LAYOUTS:
         if values.dim() != 3:
             return InvariantError(layout, "3.4", f"the geometry says {_name(layout)} with "
                                   f"blocks of {blocksize}; values of shape {shape} have "

@@ -17,6 +17,7 @@ from typing import Final, NamedTuple
 
 import torch
 
+from ..base.layouts import ROW_LAYOUTS
 from ..catalog.errors import InvariantError
 from ..catalog.invariants import layout_name
 
@@ -93,7 +94,7 @@ LAYOUTS: Final[dict[torch.layout, LayoutInfo]] = {
 
 def compressed_members(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The (compressed, plain) index members of a torch compressed sparse tensor."""
-    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+    if t.layout in ROW_LAYOUTS:
         return t.crow_indices(), t.col_indices()
     return t.ccol_indices(), t.row_indices()
 

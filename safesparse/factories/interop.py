@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
+from ..base.layouts import ROW_LAYOUTS, SHORT_NAMES
 from ..catalog.invariants import layout_name
 from ..tensor.core import SafeSparseTensor, unwrap, validate
 from .core import (
@@ -209,11 +210,11 @@ def to_scipy(t: torch.Tensor, *, matrix: bool = False) -> Any:
             return out
         if plain.dim() != 2:
             raise ValueError(f"a batched {name} tensor (batch dims) has no SciPy equivalent")
-        if layout in (torch.sparse_csr, torch.sparse_bsr):
+        if layout in ROW_LAYOUTS:
             compressed, plain_idx = plain.crow_indices(), plain.col_indices()
         else:
             compressed, plain_idx = plain.ccol_indices(), plain.row_indices()
-        fmt = {torch.sparse_csr: "csr", torch.sparse_csc: "csc", torch.sparse_bsr: "bsr"}[layout]
+        fmt = SHORT_NAMES[layout]
         cls = getattr(sparse, f"{fmt}_{kind}")
         return cls(
             (_numpy(plain.values()), _numpy(plain_idx), _numpy(compressed)),

@@ -12,11 +12,12 @@ from collections.abc import Hashable, Sequence
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
+from ..base.layouts import BLOCK_LAYOUTS as _BLOCKED
+from ..base.layouts import ROW_LAYOUTS as _ROW_COMPRESSED
+
 __all__ = ["compressed_geometry", "coo_geometry", "geometry_of", "plain_members"]
 
 _COO = torch.sparse_coo
-_ROW_COMPRESSED = (torch.sparse_csr, torch.sparse_bsr)
-_BLOCKED = (torch.sparse_bsr, torch.sparse_bsc)
 
 
 def plain_members(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

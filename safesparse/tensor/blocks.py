@@ -3,28 +3,28 @@
 torch 2.13 multiplies a BSR tensor by a dense one on CPU only for square blocks (MKL), has no
 CPU kernel for BSC (so none for ``A.mT @ g``, the BSC view of a BSR ``A``, nor for
 ``F.linear(x, W)`` with a BSR ``W``) and none for the gradient with respect to the dense
-operand. Here every such product goes through torch's CSR kernels, which exist on every device:
+operand. Here every such product is computed by one of two routes:
 
-A block matrix with blocks ``(r, c)`` is a CSR matrix of its elements: row ``R * r + i`` holds
-line ``i`` of every block of block row ``R``, in block-column order. Its index data follows
-from the block index data (no per-element search), its values are the block values gathered
-in that order (one ``index_select`` through a precomputed permutation): :class:`_Side`. One
-``torch.mm`` of that CSR matrix with the dense operand is the block product, rows in order.
+* 2-D tensors on CPU (any block shape, float32 / float64 / float16 / bfloat16): the kernels of
+  ``safesparse.nn``'s operators (:mod:`safesparse.kernels.blocks`: ``matmul`` / ``linear`` and
+  their gradients), through :class:`_KernelProduct` and the tensor's :class:`_Pattern` (a
+  private copy of the checked index members and the other storage order, kept with the
+  proof). Where the kernels' torch-op implementation is measured slower: the square-block BSR
+  forward without a gradient takes torch's MKL kernel (:data:`_MKL_BLOCKS`), the values
+  gradient of small blocks the element route below (:data:`_KERNEL_GRAD_FROM`), and
+  batch-major products of small blocks (``F.linear``, ``x @ A``) the column-major kernel on
+  the transposes (:data:`_BATCH_MAJOR_FROM`). Native kernels may drop these exceptions.
+* batched tensors and other devices: torch's CSR kernels, which exist on every device, on
+  the element CSR form of the block matrix (:mod:`safesparse.tensor.elements`, kept with the
+  proof), through :class:`_BlockProduct`: the product with the transpose, and
+  ``sampled_addmm`` on the same element pattern (or one ``bmm`` for large blocks) for the
+  values.
 
-Reading the blocks by block row needs them sorted by block row: free for a BSR tensor, one
-stable sort for a BSC tensor (or for the transpose of a BSR tensor). That structure depends
-on the index data alone and is kept with its proof (:func:`structure`, through
-:func:`safesparse.state.checked.proof_cache`): built once per index state, dropped whenever the
-state drops, so a write through any alias of the indices is never read through a stale one.
-
-Autograd (:class:`_BlockProduct`): the gradient with respect to the dense operand is the product
-with the transpose (the same index data read the other way), the gradient with respect to the
-values is ``torch.sparse.sampled_addmm`` on the same element pattern: per-block products of the
-output gradient and the dense operand, never a densified copy of the sparse tensor.
-
-Which calls take this route: :func:`route`, on the arguments bound by name
-(:func:`safesparse.tensor.binding.bind`); the product functions are registered in
-:mod:`safesparse.tensor.ops`, which also writes ``out=`` and in-place results.
+Only checked tensors reach either route (:func:`route`, under the ``SafeSparseTensor`` guard);
+the kernels are pure functions over the members. Which calls take the block route:
+:func:`route`, on the arguments bound by name (:func:`safesparse.tensor.binding.bind`); the
+product functions are registered in :mod:`safesparse.tensor.ops`, which also writes ``out=``
+and in-place results.
 """
 
 from __future__ import annotations
@@ -36,254 +36,18 @@ import torch
 import torch.nn.functional as F
 
 from ..base import originals as _originals
+from ..base.layouts import BLOCK_LAYOUTS
+from ..kernels import blocks as kernels
 from ..state import checked
 from .binding import Product, bind
 from .core import ToSafeSparseTensor, _is_checked, _ToPlain
+from .elements import _BMM_MIN, Structure, pattern_positions, structure
 
 T = torch.Tensor
-BLOCK_LAYOUTS = (torch.sparse_bsr, torch.sparse_bsc)
 #: dtypes with a CSR @ dense kernel on CPU (MKL); other devices take the half types too.
 _CPU_DTYPES = (torch.float32, torch.float64)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-
-# ---------------------------------------------------------------------------------------------
-# The block index structure, read either way
-
-
-def _flat(values: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """``values`` (nb, r, c) as a flat view of its memory and whether that memory holds the
-    blocks transposed (the values of a transposed view); a copy only when neither holds."""
-    if values.is_contiguous():
-        return values.view(-1), False
-    flipped = values.transpose(-2, -1)
-    if flipped.is_contiguous():
-        return flipped.reshape(-1), True
-    return values.contiguous().view(-1), False
-
-
-class _Side:
-    """One orientation of a block matrix as a CSR matrix of its elements (module docstring).
-
-    ``crow`` / ``col``: the element-wise CSR index data, rows in their natural order (row
-    ``R * r + i`` of the oriented matrix), columns ascending within a row; ``perm[p]``: the
-    flat position, in the block values read as (nb, r, c) in this side's orientation's source
-    order, of the element the CSR matrix stores at ``p`` (``values.reshape(-1)[perm]`` are the
-    CSR values). ``n_out`` / ``n_in``: output / input blocks; ``r`` / ``c``: the oriented block
-    shape; ``blocks_t``: whether the oriented blocks are the stored blocks transposed.
-    """
-
-    __slots__ = ("_inverse", "_perms", "blocks_t", "c", "col", "crow", "n_in", "n_out", "r")
-
-    def __init__(self, crow: torch.Tensor, col: torch.Tensor, perm: torch.Tensor,
-                 n_out: int, n_in: int, r: int, c: int, blocks_t: bool) -> None:
-        self.crow, self.col = crow, col
-        self._perms: dict[bool, torch.Tensor] = {False: perm}
-        self._inverse: torch.Tensor | None = None
-        self.n_out, self.n_in, self.r, self.c = n_out, n_in, r, c
-        self.blocks_t = blocks_t
-
-    @staticmethod
-    def build(out_idx: torch.Tensor, in_idx: torch.Tensor, n_out: int, n_in: int,
-              r: int, c: int, *, blocks_t: bool, is_sorted: bool) -> _Side:
-        """The element CSR data of blocks at (``out_idx``, ``in_idx``) of shape (r, c), in
-        ``in_idx`` order within each output block (ascending: the index data is checked)."""
-        n = out_idx.numel()
-        dev = out_idx.device
-        block = torch.arange(n, device=dev)
-        if not is_sorted:
-            block = torch.argsort(out_idx, stable=True)  # keeps in_idx ascending per output
-            out_idx, in_idx = out_idx[block], in_idx[block]
-        # where each output block's blocks start (searchsorted, unlike bincount, needs no
-        # device sync for its size)
-        starts = torch.searchsorted(out_idx, torch.arange(n_out + 1, device=dev,
-                                                          dtype=out_idx.dtype))
-        count = starts.diff()
-        total = r * n * c
-        small = max(total, c * n_in, r * n_out) < 2**31
-        index = torch.int32 if small else torch.long  # MKL / cuSPARSE take int32 as it is
-        crow = torch.empty(r * n_out + 1, dtype=torch.long, device=dev)
-        i = torch.arange(r, device=dev)
-        crow[:-1].view(n_out, r).copy_(starts[:-1, None] * (r * c) + i * (count[:, None] * c))
-        crow[-1] = total
-        # sorted block t of output block R, element (i, j): CSR position
-        # starts[R] r c + i count[R] c + (t - starts[R]) c + j
-        first = starts[out_idx]
-        base = first * (r * c) + (torch.arange(n, device=dev) - first) * c
-        j = torch.arange(c, device=dev)
-        pos = (base[:, None, None] + i[None, :, None] * (count[out_idx] * c)[:, None, None]
-               + j[None, None, :]).reshape(-1)
-        cols = (in_idx[:, None, None] * c + j[None, None, :]).expand(n, r, c).reshape(-1)
-        if blocks_t:  # oriented (i, j) is stored (j, i) of a block stored as (c, r)
-            src = block[:, None, None] * (r * c) + j[None, None, :] * r + i[None, :, None]
-        else:
-            src = block[:, None, None] * (r * c) + i[None, :, None] * c + j[None, None, :]
-        col = torch.empty(total, dtype=index, device=dev)
-        col[pos] = cols.to(index)
-        perm = torch.empty(total, dtype=index, device=dev)  # (int32: half the memory traffic)
-        perm[pos] = src.reshape(-1).to(index)
-        return _Side(crow.to(index), col, perm, n_out, n_in, r, c, blocks_t)
-
-    def perm(self, flipped: bool) -> torch.Tensor:
-        """``perm`` for values whose memory holds each block transposed (``flipped``)."""
-        p = self._perms.get(flipped)
-        if p is None:
-            # stored block (rs, cs): memory offset of (a, e) is a * cs + e, flipped e * rs + a
-            rs, cs = (self.c, self.r) if self.blocks_t else (self.r, self.c)
-            base = self._perms[False]
-            inner = base % (rs * cs)
-            p = base - inner + (inner % cs) * rs + inner // cs
-            self._perms[flipped] = p
-        return p
-
-    def inverse(self) -> torch.Tensor:
-        """Where each stored value (read as (nb, ., .), contiguous) sits in the CSR values."""
-        if self._inverse is None:
-            perm = self._perms[False]
-            inv = torch.empty_like(perm)
-            inv[perm.long()] = torch.arange(perm.numel(), dtype=perm.dtype, device=perm.device)
-            self._inverse = inv
-        return self._inverse
-
-    def matrix(self, values: torch.Tensor) -> torch.Tensor:
-        return _originals.sparse_csr_tensor(
-            self.crow, self.col, values, (self.r * self.n_out, self.c * self.n_in),
-            dtype=values.dtype, device=values.device, check_invariants=False)
-
-    def product(self, values: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """(the oriented matrix) @ ``x``, ``x`` of shape (n_in * c, k): (n_out * r, k).
-        ``values``: the stored block values (nb, ., .)."""
-        flat, flipped = _flat(values)
-        return torch.mm(self.matrix(flat.index_select(0, self.perm(flipped))), x)
-
-    def sampled(self, gy: torch.Tensor, x: torch.Tensor,
-                values_shape: torch.Size) -> torch.Tensor:
-        """The gradient of the stored values for ``y = product(values, x)``."""
-        pattern = self.matrix(gy.new_zeros(self.col.numel()))
-        s: torch.Tensor = torch.sparse.sampled_addmm(pattern, gy, x.mT, beta=0.0).values()
-        return s.index_select(0, self.inverse()).view(values_shape)
-
-
-def _coordinates(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """Where each stored block (element, for CSR/CSC) of the compressed tensor ``t`` sits, in
-    stored order: its block row and block column within its batch (int64, flat over the
-    batches), the number of batches and the stored blocks per batch."""
-    row = t.layout in (torch.sparse_csr, torch.sparse_bsr)
-    compressed = t.crow_indices() if row else t.ccol_indices()
-    plain = t.col_indices() if row else t.row_indices()
-    n_batch = compressed.numel() // compressed.shape[-1]
-    compressed, plain = compressed.reshape(n_batch, -1), plain.reshape(n_batch, -1)
-    nnz = plain.shape[1]
-    lines = torch.repeat_interleave(
-        torch.arange(compressed.shape[1] - 1, device=plain.device).repeat(n_batch),
-        compressed.diff(dim=1).reshape(-1), output_size=n_batch * nnz)
-    across = plain.reshape(-1).long()
-    return (lines, across, n_batch, nnz) if row else (across, lines, n_batch, nnz)
-
-
-class _Structure:
-    """A (batched) BSR or BSC tensor's block structure, both orientations built lazily.
-
-    Batches are one block matrix: output blocks ``b * n_rows + R`` when ``batch_rows`` (else
-    ``R``: the batches side by side), input blocks ``b * n_cols + C`` when ``batch_cols``.
-    Both for a batched operand (block-diagonal); only the side the operand does not share
-    when it is shared by every batch.
-    """
-
-    def __init__(self, a: torch.Tensor, batch_rows: bool, batch_cols: bool) -> None:
-        r, c = a.values().shape[-2:]
-        rows, cols, n_batch, nnzb = _coordinates(a)
-        n_rows, n_cols = a.shape[-2] // r, a.shape[-1] // c
-        dev = rows.device
-        batch_rows, batch_cols = (batch_rows or n_batch == 1), (batch_cols or n_batch == 1)
-        if n_batch > 1:
-            batch_of = torch.arange(n_batch, device=dev).repeat_interleave(nnzb)
-            rows = rows + batch_of * n_rows if batch_rows else rows
-            cols = cols + batch_of * n_cols if batch_cols else cols
-        self.rows, self.cols = rows, cols
-        self.n_rows = n_batch * n_rows if n_batch > 1 and batch_rows else n_rows
-        self.n_cols = n_batch * n_cols if n_batch > 1 and batch_cols else n_cols
-        self.r, self.c = int(r), int(c)
-        bsr = a.layout == torch.sparse_bsr
-        # the compressed side's blocks come in order, unless batches are put side by side
-        self.rows_sorted = bsr and batch_rows
-        self.cols_sorted = not bsr and batch_cols
-        self._sides: dict[bool, _Side] = {}
-
-    def block_grad(self, gy: torch.Tensor, x: torch.Tensor, transpose: bool) -> torch.Tensor:
-        """The gradient of the stored block values for ``y = op(A) @ x``, as one batched
-        product of the blocks' rows of the output gradient and of ``x`` (faster than
-        ``sampled_addmm`` for large blocks: see :data:`_BMM_MIN`)."""
-        k = gy.shape[1]
-        if transpose:  # y[C] += V_b^T x[R]: dV_b = x[R] gy[C]^T
-            left = x.reshape(self.n_rows, self.r, k).index_select(0, self.rows)
-            right = gy.reshape(self.n_cols, self.c, k).index_select(0, self.cols)
-        else:  # y[R] += V_b x[C]: dV_b = gy[R] x[C]^T
-            left = gy.reshape(self.n_rows, self.r, k).index_select(0, self.rows)
-            right = x.reshape(self.n_cols, self.c, k).index_select(0, self.cols)
-        return torch.bmm(left, right.mT)
-
-    def side(self, transpose: bool) -> _Side:
-        """``A`` (``transpose=False``) or ``A^T`` as an element CSR matrix."""
-        s = self._sides.get(transpose)
-        if s is None:
-            if transpose:
-                s = _Side.build(self.cols, self.rows, self.n_cols, self.n_rows, self.c, self.r,
-                                blocks_t=True, is_sorted=self.cols_sorted)
-            else:
-                s = _Side.build(self.rows, self.cols, self.n_rows, self.n_cols, self.r, self.c,
-                                blocks_t=False, is_sorted=self.rows_sorted)
-            self._sides[transpose] = s
-        return s
-
-
-def structure(a: torch.Tensor, batch_rows: bool, batch_cols: bool) -> _Structure:
-    """``a``'s block structure, kept with its index data's proof
-    (:func:`safesparse.state.checked.proof_cache`: dropped whenever that proof drops, shared by
-    every tensor on the same proven index data); built afresh when it cannot be kept."""
-    cache = checked.proof_cache(a)
-    if cache is None:
-        return _Structure(a, batch_rows, batch_cols)
-    key = ("blocks", a.layout, a.shape, a.values().shape[-2:], batch_rows, batch_cols)
-    found = cache.get(key)
-    if found is None:
-        found = cache[key] = _Structure(a, batch_rows, batch_cols)
-    assert isinstance(found, _Structure)
-    return found
-
-
-def pattern_positions(t: torch.Tensor) -> torch.Tensor:
-    """For a checked, non-hybrid compressed tensor ``t`` (CSR, CSC, BSR, BSC, batched or not):
-    the flat position in ``t``'s dense form (row-major, shape ``t.shape``) of every stored
-    value, shaped as ``t.values()``: ``dense.reshape(-1)[pattern_positions(t)]`` are
-    ``dense``'s entries at ``t``'s pattern, in ``t``'s values order. Kept with the index
-    data's proof, as :func:`structure`."""
-    cache = checked.proof_cache(t)
-    values_shape = t.values().shape
-    key = ("positions", t.layout, t.shape, values_shape)
-    found = None if cache is None else cache.get(key)
-    if found is not None:
-        assert isinstance(found, torch.Tensor)
-        return found
-    block = t.layout in BLOCK_LAYOUTS
-    r, c = (int(values_shape[-2]), int(values_shape[-1])) if block else (1, 1)
-    rows, cols, n_batch, nnz = _coordinates(t)
-    dev = rows.device
-    m, n = int(t.shape[-2]), int(t.shape[-1])
-    start = (torch.arange(n_batch, device=dev).repeat_interleave(nnz) * (m * n)
-             + rows * (r * n) + cols * c)
-    pos = (start[:, None, None] + torch.arange(r, device=dev)[None, :, None] * n
-           + torch.arange(c, device=dev)[None, None, :]).reshape(values_shape)
-    if cache is not None:
-        cache[key] = pos
-    return pos
-
-
-#: Blocks of at least this many elements get their values' gradient from one batched matmul
-#: (:meth:`_Structure.block_grad`) rather than ``sampled_addmm`` over the element pattern
-#: (CPU, torch 2.13, 64 columns: sampled_addmm ~1.1 ms whatever the blocks; bmm 0.65 ms for
-#: 16 x 16 blocks, 1.6 ms for 8 x 8, 2.7 ms for 4 x 4).
-_BMM_MIN = 144
 
 
 class _BlockProduct(torch.autograd.Function):
@@ -299,7 +63,7 @@ class _BlockProduct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, values: torch.Tensor, x: torch.Tensor, a: torch.Tensor | None,
-                structure: _Structure, transpose: bool) -> torch.Tensor:
+                structure: Structure, transpose: bool) -> torch.Tensor:
         ctx.structure, ctx.transpose = structure, transpose
         ctx.a_meta = None if a is None else _Meta.of(a)
         ctx.save_for_backward(values, x)
@@ -422,7 +186,7 @@ def _takes(a: torch.Tensor, x: torch.Tensor) -> bool:
     this route computes on."""
     return (_is_checked(a) and a.dense_dim() == 0 and x.dtype == a.dtype
             and x.device == a.device and a.dtype in _DTYPES
-            and (a.device.type != "cpu" or a.dtype in _CPU_DTYPES))
+            and (a.device.type != "cpu" or a.dtype in _CPU_DTYPES or _kernels_cover(a)))
 
 
 def _fits(a: torch.Tensor, x: torch.Tensor, sparse_left: bool, matmul: bool) -> bool:
@@ -451,7 +215,8 @@ def route(p: Product) -> BlockCall | None:
 
     Taken for ``mm`` / ``matmul`` / ``@`` / ``addmm`` / ``torch.sparse.mm`` /
     ``torch.sparse.addmm`` where one factor is a checked, non-hybrid BSR or BSC tensor and the
-    other a dense tensor of the same dtype and device (float32 / float64; half types off CPU),
+    other a dense tensor of the same dtype and device (float32 / float64; the half types too
+    off CPU and, on CPU, for 2-D tensors: :func:`_kernels_cover`),
     addmm's ``input`` dense; for ``F.linear`` a 2-D such weight, a dense input and a dense bias
     or none. ``out=`` and in-place forms are bound here too; writing the result is the
     caller's (:mod:`safesparse.tensor.ops`).
@@ -486,13 +251,22 @@ def block_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bloc
     return None if p is None else route(p)
 
 
+#: Square block sizes for which torch's MKL BSR kernel is the faster forward (no gradient):
+#: one thread, CPU time, 5 % of blocks, kernels / MKL: 2048 x 2048, K 64: 1 x 1 0.95, 2 x 2
+#: 0.99, 3 x 3 1.34, 4 x 4 1.61, 8 x 8 2.03, 12 x 12 1.06, 16 x 16 0.95; 1024 x 1024, K 256:
+#: 2 x 2 1.14, 4 x 4 1.41, 8 x 8 1.71, 16 x 16 0.61-0.98.
+_MKL_BLOCKS = frozenset(range(2, 16))
+
+
 def _torch_is_faster(a: torch.Tensor, x: torch.Tensor) -> bool:
-    """torch's own kernel for ``a @ x`` where it has one and beats this route
-    (benchmarks/group_blocks.py): MKL's square-block BSR @ dense on CPU, when no gradient
-    is needed."""
-    return (a.device.type == "cpu" and a.layout == torch.sparse_bsr
-            and a.dim() == 2 and x.dim() == 2
-            and a.values().shape[-1] == a.values().shape[-2]
+    """torch's own kernel for ``a @ x`` where it has one and beats the block kernels
+    (benchmarks/group_blocks.py): MKL's square-block BSR @ dense on CPU for blocks of
+    ``_MKL_BLOCKS``, float32 / float64, when no gradient is needed."""
+    if not (a.layout == torch.sparse_bsr and a.device.type == "cpu" and a.dim() == 2
+            and x.dim() == 2 and a.dtype in _CPU_DTYPES):
+        return False
+    r, c = a.values().shape[-2:]
+    return (r == c and int(r) in _MKL_BLOCKS
             and not (torch.is_grad_enabled() and (a.requires_grad or x.requires_grad)))
 
 
@@ -503,9 +277,13 @@ def _left(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def block_product(call: BlockCall) -> torch.Tensor:
     """The dense result of ``call`` (its product, plus ``addmm``'s / ``linear``'s terms)."""
     a, x = call.a, call.x
-    if call.form == "linear":  # x @ a^T == (a @ x^T)^T, x flattened to (M, in)
-        x2 = x.reshape(-1, x.shape[-1])
-        y = _left(a, x2.mT).mT.reshape(*x.shape[:-1], a.shape[0])
+    if call.form == "linear":  # x @ a^T, x flattened to (M, in)
+        x2 = x.reshape(x.shape[:-1].numel(), x.shape[-1])
+        if _kernels_cover(a):
+            y = _kernel_product(a, x2, batch_major=True, transpose=False)
+        else:  # x @ a^T == (a @ x^T)^T
+            y = _left(a, x2.mT).mT
+        y = y.reshape(*x.shape[:-1], a.shape[0])
         return y if call.bias is None else torch.add(y, call.bias)
     y = _left(a, x) if call.form == "left" else _product(a, x, False)
     if call.bias is None:
@@ -561,15 +339,23 @@ def _values_source(a: torch.Tensor) -> torch.Tensor | None:
     return None
 
 
-def _product(a: torch.Tensor, x: torch.Tensor, sparse_left: bool) -> torch.Tensor:
-    """``a @ x`` or ``x @ a`` with matmul's shapes, through :class:`_BlockProduct`."""
+def _operands(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the values the product reads, ``a`` itself where its gradient must be a strided one
+    (see :class:`_BlockProduct`), else None)."""
     grad = torch.is_grad_enabled() and a.requires_grad
     source = _values_source(a) if grad else None
     via_values = source is not None or (grad and _gradient_through_values(a))
     if source is None:
         source = a.values() if via_values else a.values().detach()
-    values = source
-    target = a if grad and not via_values else None
+    return source, (a if grad and not via_values else None)
+
+
+def _product(a: torch.Tensor, x: torch.Tensor, sparse_left: bool) -> torch.Tensor:
+    """``a @ x`` or ``x @ a`` with matmul's shapes: through the kernels where they cover
+    ``a`` (:func:`_kernel_matmul`), else through :class:`_BlockProduct`."""
+    if _kernels_cover(a):
+        return _kernel_matmul(a, x, sparse_left)
+    values, target = _operands(a)
     batch = a.shape[:-2]
     m, n = a.shape[-2:]
     if not sparse_left:  # x @ a == (a^T @ x^T)^T
@@ -605,10 +391,198 @@ def _product_left(a: torch.Tensor, target: torch.Tensor | None, values: torch.Te
 
 
 def _apply(values: torch.Tensor, x: torch.Tensor, target: torch.Tensor | None,
-           structure: _Structure, transpose: bool) -> torch.Tensor:
+           structure: Structure, transpose: bool) -> torch.Tensor:
     y: torch.Tensor = _BlockProduct.apply(  # type: ignore[no-untyped-call]
         values, x, target, structure, transpose)
     return y
+
+
+# ---------------------------------------------------------------------------------------------
+# 2-D products on CPU: the kernels of safesparse.nn's operators (safesparse.kernels.blocks)
+
+
+def _kernels_cover(a: torch.Tensor) -> bool:
+    """Whether the kernels compute products with ``a`` (a checked, non-hybrid BSR / BSC
+    tensor on the route): 2-D on CPU, any block shape, the four float dtypes. Batched tensors
+    and other devices take the element CSR route (:class:`_BlockProduct`)."""
+    return a.dim() == 2 and a.device.type == "cpu"
+
+
+class _Pattern:
+    """What the kernels read of a checked 2-D block tensor: its layout, a private copy of its
+    index members (so that a backward reads the data that was checked for the forward,
+    whatever is written later), its shape and block shape; kept with the proof
+    (:func:`_pattern`).
+
+    The kernels read a BSC tensor by block rows (``A @ x``, ``x @ A.T``) and a BSR tensor by
+    block columns (``A.T @ g``, ``g @ A``) by regrouping its blocks on every call (a stable
+    sort): :meth:`regrouped` is the same matrix stored the other way, built once, so that
+    every call passes the kernels the orientation they read without a sort."""
+
+    __slots__ = ("_other", "c", "compressed", "layout", "n_cols", "n_rows", "plain", "r")
+
+    def __init__(self, a: torch.Tensor) -> None:
+        bsr = a.layout == torch.sparse_bsr
+        self.layout = a.layout
+        self.compressed = (a.crow_indices() if bsr else a.ccol_indices()).clone()
+        self.plain = (a.col_indices() if bsr else a.row_indices()).clone()
+        self.n_rows, self.n_cols = int(a.shape[0]), int(a.shape[1])
+        self.r, self.c = (int(s) for s in a.values().shape[-2:])
+        self._other: tuple[torch.layout, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def regrouped(self) -> tuple[torch.layout, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(the other layout, its compressed and plain members, ``order``): the stored block
+        ``order[q]`` is the other layout's ``q``-th."""
+        if self._other is None:
+            bsr = self.layout == torch.sparse_bsr
+            plain = self.plain.long()
+            n_other = self.n_cols // self.c if bsr else self.n_rows // self.r
+            order = torch.argsort(plain, stable=True)
+            lines = torch.repeat_interleave(self.compressed.long().diff(),
+                                            output_size=plain.numel())
+            compressed = torch.zeros(n_other + 1, dtype=torch.long)
+            torch.cumsum(torch.bincount(plain, minlength=n_other), 0, out=compressed[1:])
+            other = torch.sparse_bsc if bsr else torch.sparse_bsr
+            self._other = (other, compressed, lines[order], order)
+        return self._other
+
+    def apply(self, values: torch.Tensor, operand: torch.Tensor, batch_major: bool,
+              transpose: bool) -> torch.Tensor:
+        """``op(A) @ operand`` (``operand`` (n_in, N)) or, ``batch_major``, ``operand @
+        op(A).T`` (``operand`` (N, n_in)); ``op(A)`` is ``A`` or, ``transpose``, ``A.T``."""
+        layout, compressed, plain = self.layout, self.compressed, self.plain
+        if (layout == torch.sparse_bsr) == transpose and plain.numel() > 0:
+            layout, compressed, plain, order = self.regrouped()
+            values = values.index_select(0, order)
+        args = (layout, compressed, plain, values, self.n_rows, self.n_cols)
+        if batch_major:
+            return (kernels.linear_grad_input if transpose else kernels.linear)(operand, *args)
+        return (kernels.matmul_grad_input if transpose else kernels.matmul)(*args, operand)
+
+    def values_grad(self, values_shape: torch.Size, gy: torch.Tensor, x: torch.Tensor,
+                    batch_major: bool, transpose: bool) -> torch.Tensor:
+        """The gradient of the stored values for ``y = apply(values, x, ...)``."""
+        left, right = (x, gy) if transpose else (gy, x)
+        args = (self.layout, self.compressed, self.plain, values_shape, self.n_rows,
+                self.n_cols)
+        if batch_major:
+            return kernels.linear_grad_values(left, right, *args)
+        return kernels.matmul_grad_values(left, right, *args)
+
+
+def _pattern(a: torch.Tensor, block: torch.Size | None = None) -> _Pattern:
+    """``a``'s :class:`_Pattern` (``block``: its block shape, when the caller has it), kept
+    with its index data's proof as :func:`structure`."""
+    cache = checked.proof_cache(a)
+    if cache is None:
+        return _Pattern(a)
+    key = ("kernels", a.layout, a.shape, a.values().shape[-2:] if block is None else block)
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = _Pattern(a)
+    assert isinstance(found, _Pattern)
+    return found
+
+
+#: Blocks of fewer elements get their values' gradient (float32 / float64; the half types
+#: have no CPU ``sampled_addmm``) from the element CSR route
+#: (:meth:`Structure.block_grad` / ``sampled_addmm``), not from the kernels: with the
+#: torch-op kernels the values gradient of small blocks costs 3-15x more (one thread, CPU
+#: time, 5 % of blocks, / dense forward: 2048 x 2048, K 64: 2 x 2 0.66 against 0.16, 4 x 4
+#: 2.0 against 0.14, 8 x 8 0.83-0.93 against 0.14-0.28; 1024 x 1024, K 256: 8 x 8 0.42-0.44
+#: against 0.12-0.25; at 16 x 16 0.17-0.23 against 0.10, 16 x 32 0.12-0.16 against 0.08-0.10).
+_KERNEL_GRAD_FROM = 256
+
+
+#: Blocks of fewer elements multiply a batch-major operand (``F.linear``, ``x @ A``) as the
+#: transpose of the column-major product: the kernels' batch-major path costs 3-11x more for
+#: them (one thread, CPU time, 2048 x 2048, 5 % of blocks, x 64 x 2048, ``F.linear`` / dense:
+#: 4 x 4 2.04-2.07 against 0.19-0.29, 8 x 8 0.64-0.66 against 0.19-0.29).
+_BATCH_MAJOR_FROM = 256
+
+
+class _KernelProduct(torch.autograd.Function):
+    """``y = op(A) @ x`` (``x`` (n_in, N)) or, ``batch_major``, ``y = x @ op(A).T`` (``x``
+    (N, n_in)) for a 2-D block tensor ``A`` on CPU, its stored values ``values`` and its
+    :class:`_Pattern`; ``op`` the identity or, ``transpose``, the transpose. Forward and both
+    gradients are the kernels' (:meth:`_Pattern.apply` with the other ``transpose`` for the
+    gradient to ``x``); ``a`` / ``old`` as for :class:`_BlockProduct` (``old``: the element
+    structure for the values gradient of small blocks, see ``_KERNEL_GRAD_FROM``)."""
+
+    @staticmethod
+    def forward(ctx: Any, values: torch.Tensor, x: torch.Tensor, a: torch.Tensor | None,
+                pattern: _Pattern, old: Structure | None, batch_major: bool,
+                transpose: bool) -> torch.Tensor:
+        ctx.pattern, ctx.old = pattern, old
+        ctx.batch_major, ctx.transpose = batch_major, transpose
+        ctx.a_meta = None if a is None else _Meta(pattern.compressed, pattern.plain,
+                                                  a.values().shape, a.shape, a.layout)
+        ctx.save_for_backward(values, x)
+        return pattern.apply(values, x, batch_major, transpose)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        values, x = ctx.saved_tensors
+        pattern, batch_major, transpose = ctx.pattern, ctx.batch_major, ctx.transpose
+        g_values = g_x = g_a = None
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[2]:
+            old: Structure | None = ctx.old
+            if old is None:
+                g_values = pattern.values_grad(values.shape, gy, x, batch_major, transpose)
+            else:  # the element structure reads column-major operands
+                gc, xc = (gy.mT, x.mT) if batch_major else (gy, x)
+                gc, xc = gc.contiguous(), xc.contiguous()
+                if old.r * old.c >= _BMM_MIN:
+                    g_values = old.block_grad(gc, xc, transpose).view(values.shape)
+                else:
+                    g_values = old.side(transpose).sampled(gc, xc, values.shape)
+        if ctx.needs_input_grad[1]:
+            g_x = pattern.apply(values, gy, batch_major, not transpose)
+        if ctx.needs_input_grad[2]:
+            g_a = ctx.a_meta.dense(g_values)
+        return ((g_values if ctx.needs_input_grad[0] else None), g_x, g_a,
+                None, None, None, None)
+
+
+def _kernel_product(a: torch.Tensor, x: torch.Tensor, *, batch_major: bool,
+                    transpose: bool) -> torch.Tensor:
+    """:class:`_KernelProduct` of the 2-D ``a`` and the 2-D ``x``; batch-major products of
+    small blocks as the transpose of the column-major one (``_BATCH_MAJOR_FROM``)."""
+    values, target = _operands(a)
+    pattern = _pattern(a, values.shape[-2:])
+    if batch_major and pattern.r * pattern.c < _BATCH_MAJOR_FROM:
+        # x @ op(A).T == (op(A) @ x.T).T
+        return _kernel_product(a, x.mT, batch_major=False, transpose=transpose).mT
+    grad = torch.is_grad_enabled()
+    if not (grad and (values.requires_grad or x.requires_grad or target is not None)):
+        return pattern.apply(values, x, batch_major, transpose)  # no graph: no Function
+    old = None
+    if (grad and values.requires_grad and values.dtype in _CPU_DTYPES
+            and pattern.r * pattern.c < _KERNEL_GRAD_FROM):
+        old = structure(a, True, True)
+    y: torch.Tensor = _KernelProduct.apply(  # type: ignore[no-untyped-call]
+        values, x, target, pattern, old, batch_major, transpose)
+    return y
+
+
+def _kernel_matmul(a: torch.Tensor, x: torch.Tensor, sparse_left: bool) -> torch.Tensor:
+    """``a @ x`` (``sparse_left``) or ``x @ a`` with matmul's shapes for a 2-D ``a``: ``a @
+    x`` column-major (``x`` (n, k), a vector, or batches (..., n, k) side by side), ``x @ a``
+    batch-major (the rows of every batch of ``x`` one batch of rows)."""
+    if not sparse_left:
+        lead = x.shape[:-1]
+        x2 = x.reshape(lead.numel(), x.shape[-1])  # (explicit: -1 is ambiguous for 0 elements)
+        y = _kernel_product(a, x2, batch_major=True, transpose=True)
+        return y.reshape(*lead, a.shape[1])
+    if x.dim() == 1:
+        return _kernel_product(a, x.unsqueeze(1), batch_major=False, transpose=False).squeeze(1)
+    if x.dim() == 2:
+        return _kernel_product(a, x, batch_major=False, transpose=False)
+    lead, k = x.shape[:-2], x.shape[-1]
+    x2 = x.movedim(-2, 0).reshape(x.shape[-2], lead.numel() * k)
+    y2 = _kernel_product(a, x2, batch_major=False, transpose=False)
+    return y2.reshape(a.shape[0], *lead, k).movedim(0, -2)
 
 
 __all__ = [

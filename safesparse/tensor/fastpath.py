@@ -33,6 +33,9 @@ from typing import Any, Final
 import torch
 
 from ..base.debug_flag import is_debug
+from ..base.layouts import BLOCK_LAYOUTS as _BLOCKED
+from ..base.layouts import ROW_LAYOUTS as _ROW
+from ..base.layouts import SWAPPED as _SWAPPED
 from ..engine.metadata import _UNSUPPORTED_VALUE_DTYPES, SUPPORTED_DEVICE_TYPES
 from ..state.checked import Record, attach, born, holds
 from .optable import VALUES_ONLY
@@ -46,10 +49,6 @@ _COO = torch.sparse_coo
 _STRIDED = torch.strided
 _SCALARS = (int, float)
 _DENSE_TYPES = (torch.Tensor, torch.nn.Parameter)
-_SWAPPED = {torch.sparse_csr: torch.sparse_csc, torch.sparse_csc: torch.sparse_csr,
-            torch.sparse_bsr: torch.sparse_bsc, torch.sparse_bsc: torch.sparse_bsr}
-_BLOCKED = (torch.sparse_bsr, torch.sparse_bsc)
-_ROW = (torch.sparse_csr, torch.sparse_bsr)
 _CSR = torch.sparse_csr
 _LAYOUT = T.layout.__get__  # type: ignore[attr-defined]
 

@@ -23,18 +23,13 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 
 from ..base import originals as _originals
+from ..base.layouts import SWAPPED
 from ..engine.metadata import LAYOUTS, compressed_members
 from ..state import checked
 from .core import OpKind, SafeSparseTensor, wrap_results
 
 T = torch.Tensor
 
-SWAPPED = {
-    torch.sparse_csr: torch.sparse_csc,
-    torch.sparse_csc: torch.sparse_csr,
-    torch.sparse_bsr: torch.sparse_bsc,
-    torch.sparse_bsc: torch.sparse_bsr,
-}
 
 
 def sparse_dims(t: torch.Tensor) -> tuple[int, int]:
