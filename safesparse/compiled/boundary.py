@@ -22,7 +22,7 @@ from ..factories import sparse_compressed_tensor
 from ..nn.operators import LAYOUT_NAMES
 from ..nn.pattern import members
 from ..tensor import SafeSparseTensor, validate
-from .operand import SparseOperand, make, read_values
+from .operand import FROM_OPERAND, SparseOperand, make, read_values
 
 __all__ = ["as_operand", "compile", "from_operand"]
 
@@ -65,6 +65,9 @@ def from_operand(a: SparseOperand) -> SafeSparseTensor:
         a.compressed, a.plain, read_values(a), (int(a.shape[0]), int(a.shape[1])),
         layout=_BY_NAME[a.layout_name])
     return out
+
+
+FROM_OPERAND.append(from_operand)  # A.to_sparse()
 
 
 def _convert(x: Any) -> Any:

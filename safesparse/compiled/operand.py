@@ -52,7 +52,7 @@ _BLOCKED = ("bsr", "bsc")
 _ops = torch.ops.safesparse
 
 
-class UnsupportedOperandOp(TypeError):
+class UnsupportedOperandOp(RuntimeError):
     """An op a :class:`SparseOperand` does not support (it never densifies silently)."""
 
 
@@ -76,7 +76,7 @@ class SparseOperand(torch.Tensor):
 
     compressed: torch.Tensor
     plain: torch.Tensor
-    _values: torch.Tensor
+    stored: torch.Tensor
     layout_name: str
 
     @staticmethod
@@ -92,19 +92,19 @@ class SparseOperand(torch.Tensor):
                  layout_name: str, size: Sequence[Any], requires_grad: bool = False) -> None:
         self.compressed = compressed
         self.plain = plain
-        self._values = values
+        self.stored = values
         self.layout_name = layout_name
 
     # -- tracing ----------------------------------------------------------------------------
 
     def __tensor_flatten__(self) -> tuple[list[str], str]:
-        return ["compressed", "plain", "_values"], self.layout_name
+        return ["compressed", "plain", "stored"], self.layout_name
 
     @staticmethod
     def __tensor_unflatten__(inner: dict[str, torch.Tensor], layout_name: str,
                              outer_size: Sequence[Any], outer_stride: Sequence[Any]
                              ) -> SparseOperand:
-        return SparseOperand(inner["compressed"], inner["plain"], inner["_values"],
+        return SparseOperand(inner["compressed"], inner["plain"], inner["stored"],
                              layout_name, outer_size)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
@@ -146,16 +146,19 @@ class SparseOperand(torch.Tensor):
     def __torch_dispatch__(cls, func: Any, types: Sequence[type], args: Sequence[Any] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        if func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default):
+        if func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default,
+                    torch.ops.aten.clone.default):
+            # (a clone shares the index members: they are never written, and the operators
+            # confirm them at every call)
             a = args[0]
-            return SparseOperand(a.compressed, a.plain, func(a._values), a.layout_name,
-                                 a.shape)
+            return SparseOperand(a.compressed, a.plain, func(a.stored, **kwargs),
+                                 a.layout_name, a.shape)
         if func is torch.ops.aten.add.Tensor and len(args) == 2 and not kwargs \
                 and all(isinstance(a, SparseOperand) for a in args) \
                 and _same_pattern(args[0], args[1]):
             # gradient accumulation: two gradients of one operand
             a, b = args
-            return SparseOperand(a.compressed, a.plain, a._values + b._values, a.layout_name,
+            return SparseOperand(a.compressed, a.plain, a.stored + b.stored, a.layout_name,
                                  a.shape)
         raise _refuse(str(func))
 
@@ -179,7 +182,7 @@ class _FromValues(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, g: SparseOperand) -> tuple[Any, ...]:
-        return g._values, None, None, None, None
+        return g.stored, None, None, None, None
 
 
 class _ToValues(torch.autograd.Function):
@@ -187,18 +190,22 @@ class _ToValues(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, a: SparseOperand) -> torch.Tensor:
-        ctx.members = (a.compressed, a.plain, a.layout_name, tuple(a.shape))
-        return a._values
+        ctx.save_for_backward(a.compressed, a.plain)
+        ctx.geometry = (a.layout_name, tuple(a.shape))
+        return a.stored
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> SparseOperand:
-        compressed, plain, layout_name, size = ctx.members
+        compressed, plain = ctx.saved_tensors
+        layout_name, size = ctx.geometry
         return SparseOperand(compressed, plain, g, layout_name, size)
 
 
 def make(values: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor, layout_name: str,
          size: Sequence[Any]) -> SparseOperand:
     """The operand over these members with ``values`` (gradients reach ``values``)."""
+    if not values.requires_grad:  # (no autograd node: what export sees of an input)
+        return SparseOperand(compressed, plain, values, layout_name, size)
     with DisableTorchFunctionSubclass():
         out: SparseOperand = _FromValues.apply(values, compressed, plain, layout_name, size)
     return out
@@ -206,6 +213,8 @@ def make(values: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor, la
 
 def read_values(a: SparseOperand) -> torch.Tensor:
     """``a``'s values (gradients reach ``a``)."""
+    if not a.requires_grad:  # (no autograd node: export reads the input's own values)
+        return a.stored
     with DisableTorchFunctionSubclass():
         out: torch.Tensor = _ToValues.apply(a)
     return out
@@ -328,8 +337,20 @@ def _values(a: Any) -> torch.Tensor:
     return read_values(a)
 
 
+#: ``safesparse.from_operand`` (set by :mod:`safesparse.compiled.boundary`, which validates and
+#: is never traced: ``A.to_sparse()`` inside a compiled function is a graph break)
+FROM_OPERAND: list[Callable[[SparseOperand], torch.Tensor]] = []
+
+
 def _to_sparse(a: Any, *args: Any, **kwargs: Any) -> Any:
-    raise _refuse("to_sparse inside a compiled function")
+    if args or kwargs:
+        raise _refuse("to_sparse with arguments (A.to_sparse() gives the checked matrix in "
+                      "its own layout)")
+    return FROM_OPERAND[0](a)
+
+
+def _to_dense(a: Any, *args: Any, **kwargs: Any) -> Any:
+    raise _refuse("to_dense (densifying)")
 
 
 _T = torch.Tensor
@@ -350,4 +371,5 @@ _ROUTES: dict[Callable[..., Any], Callable[..., Any]] = {
     _T.__truediv__: _scalar("div", lambda v, s: v / s),
     torch.neg: _neg, _T.neg: _neg, _T.__neg__: _neg,
     _T.values: _values,
+    _T.to_sparse: _to_sparse, _T.to_dense: _to_dense,
 }
