@@ -107,6 +107,10 @@ class SparseOperand(torch.Tensor):
         return SparseOperand(inner["compressed"], inner["plain"], inner["stored"],
                              layout_name, outer_size)
 
+    def _stable_hash_for_caching(self) -> str:
+        """What AOTAutograd's cache keys on beyond the inner tensors: the layout."""
+        return f"safesparse.SparseOperand:{self.layout_name}"
+
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         return (f"SparseOperand({self.layout_name.upper()}, shape={tuple(self.shape)}, "
                 f"nnz={int(self.plain.shape[0])}, dtype={self.dtype})")
