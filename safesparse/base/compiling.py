@@ -85,7 +85,8 @@ def _skip_package() -> None:
     from torch._dynamo import trace_rules
 
     root = Path(__file__).resolve().parents[1]  # (the package: this file is in base/)
-    skipped = [f"{p.as_posix()}" for p in sorted(root.rglob("*.py")) if p not in (TRACED, TRACED_OPERAND)]
+    traced = (TRACED, TRACED_OPERAND)
+    skipped = [f"{p.as_posix()}" for p in sorted(root.rglob("*.py")) if p not in traced]
     trace_rules.SKIP_DIRS.extend(skipped)
     trace_rules._recompile_re()
 

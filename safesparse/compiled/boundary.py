@@ -30,10 +30,27 @@ _BY_NAME = {name: layout for layout, name in LAYOUT_NAMES.items()}
 
 
 def as_operand(a: torch.Tensor) -> SparseOperand:
-    """``a`` (a 2-D CSR, CSC, BSR or BSC tensor without dense dims) as a
-    :class:`SparseOperand` for compiled code: O(1) for a checked tensor; any other is validated
-    first (invalid data raises :class:`~safesparse.InvariantError`). Gradients to the operand's
-    values reach ``a``'s values. An operand is returned as it is."""
+    """A sparse matrix as an input of compiled or exported code (a :class:`SparseOperand`).
+
+    ``torch.compile(fn, fullgraph=True)`` and ``torch.export`` take the result as an input;
+    inside them ``A @ x``, ``x @ A``, ``torch.mm``, ``torch.sparse.mm``,
+    ``torch.sparse.addmm``, ``F.linear(x, A, b)``, the transposes and scalar arithmetic on
+    the values become ``safesparse`` operators (gradients reach the dense operand and the
+    values); any other op is refused with its name.
+
+    Args:
+        a: a 2-D CSR, CSC, BSR or BSC tensor without dense dimensions (any block shape):
+            O(1) for a checked one, validated once otherwise. A ``SparseOperand`` is
+            returned as it is.
+
+    Returns:
+        The operand over ``a``'s proven index members and its values (no copy); gradients
+        to its values reach ``a``'s values.
+
+    Raises:
+        InvariantError: ``a`` is not checked and not valid.
+        TypeError: ``a`` is not a compressed sparse tensor.
+    """
     if isinstance(a, SparseOperand):
         return a
     if not isinstance(a, torch.Tensor) or a.layout not in COMPRESSED_LAYOUTS:
@@ -57,8 +74,18 @@ def as_operand(a: torch.Tensor) -> SparseOperand:
 
 
 def from_operand(a: SparseOperand) -> SafeSparseTensor:
-    """The checked ``SafeSparseTensor`` over ``a``'s members and values (no O(nnz) check:
-    they are the proven members); gradients reach ``a``. Outside compiled code."""
+    """The checked ``SafeSparseTensor`` behind an operand (also ``A.to_sparse()``).
+
+    Call it outside compiled code (inside, it is a graph break). No O(nnz) check: the members
+    are the proven ones (members written since are validated again, and refused if invalid).
+
+    Args:
+        a: a :class:`SparseOperand`.
+
+    Returns:
+        A checked ``SafeSparseTensor`` of the operand's layout and shape over its members
+        and values; gradients reach the operand's values.
+    """
     if not isinstance(a, SparseOperand):
         raise TypeError(f"from_operand: a SparseOperand is needed, got {type(a).__name__}")
     out: SafeSparseTensor = sparse_compressed_tensor(
@@ -77,11 +104,23 @@ def _convert(x: Any) -> Any:
     return x
 
 
-def compile(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:  # noqa: A001
-    """``torch.compile(fn, **kwargs)`` whose calls turn each 2-D compressed
-    ``SafeSparseTensor`` argument (at any pytree position) into a :class:`SparseOperand`
-    (:func:`as_operand`: O(1) for a checked tensor). Usable as ``@ss.compile`` or
-    ``@ss.compile(fullgraph=True)``."""
+def compile(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
+    """``torch.compile`` for functions that take sparse matrices.
+
+    Each call turns every 2-D CSR / CSC / BSR / BSC ``SafeSparseTensor`` argument, at any
+    position of the arguments' pytree (lists, tuples, dicts), into a :class:`SparseOperand`
+    (:func:`as_operand`: O(1) for a checked tensor; one written since it was checked is
+    validated again) and calls the compiled function. Usable as ``ss.compile(fn, ...)``,
+    ``@ss.compile`` or ``@ss.compile(fullgraph=True)``.
+
+    Args:
+        fn: the function to compile (``None``: return a decorator).
+        kwargs: ``torch.compile``'s keyword arguments (``fullgraph``, ``dynamic``,
+            ``backend``, ``mode`` ...).
+
+    Returns:
+        The compiled function (its ``compiled`` attribute is ``torch.compile``'s).
+    """
     if fn is None:
         return functools.partial(compile, **kwargs)
     compiled = torch.compile(fn, **kwargs)
@@ -91,5 +130,5 @@ def compile(fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:  # noqa
         args, kw = pytree.tree_map(_convert, (args, kw))
         return compiled(*args, **kw)
 
-    call._compiled = compiled  # type: ignore[attr-defined]  (the torch.compile'd function)
+    call.compiled = compiled  # type: ignore[attr-defined]
     return call

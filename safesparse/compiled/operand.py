@@ -83,7 +83,7 @@ class SparseOperand(torch.Tensor):
     def __new__(cls, compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor,
                 layout_name: str, size: Sequence[Any], requires_grad: bool = False
                 ) -> SparseOperand:
-        out: SparseOperand = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+        out: SparseOperand = torch.Tensor._make_wrapper_subclass(
             cls, tuple(size), dtype=values.dtype, device=values.device,
             requires_grad=requires_grad)
         return out
@@ -147,8 +147,8 @@ class SparseOperand(torch.Tensor):
             return func(*args, **kwargs)
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Sequence[type], args: Sequence[Any] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (),  # type: ignore[override]
+                           kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default,
                     torch.ops.aten.clone.default):
@@ -211,7 +211,8 @@ def make(values: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor, la
     if not values.requires_grad:  # (no autograd node: what export sees of an input)
         return SparseOperand(compressed, plain, values, layout_name, size)
     with DisableTorchFunctionSubclass():
-        out: SparseOperand = _FromValues.apply(values, compressed, plain, layout_name, size)
+        out: SparseOperand = _FromValues.apply(  # type: ignore[no-untyped-call]
+            values, compressed, plain, layout_name, size)
     return out
 
 
@@ -220,7 +221,7 @@ def read_values(a: SparseOperand) -> torch.Tensor:
     if not a.requires_grad:  # (no autograd node: export reads the input's own values)
         return a.stored
     with DisableTorchFunctionSubclass():
-        out: torch.Tensor = _ToValues.apply(a)
+        out: torch.Tensor = _ToValues.apply(a)  # type: ignore[no-untyped-call]
     return out
 
 
@@ -301,7 +302,8 @@ def _addmm(inp: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1,
         y = y * alpha
     if beta == 0:
         return y
-    return y + (inp if beta == 1 else inp * beta)
+    total: torch.Tensor = y + (inp if beta == 1 else inp * beta)
+    return total
 
 
 def _f_linear(x: Any, weight: Any, bias: Any = None) -> torch.Tensor:

@@ -107,7 +107,7 @@ def test_one_graph_equal_to_eager_and_dense(layout: torch.layout,
     torch.testing.assert_close(out, ref)
     got = _grads(out, values, x, w)
     for g, e, r in zip(got, _grads(eager, values, x, w),
-                       _grads(ref, dense_values, x_ref, w_ref)):
+                       _grads(ref, dense_values, x_ref, w_ref), strict=True):
         torch.testing.assert_close(g, e)
         torch.testing.assert_close(g, r)
 
@@ -152,12 +152,12 @@ def test_inductor_compiles_every_product_forward_and_backward() -> None:
 
     def operands() -> list[SparseOperand]:
         return [SparseOperand.from_members(*members(m), v, NAMES[m.layout], m.shape)
-                for m, v in zip(mats, values)]
+                for m, v in zip(mats, values, strict=True)]
 
     out = torch.compile(f, fullgraph=True, backend="inductor")(operands(), x)
     eager = f(operands(), x)
     torch.testing.assert_close(out, eager)
-    for g, e in zip(_grads(out, x, *values), _grads(eager, x, *values)):
+    for g, e in zip(_grads(out, x, *values), _grads(eager, x, *values), strict=True):
         torch.testing.assert_close(g, e)
 
 

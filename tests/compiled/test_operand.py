@@ -96,7 +96,7 @@ def test_every_route_equals_dense_forward_and_backward(
         torch.testing.assert_close(out, ref, msg=name)
         want = torch.autograd.grad(ref.square().sum(), (x_ref, z_ref, v_ref),
                                    allow_unused=True)
-        for got, exp in zip(grads, want):
+        for got, exp in zip(grads, want, strict=True):
             if exp is None:
                 assert got is None or not got.any(), name
             else:
