@@ -157,8 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         step(checked[0], x, w1, w2).backward()
         t1 = time.perf_counter()
-        step_v(ss_build(0, values[0].detach().requires_grad_()), x, w1, w2).backward()
+        v0 = values[0].detach().requires_grad_()
+        step_v(ss_build(0, v0), x, w1, w2).backward()
         t2 = time.perf_counter()
+        if v0.grad is None:
+            raise AssertionError(f"{backend}: no gradient reached the edge values")
         compile_ms[backend] = ((t1 - t0) * 1e3, (t2 - t1) * 1e3)
         fs[f"compiled {backend}"] = run(step, checked)  # type: ignore[arg-type]
         fv[f"compiled {backend}"] = run_values(step_v, ss_build)

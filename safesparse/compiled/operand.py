@@ -97,6 +97,10 @@ class SparseOperand(torch.Tensor):
 
     # -- tracing ----------------------------------------------------------------------------
 
+    # (no ``_stable_hash_for_caching``: AOTAutograd's default key, which torch warns about
+    # once, holds the shape, ``requires_grad`` and the inner tensors' metadata; a key of the
+    # layout alone let a graph compiled without a values gradient serve one that needs it)
+
     def __tensor_flatten__(self) -> tuple[list[str], str]:
         return ["compressed", "plain", "stored"], self.layout_name
 
@@ -106,10 +110,6 @@ class SparseOperand(torch.Tensor):
                              ) -> SparseOperand:
         return SparseOperand(inner["compressed"], inner["plain"], inner["stored"],
                              layout_name, outer_size)
-
-    def _stable_hash_for_caching(self) -> str:
-        """What AOTAutograd's cache keys on beyond the inner tensors: the layout."""
-        return f"safesparse.SparseOperand:{self.layout_name}"
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         return (f"SparseOperand({self.layout_name.upper()}, shape={tuple(self.shape)}, "
@@ -182,10 +182,13 @@ class _FromValues(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, values: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor,
                 layout_name: str, size: Sequence[Any]) -> SparseOperand:
+        ctx.set_materialize_grads(False)  # (never dense zeros of the matrix's shape)
         return SparseOperand(compressed, plain, values.detach(), layout_name, size)
 
     @staticmethod
-    def backward(ctx: Any, g: SparseOperand) -> tuple[Any, ...]:
+    def backward(ctx: Any, g: SparseOperand | None) -> tuple[Any, ...]:
+        if g is None:
+            return None, None, None, None, None
         return g.stored, None, None, None, None
 
 

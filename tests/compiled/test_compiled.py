@@ -241,3 +241,26 @@ def test_exported_operand_keeps_the_values_an_input() -> None:
     s2 = s * 2  # other values on the same members
     want = torch.relu(s2.to_dense() @ x) + s2.to_dense() @ x
     torch.testing.assert_close(program(ss.as_operand(s2), x), want)
+
+
+def test_values_gradients_after_a_compile_without_them() -> None:
+    """The compile cache tells an operand whose values need a gradient from one whose values
+    do not (a key without ``requires_grad`` once returned no gradient: a cached graph compiled
+    without it)."""
+    s = matrix(CSR, None)
+    c, p = members(s)
+    x = torch.randn(COLS, 3, dtype=D)
+
+    def f(a: Any, x: torch.Tensor) -> torch.Tensor:
+        return (a @ x).square().sum()
+
+    frozen = SparseOperand.from_members(c, p, s.values().detach().clone(), "csr", s.shape)
+    torch.compile(f, fullgraph=True, backend="inductor")(frozen, x)
+    dynamo.reset()  # (the next compile looks in the on-disk caches)
+    values = s.values().detach().clone().requires_grad_()
+    trained = SparseOperand.from_members(c, p, values, "csr", s.shape)
+    torch.compile(f, fullgraph=True, backend="inductor")(trained, x).backward()
+    assert values.grad is not None
+    ref_values = values.detach().clone().requires_grad_()
+    f(SparseOperand.from_members(c, p, ref_values, "csr", s.shape), x).backward()
+    torch.testing.assert_close(values.grad, ref_values.grad)

@@ -220,3 +220,42 @@ def test_fakes_give_the_real_strides(layout: torch.layout, blocksize: tuple[int,
             fake = op(*fake_args)
         assert (fake.shape, fake.stride(), fake.dtype) == (real.shape, real.stride(),
                                                            real.dtype), op_name
+
+
+# ---------------------------------------------------------------------------------------------
+# As an attacker: members that are not the proven ones never reach a kernel
+
+
+def test_members_never_proven_are_refused() -> None:
+    crow, col = torch.tensor([0, 1, 2]), torch.tensor([1, 0])
+    a = SparseOperand.from_members(crow, col, torch.ones(2), "csr", (2, 2))
+    with pytest.raises((UnprovenMembersError, InvariantError)):
+        a @ torch.ones(2, 1)
+    bad = SparseOperand.from_members(crow, torch.tensor([1, 7]), torch.ones(2), "csr", (2, 2))
+    with pytest.raises((UnprovenMembersError, InvariantError)):
+        bad @ torch.ones(2, 1)
+
+
+def test_a_geometry_other_than_the_proven_one_is_refused() -> None:
+    s = ss.validate(torch.eye(3).to_sparse_csr())
+    c, p = members(s)
+    wide = SparseOperand.from_members(c, p, torch.ones(3), "csr", (3, 10))  # proven: 3 x 3
+    with pytest.raises((UnprovenMembersError, InvariantError)):
+        wide @ torch.ones(10, 1)
+    flipped = SparseOperand.from_members(c, p, torch.ones(3, 1, 1), "bsr", (3, 3))
+    torch.testing.assert_close(flipped @ torch.ones(3, 1), torch.ones(3, 1))  # 1x1 blocks
+
+
+def test_members_replaced_on_the_operand_are_refused() -> None:
+    a = ss.as_operand(ss.validate(torch.eye(3).to_sparse_csr()))
+    a.plain = a.plain.clone()  # the same data, but not the proven members
+    with pytest.raises((UnprovenMembersError, InvariantError)):
+        a @ torch.ones(3, 1)
+
+
+def test_a_sum_of_operands_needs_one_pattern() -> None:
+    a = ss.as_operand(ss.validate(torch.eye(3).to_sparse_csr()))
+    torch.testing.assert_close((a + a) @ torch.ones(3, 1), 2 * torch.ones(3, 1))
+    b = ss.as_operand(ss.validate(torch.eye(3).flip(0).to_sparse_csr()))  # same nnz
+    with pytest.raises(UnsupportedOperandOp, match="aten.add"):
+        a + b
