@@ -86,8 +86,8 @@ _FAST_GETTERS = ("layout", "is_sparse", "is_sparse_csr", "shape", "dtype", "devi
 def _plain_getter(name: str) -> Callable[[torch.Tensor], Any]:
     getter = getattr(_T, name).__get__
 
-    def get(self: torch.Tensor) -> Any:
-        return _inspect(getter, (self,), {})
+    def get(self: torch.Tensor) -> Any:  # (metadata of the TensorImpl: no dispatch, no mode)
+        return _run_plain(getter, (), (self,), {})
 
     get.__name__ = name
     return get
@@ -204,10 +204,10 @@ class SafeSparseTensor(torch.Tensor):
     # ``__torch_function__`` round trip (they read no index data; SPEC 5: never validating).
 
     def size(self, dim: int | None = None) -> Any:
-        return _inspect(_T.size, (self,) if dim is None else (self, dim), {})
+        return _run_plain(_T.size, (), (self,) if dim is None else (self, dim), {})
 
     def dim(self) -> int:
-        out: int = _inspect(_T.dim, (self,), {})
+        out: int = _run_plain(_T.dim, (), (self,), {})
         return out
 
     if TYPE_CHECKING:  # what users chain on a SafeSparseTensor stays one, for type checkers
