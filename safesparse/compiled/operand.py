@@ -132,6 +132,17 @@ class SparseOperand(torch.Tensor):
                              f"(one of {', '.join(LAYOUTS)})")
         return make(values, compressed, plain, layout, size)
 
+    def with_values(self, values: torch.Tensor) -> SparseOperand:
+        """The operand over the same members with other ``values`` (the shape of
+        :meth:`values`): O(1), gradients reach ``values`` directly (edge weights trained per
+        call, without torch's sparse autograd)."""
+        if not isinstance(values, torch.Tensor) or isinstance(values, SparseOperand) \
+                or values.shape != self.stored.shape:
+            got = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values)
+            raise ValueError(f"SparseOperand.with_values: values of shape "
+                             f"{tuple(self.stored.shape)} are needed, got {got}")
+        return make(values, self.compressed, self.plain, self.layout_name, self.shape)
+
     # -- routing ----------------------------------------------------------------------------
 
     @classmethod
