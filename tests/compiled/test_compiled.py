@@ -264,3 +264,22 @@ def test_values_gradients_after_a_compile_without_them() -> None:
     ref_values = values.detach().clone().requires_grad_()
     f(SparseOperand.from_members(c, p, ref_values, "csr", s.shape), x).backward()
     torch.testing.assert_close(values.grad, ref_values.grad)
+
+
+def test_ss_compile_takes_a_module() -> None:
+    class Layer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4, dtype=D)
+
+        def forward(self, a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(a @ self.lin(x))
+
+    layer = Layer()
+    s = matrix(BSR, (2, 3))
+    x = torch.randn(COLS, 4, dtype=D)
+    compiled = ss.compile(layer, fullgraph=True, backend="aot_eager")
+    out = compiled(s, x)
+    torch.testing.assert_close(out, torch.relu(s.to_dense() @ layer.lin(x)))
+    out.sum().backward()
+    assert layer.lin.weight.grad is not None
