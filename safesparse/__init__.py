@@ -34,6 +34,7 @@ from .base.debug_flag import debug, is_debug, set_debug
 from .catalog.errors import InvariantError
 from .catalog.invariants import CATALOG, Invariant
 from .catalog.tracebacks import install as _install_tracebacks
+from .compiled import SparseOperand, as_operand, compile, from_operand
 from .enforcement.mode import enforce, is_enforced, set_enforce
 from .engine.indices import check_compressed_indices, check_coo_indices
 from .factories.core import (
@@ -64,12 +65,16 @@ __all__ = [
     "InvariantError",
     "OpKind",
     "SafeSparseTensor",
+    "SparseOperand",
     "Stats",
+    "as_operand",
     "check_compressed_indices",
     "check_coo_indices",
     "clear_cache",
+    "compile",
     "debug",
     "enforce",
+    "from_operand",
     "from_scipy",
     "is_checked",
     "is_debug",

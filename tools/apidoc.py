@@ -50,6 +50,7 @@ SECTIONS: dict[str, str] = {
     "safesparse.files.load": "Files",
     "safesparse.files.save": "Saving",
     "safesparse.factories.interop": "SciPy",
+    "safesparse.compiled.boundary": "Compiled code with sparse inputs",
     "safesparse.base.debug_flag": "Debug mode",
     "safesparse.enforcement.mode": "Enforce mode",
     "safesparse.engine.indices": "Index checks",
@@ -60,6 +61,7 @@ SECTIONS: dict[str, str] = {
 #: Modules whose names join another module's section (one topic, split across layers).
 SAME_SECTION: dict[str, str] = {
     "safesparse.base.stats": "safesparse.state.checked",  # the counters sit below the state
+    "safesparse.compiled.operand": "safesparse.compiled.boundary",
 }
 
 #: Submodules users import by name (``import safesparse.distributed as ssd``), with their

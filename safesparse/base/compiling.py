@@ -74,14 +74,19 @@ def _skip(fn: Callable[..., Any]) -> None:
 #: the package's one file dynamo traces: the forward passes of ``safesparse.nn``'s modules,
 #: which hold only strided tensors and call the ``safesparse`` operators (SPEC 10)
 TRACED = Path(__file__).resolve().parents[1] / "nn" / "forward.py"
+#: and the routing of ``safesparse.SparseOperand`` (a traceable wrapper over strided members
+#: whose ``__torch_function__`` calls the same operators; SPEC 10, sparse inputs)
+TRACED_OPERAND = Path(__file__).resolve().parents[1] / "compiled" / "operand.py"
 
 
 def _skip_package() -> None:
-    """Every file of the package joins dynamo's skipped paths, except :data:`TRACED`."""
+    """Every file of the package joins dynamo's skipped paths, except :data:`TRACED` and
+    :data:`TRACED_OPERAND`."""
     from torch._dynamo import trace_rules
 
     root = Path(__file__).resolve().parents[1]  # (the package: this file is in base/)
-    skipped = [f"{p.as_posix()}" for p in sorted(root.rglob("*.py")) if p != TRACED]
+    traced = (TRACED, TRACED_OPERAND)
+    skipped = [f"{p.as_posix()}" for p in sorted(root.rglob("*.py")) if p not in traced]
     trace_rules.SKIP_DIRS.extend(skipped)
     trace_rules._recompile_re()
 

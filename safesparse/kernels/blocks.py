@@ -347,7 +347,9 @@ def _values_grad(layout: torch.layout, compressed: T, plain: T,
     else:
         # BSC / CSC: stored by block columns, i.e. A.T by block rows, blocks transposed
         grads = _sampled(compressed, plain, c, r, right.t(), left).transpose(1, 2)
-    return grads.reshape(values_shape).to(dtype)
+    # contiguous whatever the path (the BSC / CSC one is transposed): the operators' fakes
+    # promise contiguous gradients
+    return grads.reshape(values_shape).to(dtype).contiguous()
 
 
 def linear_grad_values(g: T, x: T, layout: torch.layout, compressed: T, plain: T,

@@ -159,7 +159,7 @@ def linear_grad_values(g: torch.Tensor, x: torch.Tensor, compressed: torch.Tenso
 @linear_grad_values.register_fake
 def _(g: torch.Tensor, x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor,
       values: torch.Tensor, layout: str, out_features: int, in_features: int) -> torch.Tensor:
-    return torch.empty_like(values)
+    return values.new_empty(values.shape)  # contiguous, as the kernel's (whatever values' strides)
 
 
 def _linear_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
@@ -234,7 +234,7 @@ def matmul_grad_values(compressed: torch.Tensor, plain: torch.Tensor, values: to
 @matmul_grad_values.register_fake
 def _(compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor, layout: str,
       n_rows: int, n_cols: int, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(values)
+    return values.new_empty(values.shape)  # contiguous, as the kernel's (whatever values' strides)
 
 
 def _matmul_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:

@@ -53,6 +53,32 @@ _T = torch.Tensor
 #: Runs a torch function with subclass dispatch off and returns its raw result (torch's C impl).
 _run_plain: Callable[..., Any] = torch._C._disabled_torch_function_impl
 
+#: How many ``__torch_dispatch__`` modes are on the stack (export's ``FakeTensorMode``, ...).
+_dispatch_depth: Callable[[], int] = torch._C._len_torch_dispatch_stack
+
+
+def _for_modes(args: Sequence[Any]) -> tuple[Any, ...]:
+    """``args`` with each SafeSparseTensor replaced by a plain alias (handed out, as
+    :func:`unwrap` does): a dispatch mode on the stack refuses subclasses it does not know
+    (``FakeTensorMode`` describing an input for ``torch.export``), and a plain alias is what a
+    plain sparse input would give it. Only called while a mode is active."""
+    out = []
+    for a in args:
+        if isinstance(a, SafeSparseTensor):
+            alias = torch.Tensor._make_subclass(torch.Tensor, a, False)
+            checked.hand_out(a, alias)  # shares a's counter and carries its record
+            a = alias
+        out.append(a)
+    return tuple(out)
+
+
+def _inspect(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``func`` (an inspection: metadata or a member accessor) run by torch itself."""
+    if _dispatch_depth():
+        return _run_plain(func, (), _for_modes(args), kwargs)
+    return _run_plain(func, (), args, kwargs)
+
+
 #: Getters a SafeSparseTensor reads without the ``__torch_function__`` round trip.
 _FAST_GETTERS = ("layout", "is_sparse", "is_sparse_csr", "shape", "dtype", "device", "ndim",
                  "is_cuda")
@@ -61,7 +87,7 @@ _FAST_GETTERS = ("layout", "is_sparse", "is_sparse_csr", "shape", "dtype", "devi
 def _plain_getter(name: str) -> Callable[[torch.Tensor], Any]:
     getter = getattr(_T, name).__get__
 
-    def get(self: torch.Tensor) -> Any:
+    def get(self: torch.Tensor) -> Any:  # (metadata of the TensorImpl: no dispatch, no mode)
         return _run_plain(getter, (), (self,), {})
 
     get.__name__ = name
@@ -157,7 +183,7 @@ class SafeSparseTensor(torch.Tensor):
                     return ret
             if func in INSPECTION:
                 # Metadata and member accessors: no sparse result, no kernel over index data.
-                ret = _run_plain(func, types, args, kwargs or {})
+                ret = _inspect(func, args, kwargs or {})
                 if func in INDEX_ACCESSORS and isinstance(args[0], SafeSparseTensor):
                     checked.hand_out(args[0], ret)  # it shares args[0]'s counter
                 return ret
@@ -171,7 +197,7 @@ class SafeSparseTensor(torch.Tensor):
     def values(self) -> torch.Tensor:
         """The values member (a plain tensor sharing this tensor's memory and counter), as
         ``torch.Tensor.values``; read without the ``__torch_function__`` round trip."""
-        out: torch.Tensor = _run_plain(_T.values, (), (self,), {})
+        out: torch.Tensor = _inspect(_T.values, (self,), {})
         return out
 
     # Metadata that model code reads on every call (PyG reads ``layout`` and ``size()``

@@ -1,0 +1,56 @@
+"""``torch.ops.safesparse.prove``: index tensors a compiled graph computed, validated there.
+
+A compiled function that builds its matrix from index tensors it computed (a graph's edges
+chosen per batch) cannot call the factories inside the graph (dynamo never traces safesparse),
+and ``torch._check`` on the indices proves nothing the operators accept. ``prove`` is a custom
+operator (one graph node; its real implementation runs eagerly): it copies the index tensors,
+validates them with the factory (O(nnz), the catalog's invariants for the layout and
+geometry: invalid data raises :class:`~safesparse.InvariantError` with the id and position,
+also from compiled code) and returns the copies as members a checked tensor handed out, which
+the ``safesparse`` operators confirm in O(1) (:meth:`SparseOperand.from_members`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.library import custom_op
+
+from ..factories import sparse_compressed_tensor
+from ..nn.pattern import members
+
+__all__ = ["prove"]
+
+_LAYOUTS = {"csr": torch.sparse_csr, "csc": torch.sparse_csc,
+            "bsr": torch.sparse_bsr, "bsc": torch.sparse_bsc}
+
+
+@custom_op("safesparse::prove", mutates_args=())
+def prove(compressed: torch.Tensor, plain: torch.Tensor, layout: str, n_rows: int, n_cols: int,
+          block_rows: int = 1, block_cols: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validated copies of ``compressed`` / ``plain`` as the index members of an ``n_rows x
+    n_cols`` matrix of ``layout`` (``"csr"``, ``"csc"``, ``"bsr"``, ``"bsc"``; blocks of
+    ``block_rows x block_cols`` for the block layouts), proven for the ``safesparse``
+    operators. Raises :class:`~safesparse.InvariantError` when they are not valid."""
+    lay = _LAYOUTS.get(layout)
+    if lay is None:
+        raise ValueError(f"safesparse::prove: unknown layout {layout!r} "
+                         f"(one of {', '.join(_LAYOUTS)})")
+    blocked = lay in (torch.sparse_bsr, torch.sparse_bsc)
+    if not blocked and (block_rows, block_cols) != (1, 1):
+        raise ValueError(f"safesparse::prove: a {layout.upper()} matrix has no block shape "
+                         f"(got {block_rows} x {block_cols})")
+    nnz = plain.shape[0] if plain.dim() == 1 else 0
+    # placeholder values (the members are what is proven; only their shape is read)
+    shape = (nnz, block_rows, block_cols) if blocked else (nnz,)
+    values = torch.empty(shape, dtype=torch.float32, device=plain.device)
+    # copies: the graph's own tensors may be written later, the proven members never are
+    t = sparse_compressed_tensor(compressed.clone(), plain.clone(), values, (n_rows, n_cols),
+                                 layout=lay, check_invariants=True)
+    c, p = members(t)
+    return c, p
+
+
+@prove.register_fake
+def _(compressed: torch.Tensor, plain: torch.Tensor, layout: str, n_rows: int, n_cols: int,
+      block_rows: int = 1, block_cols: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(compressed), torch.empty_like(plain)
