@@ -21,6 +21,7 @@ take no ``torch.layout`` argument.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -29,9 +30,10 @@ from torch.library import custom_op
 from ..base.debug_flag import is_debug
 from ..factories import sparse_compressed_tensor
 from ..kernels import blocks as blockkernels
-from ..state import checked
+from ..catalog.errors import InvariantError
+from ..state import checked, members_proof
 
-__all__ = ["LAYOUT_NAMES", "UnprovenMembersError", "linear", "matmul"]
+__all__ = ["LAYOUT_NAMES", "UnprovenMembersError", "keyed", "linear", "matmul"]
 
 LAYOUT_NAMES: dict[torch.layout, str] = {
     torch.sparse_csr: "csr", torch.sparse_csc: "csc",
@@ -83,14 +85,57 @@ def _geometry(op: str, layout_name: str, compressed: torch.Tensor, plain: torch.
         raise _refuse(op, f"members of shapes {tuple(compressed.shape)}, "
                           f"{tuple(plain.shape)}, {tuple(values.shape)} do not fit a "
                           f"{n_rows} x {n_cols} {layout_name.upper()} matrix")
-    if is_debug():  # debug mode trusts no remembered proof: the members are validated
-        sparse_compressed_tensor(compressed, plain, values.detach(), (n_rows, n_cols),
-                                 layout=layout)
-    elif not checked.confirm(compressed, plain,
-                             checked.compressed_geometry(n_compressed, n_plain)):
-        raise _refuse(op, "the index members are not the proven ones (replaced, written or "
-                          "never validated)")
+    geometry = checked.compressed_geometry(n_compressed, n_plain)
+    if is_debug() or not members_proof.confirm(compressed, plain, geometry):
+        # not proven (written by DDP's buffer broadcast, loaded with torch.export.load, in
+        # shared memory, made under inference mode; debug mode trusts no remembered proof):
+        # validated here, O(nnz), before any kernel reads them, and proven for the next call
+        _prove(op, layout, compressed, plain, values, n_rows, n_cols)
     return layout
+
+
+def _prove(op: str, layout: torch.layout, compressed: torch.Tensor, plain: torch.Tensor,
+           values: torch.Tensor, n_rows: int, n_cols: int) -> None:
+    """Validates the members (the factories' validation) and has the state remember the proof
+    for these member objects (:func:`members_proof.remember`; not where their memory cannot be
+    watched: validated at each use). Invalid data raises ``InvariantError`` naming the
+    operator and the member (``plain_indices``, ``compressed_indices``)."""
+    try:
+        proven = sparse_compressed_tensor(compressed, plain, values.detach(), (n_rows, n_cols),
+                                          layout=layout)
+    except InvariantError as err:
+        raise err.with_context(op=f"safesparse::{op}", path=member_of(err)) from None
+    members_proof.remember(proven, compressed, plain)
+
+
+def member_of(err: InvariantError) -> str:
+    """Which index member an invariant of a compressed layout is about: the compressed one
+    (catalog 5.1 to 5.3), the plain one (5.4 to 5.6), else both."""
+    if err.invariant in ("5.1", "5.2", "5.3"):
+        return "compressed_indices"
+    if err.invariant in ("5.4", "5.5", "5.6"):
+        return "plain_indices"
+    return "compressed_indices, plain_indices"
+
+
+def keyed(module: torch.nn.Module, err: InvariantError) -> InvariantError:
+    """``err`` (raised by an operator over ``module``'s members) naming the member by its key
+    in the outermost module whose code called ``module`` (``fc1.plain_indices``; under DDP
+    ``module.fc1.plain_indices``), found from the calling frames: an error path only."""
+    key = ""
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, torch.nn.Module) and owner is not module:
+            for name, sub in owner.named_modules(remove_duplicate=False):
+                if sub is module:
+                    key = name
+                    break
+        frame = frame.f_back  # type: ignore[assignment]
+    member = err.path or member_of(err)
+    if key:
+        member = ", ".join(f"{key}.{m}" for m in member.split(", "))
+    return err.with_context(path=member)
 
 
 def _operand(op: str, x: torch.Tensor, values: torch.Tensor, shape: tuple[int, int],
