@@ -28,9 +28,9 @@ import torch
 from torch.library import custom_op
 
 from ..base.debug_flag import is_debug
+from ..catalog.errors import InvariantError
 from ..factories import sparse_compressed_tensor
 from ..kernels import blocks as blockkernels
-from ..catalog.errors import InvariantError
 from ..state import checked, members_proof
 
 __all__ = ["LAYOUT_NAMES", "UnprovenMembersError", "keyed", "linear", "matmul"]

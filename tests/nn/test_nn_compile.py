@@ -19,7 +19,7 @@ import torch._dynamo as dynamo
 from torch import nn
 
 import safesparse as ss
-from safesparse.nn import SparseLinear, SparseMatmul, UnprovenMembersError
+from safesparse.nn import SparseLinear, SparseMatmul
 
 CSR, CSC, BSR, BSC = torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc
 CASES = [(CSR, None), (CSC, None), (BSR, (2, 3)), (BSR, (4, 4)), (BSC, (4, 3)), (BSC, (4, 4))]
