@@ -22,6 +22,7 @@ take no ``torch.layout`` argument.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from torch.library import custom_op
 
 from ..base.debug_flag import is_debug
 from ..catalog.errors import InvariantError
+from ..engine.validation import fork_safe, in_forked_child
 from ..factories import sparse_compressed_tensor
 from ..kernels import blocks as blockkernels
 from ..state import checked, members_proof
@@ -138,13 +140,22 @@ def keyed(module: torch.nn.Module, err: InvariantError) -> InvariantError:
     return err.with_context(path=member)
 
 
+def _kernel(kernel: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
+    """``kernel(*args)``; in a child started by ``fork()`` with one intra-op thread, as
+    validation runs there (a parallel region of the parent's OpenMP pool hangs in the child
+    for good: :func:`safesparse.engine.validation.fork_safe`)."""
+    if in_forked_child():
+        return fork_safe(kernel)(*args)
+    return kernel(*args)
+
+
 def _operand(op: str, x: torch.Tensor, values: torch.Tensor, shape: tuple[int, int],
              what: str) -> None:
     if x.dim() != 2 or tuple(x.shape) != shape:
         raise ValueError(f"safesparse::{op}: {what} must have shape {shape}, got "
                          f"{tuple(x.shape)}")
     if x.dtype != values.dtype or x.device != values.device:
-        raise TypeError(f"safesparse::{op}: {what} is {x.dtype} on {x.device}, values are "
+        raise RuntimeError(f"safesparse::{op}: {what} is {x.dtype} on {x.device}, values are "
                         f"{values.dtype} on {values.device} (convert one of them)")
 
 
@@ -159,7 +170,8 @@ def linear(x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor, value
     members; ``x`` of shape ``(N, in_features)``."""
     lay = _geometry("linear", layout, compressed, plain, values, out_features, in_features)
     _operand("linear", x, values, (x.shape[0], in_features), "x")
-    return blockkernels.linear(x, lay, compressed, plain, values, out_features, in_features)
+    return _kernel(blockkernels.linear, x, lay, compressed, plain, values, out_features,
+                   in_features)
 
 
 @linear.register_fake
@@ -176,8 +188,8 @@ def linear_grad_input(g: torch.Tensor, compressed: torch.Tensor, plain: torch.Te
     lay = _geometry("linear_grad_input", layout, compressed, plain, values, out_features,
                        in_features)
     _operand("linear_grad_input", g, values, (g.shape[0], out_features), "g")
-    return blockkernels.linear_grad_input(g, lay, compressed, plain, values, out_features,
-                                          in_features)
+    return _kernel(blockkernels.linear_grad_input, g, lay, compressed, plain, values,
+                   out_features, in_features)
 
 
 @linear_grad_input.register_fake
@@ -195,8 +207,8 @@ def linear_grad_values(g: torch.Tensor, x: torch.Tensor, compressed: torch.Tenso
     lay = _geometry(op, layout, compressed, plain, values, out_features, in_features)
     _operand(op, g, values, (g.shape[0], out_features), "g")
     _operand(op, x, values, (g.shape[0], in_features), "x")
-    return blockkernels.linear_grad_values(g, x, lay, compressed, plain, values, out_features,
-                                           in_features)
+    return _kernel(blockkernels.linear_grad_values, g, x, lay, compressed, plain, values,
+                   out_features, in_features)
 
 
 @linear_grad_values.register_fake
@@ -205,25 +217,6 @@ def _(g: torch.Tensor, x: torch.Tensor, compressed: torch.Tensor, plain: torch.T
     return torch.empty_like(values)
 
 
-def _linear_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    x, compressed, plain, values, layout, out_features, in_features = inputs
-    ctx.save_for_backward(x, compressed, plain, values)
-    ctx.geometry = (layout, out_features, in_features)
-
-
-def _linear_backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-    x, compressed, plain, values = ctx.saved_tensors
-    layout, out_features, in_features = ctx.geometry
-    need_x, _, _, need_values = ctx.needs_input_grad[:4]
-    g = g.contiguous()
-    gx = linear_grad_input(g, compressed, plain, values, layout, out_features,
-                           in_features) if need_x else None
-    gv = linear_grad_values(g, x, compressed, plain, values, layout, out_features,
-                            in_features) if need_values else None
-    return gx, None, None, gv, None, None, None
-
-
-linear.register_autograd(_linear_backward, setup_context=_linear_setup)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,7 +230,7 @@ def matmul(compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor, 
     shape ``(n_cols, N)``."""
     lay = _geometry("matmul", layout, compressed, plain, values, n_rows, n_cols)
     _operand("matmul", x, values, (n_cols, x.shape[1]), "x")
-    return blockkernels.matmul(lay, compressed, plain, values, n_rows, n_cols, x)
+    return _kernel(blockkernels.matmul, lay, compressed, plain, values, n_rows, n_cols, x)
 
 
 @matmul.register_fake
@@ -253,7 +246,8 @@ def matmul_grad_input(compressed: torch.Tensor, plain: torch.Tensor, values: tor
     op = "matmul_grad_input"
     lay = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
     _operand(op, g, values, (n_rows, g.shape[1]), "g")
-    return blockkernels.matmul_grad_input(lay, compressed, plain, values, n_rows, n_cols, g)
+    return _kernel(blockkernels.matmul_grad_input, lay, compressed, plain, values, n_rows,
+                   n_cols, g)
 
 
 @matmul_grad_input.register_fake
@@ -271,31 +265,11 @@ def matmul_grad_values(compressed: torch.Tensor, plain: torch.Tensor, values: to
     lay = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
     _operand(op, g, values, (n_rows, g.shape[1]), "g")
     _operand(op, x, values, (n_cols, g.shape[1]), "x")
-    return blockkernels.matmul_grad_values(g, x, lay, compressed, plain, values, n_rows, n_cols)
+    return _kernel(blockkernels.matmul_grad_values, g, x, lay, compressed, plain, values,
+                   n_rows, n_cols)
 
 
 @matmul_grad_values.register_fake
 def _(compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor, layout: str,
       n_rows: int, n_cols: int, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(values)
-
-
-def _matmul_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    compressed, plain, values, layout, n_rows, n_cols, x = inputs
-    ctx.save_for_backward(compressed, plain, values, x)
-    ctx.geometry = (layout, n_rows, n_cols)
-
-
-def _matmul_backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-    compressed, plain, values, x = ctx.saved_tensors
-    layout, n_rows, n_cols = ctx.geometry
-    need_values, need_x = ctx.needs_input_grad[2], ctx.needs_input_grad[6]
-    g = g.contiguous()
-    gv = matmul_grad_values(compressed, plain, values, layout, n_rows, n_cols, g,
-                            x) if need_values else None
-    gx = matmul_grad_input(compressed, plain, values, layout, n_rows, n_cols,
-                           g) if need_x else None
-    return None, None, gv, None, None, None, gx
-
-
-matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)

@@ -226,6 +226,17 @@ class CompressedModule(nn.Module):
             values = proven.values().detach()
             self._replace(proven, values if assign else values.clone(), assign)
 
+    # -- TorchScript ----------------------------------------------------------------------------
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        """``torch.jit.script`` calls this first: the forward's checks and operators are Python
+        that TorchScript cannot compile; name the way that works."""
+        raise RuntimeError(
+            f"torch.jit.script cannot script {type(self).__name__}: TorchScript does not "
+            "compile its Python checks (TorchScript is deprecated)\n"
+            "  Use torch.export.export(model, args) for a deployable program (torch.export.save "
+            "/ torch.export.load), or torch.compile(model) for speed.")
+
     # -- printing -----------------------------------------------------------------------------
 
     def _describe(self) -> str:

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ranks import Result, serve  # this folder: the script's own, first on sys.path
 
-import safesparse.distributed as ssd
 import safesparse as ss
+import safesparse.distributed as ssd
 from safesparse.nn import SparseLinear
 
 SCENARIOS: list[Callable[[int], Result]] = []
