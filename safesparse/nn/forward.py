@@ -191,7 +191,7 @@ def linear_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
         raise keyed(self, err) from None
     y = y.reshape(*lead, self.out_features)
     if self.bias is not None:
-        y = y + self.bias
+        y = y + self.bias.to(y.dtype)  # (under autocast: the autocast dtype, as nn.Linear)
     return y
 
 

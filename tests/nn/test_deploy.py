@@ -155,22 +155,24 @@ from safesparse.nn import SparseLinear
 def child(q, out):
     m = q.get()
     x = torch.randn(5, 8, generator=torch.Generator().manual_seed(1))
-    out.put(m(x).detach().clone())
+    out.put(m(x).detach().tolist())  # (a list: a tensor's shared memory dies with us)
 
 if __name__ == "__main__":
     ctx = mp.get_context(sys.argv[1])
+    q, out = ctx.Queue(), ctx.Queue()
+    # started first: a child forked after the parent used torch's threads hangs in plain
+    # torch's own parallel ops (the dense layer), with or without safesparse
+    p = ctx.Process(target=child, args=(q, out))
+    p.start()
     torch.manual_seed(0)
     sparse = SparseLinear.from_dense(nn.Linear(32, 16), (4, 4), 0.3)
     m = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), sparse)
     want = m(torch.randn(5, 8, generator=torch.Generator().manual_seed(1))).detach()
-    q, out = ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=child, args=(q, out))
-    p.start()
     q.put(m)
     got = out.get(timeout=100)
     p.join(30)
     assert p.exitcode == 0, p.exitcode
-    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.tensor(got), want)
     print("OK")
 """
 
