@@ -31,6 +31,10 @@ __all__ = ["LinearFunction", "MatmulFunction", "linear_forward", "matmul_forward
 # The operators' autograd formulas (traced: compiled backward graphs hold the gradient operators)
 
 
+def _apply(fn: type[torch.autograd.Function], *args: Any) -> Any:
+    return fn.apply(*args)  # type: ignore[no-untyped-call]
+
+
 class _Function(torch.autograd.Function):
     """An operator as an ``autograd.Function`` with ``setup_context`` (``torch.func``
     transforms only those; the one ``register_autograd`` makes has none) and a batching rule
@@ -86,9 +90,9 @@ def _linear_backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ..
     dtype = x.dtype, values.dtype
     if g.dtype != values.dtype:  # computed under autocast: the backward in its dtype
         x, values = x.to(g.dtype), values.to(g.dtype)
-    gx = _LinearGradInput.apply(g, compressed, plain, values, layout, out_features,
+    gx = _apply(_LinearGradInput, g, compressed, plain, values, layout, out_features,
                                 in_features) if need_x else None
-    gv = _LinearGradValues.apply(g, x, compressed, plain, values, layout, out_features,
+    gv = _apply(_LinearGradValues, g, x, compressed, plain, values, layout, out_features,
                                  in_features) if need_values else None
     if gx is not None and gx.dtype != dtype[0]:
         gx = gx.to(dtype[0])
@@ -133,9 +137,9 @@ def _matmul_backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ..
     dtype = x.dtype, values.dtype
     if g.dtype != values.dtype:  # computed under autocast: the backward in its dtype
         x, values = x.to(g.dtype), values.to(g.dtype)
-    gv = _MatmulGradValues.apply(compressed, plain, values, layout, n_rows, n_cols, g,
+    gv = _apply(_MatmulGradValues, compressed, plain, values, layout, n_rows, n_cols, g,
                                  x) if need_values else None
-    gx = _MatmulGradInput.apply(compressed, plain, values, layout, n_rows, n_cols,
+    gx = _apply(_MatmulGradInput, compressed, plain, values, layout, n_rows, n_cols,
                                 g) if need_x else None
     if gx is not None and gx.dtype != dtype[0]:
         gx = gx.to(dtype[0])
@@ -186,7 +190,8 @@ def linear_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
         rows = x.unsqueeze(0) if x.dim() == 1 else x.flatten(0, -2)  # (in_features=0 too)
         args = (rows, self.compressed_indices, self.plain_indices,
                 self.values, self._layout_name, self.out_features, self.in_features)
-        y: torch.Tensor = (LinearFunction.apply(*args) if _transformed() else linear(*args))
+        y: torch.Tensor = (_apply(LinearFunction, *args) if _transformed()
+                             else linear(*args))
     except InvariantError as err:  # (eager: the error names the module's key)
         raise keyed(self, err) from None
     y = y.reshape(*lead, self.out_features)
@@ -202,7 +207,8 @@ def matmul_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     try:
         args = (self.compressed_indices, self.plain_indices, self.values, self._layout_name,
                 self.n_rows, self.n_cols, x.unsqueeze(1) if vector else x)
-        y: torch.Tensor = (MatmulFunction.apply(*args) if _transformed() else matmul(*args))
+        y: torch.Tensor = (_apply(MatmulFunction, *args) if _transformed()
+                             else matmul(*args))
     except InvariantError as err:  # (eager: the error names the module's key)
         raise keyed(self, err) from None
     return y.squeeze(1) if vector else y

@@ -96,9 +96,10 @@ class SparseLinear(CompressedModule):
                              f"{density}")
         w = linear.weight.detach()
         out_f, in_f = int(w.shape[0]), int(w.shape[1])
-        if isinstance(blocksize, int) and not isinstance(blocksize, bool):
-            blocksize = (blocksize, blocksize)
-        r, c = blocksize or (1, 1)
+        if isinstance(blocksize, int):  # square blocks, as to_sparse_bsr takes
+            r = c = int(blocksize)
+        else:
+            r, c = blocksize or (1, 1)
         if r < 1 or c < 1 or out_f % r or in_f % c:
             raise ValueError(
                 f"SparseLinear.from_dense: blocksize {blocksize} does not divide the weight's "

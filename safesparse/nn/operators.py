@@ -5,15 +5,22 @@ strided tensors only (the compressed and plain index members, the values, the de
 so ``torch.compile(fullgraph=True)`` traces it as one node (its fake implementation gives the
 output's shape) and ``torch.export`` exports it. Their autograd formulas are operators too
 (gradient to the dense operand: the transposed product; to the values: one small product per
-stored block), so compiled backward graphs hold them the same way.
+stored block; :mod:`safesparse.nn.forward`), so compiled backward graphs hold them the same
+way.
 
-Validation stays where data enters (the modules' construction, ``load_state_dict``, setting a
-new weight). At run time every real implementation confirms in O(1), with one question to
-:func:`safesparse.state.checked.confirm`, that the index members it was given are the ones proven
-for this geometry, unwritten since, and refuses anything else (:class:`UnprovenMembersError`),
-before any kernel reads them. The metadata the kernels rely on beyond the proof (the values'
-shape against the number of stored blocks, the block shape against the sizes, the dense
-operand's shape, dtypes and devices) is checked next to it, also in O(1).
+Validation happens where data enters (the modules' construction, ``load_state_dict``, setting
+a new weight) and, for index members that are not the proven ones, here. Every real
+implementation asks :func:`safesparse.state.members_proof.confirm`, in O(1), whether the index
+members it was given are proven for this geometry and unwritten since; members that are not
+(written by DDP's default buffer broadcast, in a program loaded with ``torch.export.load``, in
+shared memory, received through a process queue, made under inference mode) are validated
+(O(nnz), the factories' validation) before any kernel reads them: invalid data raises
+``InvariantError`` naming the operator and the member (the module's forward adds its key), valid
+data is proven for the next call (never where the memory cannot be watched: validated at each
+use). The metadata the kernels rely on beyond the proof (the values' shape against the number
+of stored blocks, the block shape against the sizes, the dense operand's shape, dtypes and
+devices) is checked next to it, also in O(1). In a child started by ``fork()`` the kernels run
+with one intra-op thread (as validation does there).
 
 ``layout`` is passed as a string (``"csr"``, ``"csc"``, ``"bsr"``, ``"bsc"``): custom operators
 take no ``torch.layout`` argument.
@@ -62,9 +69,11 @@ def _refuse(op: str, what: str) -> UnprovenMembersError:
 
 def _geometry(op: str, layout_name: str, compressed: torch.Tensor, plain: torch.Tensor,
               values: torch.Tensor, n_rows: int, n_cols: int
-              ) -> torch.layout:
+              ) -> tuple[torch.layout, torch.Tensor, torch.Tensor]:
     """Checks, in O(1), that the members are the proven ones for an ``n_rows x n_cols``
-    matrix of ``layout_name`` and that ``values`` fits them; returns the layout."""
+    matrix of ``layout_name`` and that ``values`` fits them (validates them otherwise);
+    returns the layout and the members the kernel reads (validated copies where the memory
+    is written unseen: :func:`_prove`)."""
     layout = _LAYOUTS.get(layout_name)
     if layout is None:
         raise ValueError(f"safesparse::{op}: unknown layout {layout_name!r} "
@@ -92,22 +101,44 @@ def _geometry(op: str, layout_name: str, compressed: torch.Tensor, plain: torch.
         # not proven (written by DDP's buffer broadcast, loaded with torch.export.load, in
         # shared memory, made under inference mode; debug mode trusts no remembered proof):
         # validated here, O(nnz), before any kernel reads them, and proven for the next call
-        _prove(op, layout, compressed, plain, values, n_rows, n_cols)
-    return layout
+        compressed, plain = _prove(op, layout, compressed, plain, values, n_rows, n_cols)
+    return layout, compressed, plain
 
 
 def _prove(op: str, layout: torch.layout, compressed: torch.Tensor, plain: torch.Tensor,
-           values: torch.Tensor, n_rows: int, n_cols: int) -> None:
+           values: torch.Tensor, n_rows: int, n_cols: int
+           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Validates the members (the factories' validation) and has the state remember the proof
     for these member objects (:func:`members_proof.remember`; not where their memory cannot be
     watched: validated at each use). Invalid data raises ``InvariantError`` naming the
     operator and the member (``plain_indices``, ``compressed_indices``)."""
+    if _broadcast_by_ddp():
+        members_proof.unwatched(compressed, plain)
+    unseen = members_proof.is_unwatched(compressed, plain)
+    if unseen:  # written without a counter moving: fresh copies, validated and read
+        compressed, plain = compressed.clone(), plain.clone()
     try:
         proven = sparse_compressed_tensor(compressed, plain, values.detach(), (n_rows, n_cols),
                                           layout=layout)
     except InvariantError as err:
         raise err.with_context(op=f"safesparse::{op}", path=member_of(err)) from None
-    members_proof.remember(proven, compressed, plain)
+    if not unseen:
+        members_proof.remember(proven, compressed, plain)
+    return compressed, plain
+
+
+def _broadcast_by_ddp() -> bool:
+    """Whether a ``DistributedDataParallel`` with ``broadcast_buffers=True`` is running this
+    forward (a caller's frame): it writes every buffer before each forward below autograd,
+    moving no version counter, so its index buffers are validated at every call. Asked only
+    where members are validated (DDP's first broadcast, at its construction, moves them)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, torch.nn.parallel.DistributedDataParallel):
+            return bool(owner.broadcast_buffers)
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def member_of(err: InvariantError) -> str:
@@ -168,7 +199,8 @@ def linear(x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor, value
            layout: str, out_features: int, in_features: int) -> torch.Tensor:
     """``x @ W.T`` for the proven ``out_features x in_features`` matrix ``W`` with these
     members; ``x`` of shape ``(N, in_features)``."""
-    lay = _geometry("linear", layout, compressed, plain, values, out_features, in_features)
+    lay, compressed, plain = _geometry("linear", layout, compressed, plain, values,
+                                       out_features, in_features)
     _operand("linear", x, values, (x.shape[0], in_features), "x")
     return _kernel(blockkernels.linear, x, lay, compressed, plain, values, out_features,
                    in_features)
@@ -185,8 +217,8 @@ def linear_grad_input(g: torch.Tensor, compressed: torch.Tensor, plain: torch.Te
                       values: torch.Tensor, layout: str, out_features: int,
                       in_features: int) -> torch.Tensor:
     """``g @ W``: the gradient of :func:`linear` to ``x``."""
-    lay = _geometry("linear_grad_input", layout, compressed, plain, values, out_features,
-                       in_features)
+    lay, compressed, plain = _geometry("linear_grad_input", layout, compressed, plain, values,
+                                       out_features, in_features)
     _operand("linear_grad_input", g, values, (g.shape[0], out_features), "g")
     return _kernel(blockkernels.linear_grad_input, g, lay, compressed, plain, values,
                    out_features, in_features)
@@ -204,7 +236,8 @@ def linear_grad_values(g: torch.Tensor, x: torch.Tensor, compressed: torch.Tenso
                        out_features: int, in_features: int) -> torch.Tensor:
     """The gradient of :func:`linear` to ``values`` (``values``' shape)."""
     op = "linear_grad_values"
-    lay = _geometry(op, layout, compressed, plain, values, out_features, in_features)
+    lay, compressed, plain = _geometry(op, layout, compressed, plain, values, out_features,
+                                       in_features)
     _operand(op, g, values, (g.shape[0], out_features), "g")
     _operand(op, x, values, (g.shape[0], in_features), "x")
     return _kernel(blockkernels.linear_grad_values, g, x, lay, compressed, plain, values,
@@ -228,7 +261,7 @@ def matmul(compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor, 
            n_rows: int, n_cols: int, x: torch.Tensor) -> torch.Tensor:
     """``A @ x`` for the proven ``n_rows x n_cols`` matrix ``A`` with these members; ``x`` of
     shape ``(n_cols, N)``."""
-    lay = _geometry("matmul", layout, compressed, plain, values, n_rows, n_cols)
+    lay, compressed, plain = _geometry("matmul", layout, compressed, plain, values, n_rows, n_cols)
     _operand("matmul", x, values, (n_cols, x.shape[1]), "x")
     return _kernel(blockkernels.matmul, lay, compressed, plain, values, n_rows, n_cols, x)
 
@@ -244,7 +277,7 @@ def matmul_grad_input(compressed: torch.Tensor, plain: torch.Tensor, values: tor
                       layout: str, n_rows: int, n_cols: int, g: torch.Tensor) -> torch.Tensor:
     """``A.T @ g``: the gradient of :func:`matmul` to ``x``."""
     op = "matmul_grad_input"
-    lay = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
+    lay, compressed, plain = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
     _operand(op, g, values, (n_rows, g.shape[1]), "g")
     return _kernel(blockkernels.matmul_grad_input, lay, compressed, plain, values, n_rows,
                    n_cols, g)
@@ -262,7 +295,7 @@ def matmul_grad_values(compressed: torch.Tensor, plain: torch.Tensor, values: to
                        x: torch.Tensor) -> torch.Tensor:
     """The gradient of :func:`matmul` to ``values`` (``values``' shape)."""
     op = "matmul_grad_values"
-    lay = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
+    lay, compressed, plain = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
     _operand(op, g, values, (n_rows, g.shape[1]), "g")
     _operand(op, x, values, (n_cols, g.shape[1]), "x")
     return _kernel(blockkernels.matmul_grad_values, g, x, lay, compressed, plain, values,

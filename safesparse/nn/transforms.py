@@ -1,13 +1,10 @@
 """torch's own tools around the ``safesparse`` operators: ``torch.func`` and autocast.
 
-* **Autograd that ``torch.func`` can transform.** ``register_autograd`` of a custom operator
+* **Autograd that ``torch.func`` can transform**: ``register_autograd`` of a custom operator
   makes an ``autograd.Function`` without a ``setup_context`` staticmethod, which
-  ``torch.func.grad`` / ``jacrev`` / ``vjp`` refuse ("must override the setup_context
-  staticmethod"). Each operator's autograd kernel is replaced here by one that applies an
-  ``autograd.Function`` with the operator's own ``setup_context`` and backward (those
-  registered in :mod:`safesparse.nn.operators`) and ``generate_vmap_rule``: the same formulas,
-  the same operators in compiled and exported graphs. The backward operators get one too
-  (``torch.func`` differentiates with ``create_graph``); differentiating them again raises.
+  ``torch.func.grad`` / ``jacrev`` refuse; under a ``torch.func`` transform the modules call
+  the operators through autograd.Functions that have one (:mod:`safesparse.nn.forward`), whose
+  ``generate_vmap_rule`` uses the rules below.
 * **Batching rules** (``torch.library.register_vmap``): a batch of dense operands over one
   matrix is one call on the stacked rows (``linear``, ``linear_grad_input``) or columns
   (``matmul``, ``matmul_grad_input``); anything else (batched values or members, per-sample
@@ -89,7 +86,8 @@ def _register_autocast(op: CustomOpDef) -> None:
         with torch._C._ExcludeDispatchKeyGuard(key):
             return overload(*cast)
 
-    op._lib.impl(op._name, kernel, "AutocastCPU", with_keyset=True)
+    op._lib.impl(op._name, kernel, "AutocastCPU",  # type: ignore[no-untyped-call]
+                 with_keyset=True)
 
 
 for _op in (ops.linear, ops.matmul):

@@ -29,16 +29,20 @@ import torch
 from . import checked
 from .memory import Tags, foreign
 
-__all__ = ["confirm", "remember", "watchable"]
+__all__ = ["confirm", "is_unwatched", "remember", "unwatched", "watchable"]
 
 #: index member -> the checked tensor (built by the factories on that member) proving it
 _proven = Tags()
+#: index members something writes without moving a counter (see :func:`unwatched`)
+_unwatched = Tags()
 
 
 def confirm(compressed: torch.Tensor, plain: torch.Tensor, geometry: Hashable) -> bool:
     """Whether ``compressed`` / ``plain`` are proven for ``geometry`` now, in O(1): members a
     checked tensor handed out (:func:`checked.confirm`), or members :func:`remember` was told
-    of whose proof still holds for them."""
+    of whose proof still holds for them; never members marked :func:`unwatched`."""
+    if is_unwatched(compressed, plain):
+        return False
     if checked.confirm(compressed, plain, geometry):
         return True
     kept = _proven.get(compressed)
@@ -54,11 +58,27 @@ def remember(proven: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor
     from now on. Returns False (nothing remembered) where the memory cannot be watched or
     ``proven`` carries no proof that can hold: such members are validated at each use."""
     rec = checked.record(proven)
-    if rec is None or checked.is_volatile(rec) or not watchable(compressed, plain):
+    if (rec is None or checked.is_volatile(rec) or not watchable(compressed, plain)
+            or is_unwatched(compressed, plain)):
         return False
     _proven.set(compressed, proven)
     _proven.set(plain, proven)
     return True
+
+
+def unwatched(compressed: torch.Tensor, plain: torch.Tensor) -> None:
+    """Something writes these member objects' memory without moving their counters (DDP's
+    buffer broadcast with ``broadcast_buffers=True`` copies below autograd, every forward): no
+    proof of them is trusted from now on, they are validated at each use."""
+    _unwatched.set(compressed, True)
+    _unwatched.set(plain, True)
+    _proven.set(compressed, None)
+    _proven.set(plain, None)
+
+
+def is_unwatched(compressed: torch.Tensor, plain: torch.Tensor) -> bool:
+    """Whether either member was marked :func:`unwatched`."""
+    return _unwatched.get(compressed) is not None or _unwatched.get(plain) is not None
 
 
 def watchable(compressed: torch.Tensor, plain: torch.Tensor) -> bool:

@@ -173,10 +173,12 @@ def default_buffers_compiled(rank: int) -> Result:
 
 @scenario
 def invalid_broadcast_refused(rank: int) -> Result:
-    """Rank 0's index buffer holds invalid data: DDP's buffer broadcast hands it to rank 1,
-    and both refuse it before any kernel reads it, naming the key."""
+    """Rank 0's index buffer holds invalid data after a first step: DDP's buffer broadcast
+    hands it to rank 1, writing below autograd (no version counter moves there), and both
+    refuse it before any kernel reads it, naming the key."""
     model = synced_model(rank)
     ddp = wrap(model)
+    ddp(batch()[0])  # a first step: the buffers are validated, then trusted?
     if rank == 0:
         with torch.no_grad():
             model[2].plain_indices[0] = 1000
