@@ -53,18 +53,17 @@ _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 class UnprovenMembersError(RuntimeError):
-    """A ``safesparse`` operator was given index members that are not the proven ones."""
+    """A ``safesparse`` operator was given index members or values whose shapes cannot be
+    those of its matrix (checked in O(1), before any validation or kernel)."""
 
 
 def _refuse(op: str, what: str) -> UnprovenMembersError:
     return UnprovenMembersError(
         f"safesparse::{op}: {what}\n"
-        "  The operator reads only index members that were validated together and not written "
-        "since (a module's own index buffers). Index buffers replaced or written in place "
-        "(`layer.plain_indices.data = ...`, `buf[0] = ...`, a tensor assigned over a buffer, "
-        "a program loaded from a file) are refused before any kernel reads them. Set a new "
-        "pattern through the module (`layer.weight = W`, `load_state_dict`), which validates "
-        "it.")
+        "  The members' shapes must be those of the matrix the operator is given (compressed: "
+        "n_compressed + 1 offsets, plain and values: one entry per stored element or block). "
+        "Set a new pattern through the module (`layer.weight = W`, `load_state_dict`), which "
+        "validates it.")
 
 
 def _geometry(op: str, layout_name: str, compressed: torch.Tensor, plain: torch.Tensor,

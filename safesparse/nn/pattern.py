@@ -12,7 +12,9 @@ one raises before anything is written) and setting a new matrix. Module conversi
 (``.to(dtype)``, ``.half()``, ``.to(device)``, ``copy.deepcopy``) keep the proof: a conversion
 that leaves the index buffers as they are keeps them; one that moves them (another device,
 shared memory) re-proves the buffers through the kept checked tensor (its own conversion is
-checked without an O(nnz) check), or validates them where that route does not apply.
+checked without an O(nnz) check) where that route applies; elsewhere (``share_memory()``,
+``to_empty()``) nothing is validated there: the operators validate the buffers at their next
+call (:mod:`safesparse.nn.operators`).
 
 The geometry goes into the state dict as the module's extra state, one small int64 tensor
 ``[0x5353, 1, layout, rows, cols, block rows, block cols]`` (layout 0..3 for CSR, CSC, BSR,
