@@ -49,6 +49,7 @@ def test_a_proven_forward_runs_no_validation() -> None:
     assert counted(m)[1] == 0
 
 
+@pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated")
 def test_exported_program_saved_and_loaded_runs(tmp_path: Path) -> None:
     m = model()
     want = m(X).detach()

@@ -93,11 +93,13 @@ def test_activation_checkpointing() -> None:
     torch.testing.assert_close(x.grad, x2.grad)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 def test_jit_script_names_torch_export() -> None:
     with pytest.raises(RuntimeError, match=r"torch\.export\.export"):
         torch.jit.script(nn.Sequential(nn.Linear(4, 8), layer()))
 
 
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors is a no-op")
 def test_linear_shaped_edges() -> None:
     m = layer()
     with pytest.raises(RuntimeError, match=r"in_features=8, got 5"):
