@@ -12,6 +12,7 @@ sparse-layout parameters.
 
 from __future__ import annotations
 
+from . import transforms as transforms  # (torch.func, vmap and autocast registrations)
 from .linear import SparseLinear
 from .matmul import SparseMatmul
 from .operators import UnprovenMembersError

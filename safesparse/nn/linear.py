@@ -70,14 +70,15 @@ class SparseLinear(CompressedModule):
             self.register_parameter("bias", None)
 
     @classmethod
-    def from_dense(cls, linear: nn.Linear, blocksize: tuple[int, int] | None,
+    def from_dense(cls, linear: nn.Linear, blocksize: tuple[int, int] | int | None,
                    density: float) -> SparseLinear:
         """Prune ``linear`` to the blocks of largest Frobenius norm.
 
         Args:
             linear: the dense layer (its weight's dtype and device are kept).
             blocksize: ``(r, c)``, dividing ``(out_features, in_features)``: a BSR weight of
-                r x c blocks; None or ``(1, 1)``: a CSR weight (single entries, the entries of
+                r x c blocks (an int ``b``: square ``b x b`` blocks, as ``to_sparse_bsr``
+                takes); None, 1 or ``(1, 1)``: a CSR weight (single entries, the entries of
                 largest magnitude).
             density: the fraction of blocks kept, in ``[0, 1]``: ``round(density * blocks)``
                 blocks, at least one when ``density > 0``. Ties keep the block that comes
@@ -95,7 +96,10 @@ class SparseLinear(CompressedModule):
                              f"{density}")
         w = linear.weight.detach()
         out_f, in_f = int(w.shape[0]), int(w.shape[1])
-        r, c = blocksize or (1, 1)
+        if isinstance(blocksize, int):  # square blocks, as to_sparse_bsr takes
+            r = c = int(blocksize)
+        else:
+            r, c = blocksize or (1, 1)
         if r < 1 or c < 1 or out_f % r or in_f % c:
             raise ValueError(
                 f"SparseLinear.from_dense: blocksize {blocksize} does not divide the weight's "

@@ -5,15 +5,22 @@ strided tensors only (the compressed and plain index members, the values, the de
 so ``torch.compile(fullgraph=True)`` traces it as one node (its fake implementation gives the
 output's shape) and ``torch.export`` exports it. Their autograd formulas are operators too
 (gradient to the dense operand: the transposed product; to the values: one small product per
-stored block), so compiled backward graphs hold them the same way.
+stored block; :mod:`safesparse.nn.forward`), so compiled backward graphs hold them the same
+way.
 
-Validation stays where data enters (the modules' construction, ``load_state_dict``, setting a
-new weight). At run time every real implementation confirms in O(1), with one question to
-:func:`safesparse.state.checked.confirm`, that the index members it was given are the ones proven
-for this geometry, unwritten since, and refuses anything else (:class:`UnprovenMembersError`),
-before any kernel reads them. The metadata the kernels rely on beyond the proof (the values'
-shape against the number of stored blocks, the block shape against the sizes, the dense
-operand's shape, dtypes and devices) is checked next to it, also in O(1).
+Validation happens where data enters (the modules' construction, ``load_state_dict``, setting
+a new weight) and, for index members that are not the proven ones, here. Every real
+implementation asks :func:`safesparse.state.members_proof.confirm`, in O(1), whether the index
+members it was given are proven for this geometry and unwritten since; members that are not
+(written by DDP's default buffer broadcast, in a program loaded with ``torch.export.load``, in
+shared memory, received through a process queue, made under inference mode) are validated
+(O(nnz), the factories' validation) before any kernel reads them: invalid data raises
+``InvariantError`` naming the operator and the member (the module's forward adds its key), valid
+data is proven for the next call (never where the memory cannot be watched: validated at each
+use). The metadata the kernels rely on beyond the proof (the values' shape against the number
+of stored blocks, the block shape against the sizes, the dense operand's shape, dtypes and
+devices) is checked next to it, also in O(1). In a child started by ``fork()`` the kernels run
+with one intra-op thread (as validation does there).
 
 ``layout`` is passed as a string (``"csr"``, ``"csc"``, ``"bsr"``, ``"bsc"``): custom operators
 take no ``torch.layout`` argument.
@@ -21,17 +28,21 @@ take no ``torch.layout`` argument.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.library import custom_op
 
 from ..base.debug_flag import is_debug
+from ..catalog.errors import InvariantError
+from ..engine.validation import fork_safe, in_forked_child
 from ..factories import sparse_compressed_tensor
 from ..kernels import blocks as blockkernels
-from ..state import checked
+from ..state import checked, members_proof
 
-__all__ = ["LAYOUT_NAMES", "UnprovenMembersError", "linear", "matmul"]
+__all__ = ["LAYOUT_NAMES", "UnprovenMembersError", "keyed", "linear", "matmul"]
 
 LAYOUT_NAMES: dict[torch.layout, str] = {
     torch.sparse_csr: "csr", torch.sparse_csc: "csc",
@@ -42,7 +53,8 @@ _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 class UnprovenMembersError(RuntimeError):
-    """A ``safesparse`` operator was given index members that are not the proven ones."""
+    """A ``safesparse`` operator was given index members or values whose shapes cannot be
+    those of its matrix (checked in O(1), before any validation or kernel)."""
 
     __module__ = "safesparse.nn"  # printed and pickled by its public name
 
@@ -50,19 +62,19 @@ class UnprovenMembersError(RuntimeError):
 def _refuse(op: str, what: str) -> UnprovenMembersError:
     return UnprovenMembersError(
         f"safesparse::{op}: {what}\n"
-        "  The operator reads only index members that were validated together and not written "
-        "since (a module's own index buffers). Index buffers replaced or written in place "
-        "(`layer.plain_indices.data = ...`, `buf[0] = ...`, a tensor assigned over a buffer, "
-        "a program loaded from a file) are refused before any kernel reads them. Set a new "
-        "pattern through the module (`layer.weight = W`, `load_state_dict`), which validates "
-        "it.")
+        "  The members' shapes must be those of the matrix the operator is given (compressed: "
+        "n_compressed + 1 offsets, plain and values: one entry per stored element or block). "
+        "Set a new pattern through the module (`layer.weight = W`, `load_state_dict`), which "
+        "validates it.")
 
 
 def _geometry(op: str, layout_name: str, compressed: torch.Tensor, plain: torch.Tensor,
               values: torch.Tensor, n_rows: int, n_cols: int
-              ) -> torch.layout:
+              ) -> tuple[torch.layout, torch.Tensor, torch.Tensor]:
     """Checks, in O(1), that the members are the proven ones for an ``n_rows x n_cols``
-    matrix of ``layout_name`` and that ``values`` fits them; returns the layout."""
+    matrix of ``layout_name`` and that ``values`` fits them (validates them otherwise);
+    returns the layout and the members the kernel reads (validated copies where the memory
+    is written unseen: :func:`_prove`)."""
     layout = _LAYOUTS.get(layout_name)
     if layout is None:
         raise ValueError(f"safesparse::{op}: unknown layout {layout_name!r} "
@@ -85,14 +97,88 @@ def _geometry(op: str, layout_name: str, compressed: torch.Tensor, plain: torch.
         raise _refuse(op, f"members of shapes {tuple(compressed.shape)}, "
                           f"{tuple(plain.shape)}, {tuple(values.shape)} do not fit a "
                           f"{n_rows} x {n_cols} {layout_name.upper()} matrix")
-    if is_debug():  # debug mode trusts no remembered proof: the members are validated
-        sparse_compressed_tensor(compressed, plain, values.detach(), (n_rows, n_cols),
-                                 layout=layout)
-    elif not checked.confirm(compressed, plain,
-                             checked.compressed_geometry(n_compressed, n_plain)):
-        raise _refuse(op, "the index members are not the proven ones (replaced, written or "
-                          "never validated)")
-    return layout
+    geometry = checked.compressed_geometry(n_compressed, n_plain)
+    if is_debug() or not members_proof.confirm(compressed, plain, geometry):
+        # not proven (written by DDP's buffer broadcast, loaded with torch.export.load, in
+        # shared memory, made under inference mode; debug mode trusts no remembered proof):
+        # validated here, O(nnz), before any kernel reads them, and proven for the next call
+        compressed, plain = _prove(op, layout, compressed, plain, values, n_rows, n_cols)
+    return layout, compressed, plain
+
+
+def _prove(op: str, layout: torch.layout, compressed: torch.Tensor, plain: torch.Tensor,
+           values: torch.Tensor, n_rows: int, n_cols: int
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validates the members (the factories' validation) and has the state remember the proof
+    for these member objects (:func:`members_proof.remember`; not where their memory cannot be
+    watched: validated at each use). Invalid data raises ``InvariantError`` naming the
+    operator and the member (``plain_indices``, ``compressed_indices``)."""
+    if _broadcast_by_ddp():
+        members_proof.unwatched(compressed, plain)
+    unseen = members_proof.is_unwatched(compressed, plain)
+    if unseen:  # written without a counter moving: fresh copies, validated and read
+        compressed, plain = compressed.clone(), plain.clone()
+    try:
+        proven = sparse_compressed_tensor(compressed, plain, values.detach(), (n_rows, n_cols),
+                                          layout=layout)
+    except InvariantError as err:
+        raise err.with_context(op=f"safesparse::{op}", path=member_of(err)) from None
+    if not unseen:
+        members_proof.remember(proven, compressed, plain)
+    return compressed, plain
+
+
+def _broadcast_by_ddp() -> bool:
+    """Whether a ``DistributedDataParallel`` with ``broadcast_buffers=True`` is running this
+    forward (a caller's frame): it writes every buffer before each forward below autograd,
+    moving no version counter, so its index buffers are validated at every call. Asked only
+    where members are validated (DDP's first broadcast, at its construction, moves them)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, torch.nn.parallel.DistributedDataParallel):
+            return bool(owner.broadcast_buffers)
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def member_of(err: InvariantError) -> str:
+    """Which index member an invariant of a compressed layout is about: the compressed one
+    (catalog 5.1 to 5.3), the plain one (5.4 to 5.6), else both."""
+    if err.invariant in ("5.1", "5.2", "5.3"):
+        return "compressed_indices"
+    if err.invariant in ("5.4", "5.5", "5.6"):
+        return "plain_indices"
+    return "compressed_indices, plain_indices"
+
+
+def keyed(module: torch.nn.Module, err: InvariantError) -> InvariantError:
+    """``err`` (raised by an operator over ``module``'s members) naming the member by its key
+    in the outermost module whose code called ``module`` (``fc1.plain_indices``; under DDP
+    ``module.fc1.plain_indices``), found from the calling frames: an error path only."""
+    key = ""
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, torch.nn.Module) and owner is not module:
+            for name, sub in owner.named_modules(remove_duplicate=False):
+                if sub is module:
+                    key = name
+                    break
+        frame = frame.f_back  # type: ignore[assignment]
+    member = err.path or member_of(err)
+    if key:
+        member = ", ".join(f"{key}.{m}" for m in member.split(", "))
+    return err.with_context(path=member)
+
+
+def _kernel(kernel: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
+    """``kernel(*args)``; in a child started by ``fork()`` with one intra-op thread, as
+    validation runs there (a parallel region of the parent's OpenMP pool hangs in the child
+    for good: :func:`safesparse.engine.validation.fork_safe`)."""
+    if in_forked_child():
+        return fork_safe(kernel)(*args)
+    return kernel(*args)
 
 
 def _operand(op: str, x: torch.Tensor, values: torch.Tensor, shape: tuple[int, int],
@@ -101,7 +187,7 @@ def _operand(op: str, x: torch.Tensor, values: torch.Tensor, shape: tuple[int, i
         raise ValueError(f"safesparse::{op}: {what} must have shape {shape}, got "
                          f"{tuple(x.shape)}")
     if x.dtype != values.dtype or x.device != values.device:
-        raise TypeError(f"safesparse::{op}: {what} is {x.dtype} on {x.device}, values are "
+        raise RuntimeError(f"safesparse::{op}: {what} is {x.dtype} on {x.device}, values are "
                         f"{values.dtype} on {values.device} (convert one of them)")
 
 
@@ -114,9 +200,11 @@ def linear(x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor, value
            layout: str, out_features: int, in_features: int) -> torch.Tensor:
     """``x @ W.T`` for the proven ``out_features x in_features`` matrix ``W`` with these
     members; ``x`` of shape ``(N, in_features)``."""
-    lay = _geometry("linear", layout, compressed, plain, values, out_features, in_features)
+    lay, compressed, plain = _geometry("linear", layout, compressed, plain, values,
+                                       out_features, in_features)
     _operand("linear", x, values, (x.shape[0], in_features), "x")
-    return blockkernels.linear(x, lay, compressed, plain, values, out_features, in_features)
+    return _kernel(blockkernels.linear, x, lay, compressed, plain, values, out_features,
+                   in_features)
 
 
 @linear.register_fake
@@ -130,11 +218,11 @@ def linear_grad_input(g: torch.Tensor, compressed: torch.Tensor, plain: torch.Te
                       values: torch.Tensor, layout: str, out_features: int,
                       in_features: int) -> torch.Tensor:
     """``g @ W``: the gradient of :func:`linear` to ``x``."""
-    lay = _geometry("linear_grad_input", layout, compressed, plain, values, out_features,
-                       in_features)
+    lay, compressed, plain = _geometry("linear_grad_input", layout, compressed, plain, values,
+                                       out_features, in_features)
     _operand("linear_grad_input", g, values, (g.shape[0], out_features), "g")
-    return blockkernels.linear_grad_input(g, lay, compressed, plain, values, out_features,
-                                          in_features)
+    return _kernel(blockkernels.linear_grad_input, g, lay, compressed, plain, values,
+                   out_features, in_features)
 
 
 @linear_grad_input.register_fake
@@ -149,11 +237,12 @@ def linear_grad_values(g: torch.Tensor, x: torch.Tensor, compressed: torch.Tenso
                        out_features: int, in_features: int) -> torch.Tensor:
     """The gradient of :func:`linear` to ``values`` (``values``' shape)."""
     op = "linear_grad_values"
-    lay = _geometry(op, layout, compressed, plain, values, out_features, in_features)
+    lay, compressed, plain = _geometry(op, layout, compressed, plain, values, out_features,
+                                       in_features)
     _operand(op, g, values, (g.shape[0], out_features), "g")
     _operand(op, x, values, (g.shape[0], in_features), "x")
-    return blockkernels.linear_grad_values(g, x, lay, compressed, plain, values, out_features,
-                                           in_features)
+    return _kernel(blockkernels.linear_grad_values, g, x, lay, compressed, plain, values,
+                   out_features, in_features)
 
 
 @linear_grad_values.register_fake
@@ -162,25 +251,6 @@ def _(g: torch.Tensor, x: torch.Tensor, compressed: torch.Tensor, plain: torch.T
     return values.new_empty(values.shape)  # contiguous, as the kernel's (whatever values' strides)
 
 
-def _linear_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    x, compressed, plain, values, layout, out_features, in_features = inputs
-    ctx.save_for_backward(x, compressed, plain, values)
-    ctx.geometry = (layout, out_features, in_features)
-
-
-def _linear_backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-    x, compressed, plain, values = ctx.saved_tensors
-    layout, out_features, in_features = ctx.geometry
-    need_x, _, _, need_values = ctx.needs_input_grad[:4]
-    g = g.contiguous()
-    gx = linear_grad_input(g, compressed, plain, values, layout, out_features,
-                           in_features) if need_x else None
-    gv = linear_grad_values(g, x, compressed, plain, values, layout, out_features,
-                            in_features) if need_values else None
-    return gx, None, None, gv, None, None, None
-
-
-linear.register_autograd(_linear_backward, setup_context=_linear_setup)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,9 +262,9 @@ def matmul(compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor, 
            n_rows: int, n_cols: int, x: torch.Tensor) -> torch.Tensor:
     """``A @ x`` for the proven ``n_rows x n_cols`` matrix ``A`` with these members; ``x`` of
     shape ``(n_cols, N)``."""
-    lay = _geometry("matmul", layout, compressed, plain, values, n_rows, n_cols)
+    lay, compressed, plain = _geometry("matmul", layout, compressed, plain, values, n_rows, n_cols)
     _operand("matmul", x, values, (n_cols, x.shape[1]), "x")
-    return blockkernels.matmul(lay, compressed, plain, values, n_rows, n_cols, x)
+    return _kernel(blockkernels.matmul, lay, compressed, plain, values, n_rows, n_cols, x)
 
 
 @matmul.register_fake
@@ -208,9 +278,10 @@ def matmul_grad_input(compressed: torch.Tensor, plain: torch.Tensor, values: tor
                       layout: str, n_rows: int, n_cols: int, g: torch.Tensor) -> torch.Tensor:
     """``A.T @ g``: the gradient of :func:`matmul` to ``x``."""
     op = "matmul_grad_input"
-    lay = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
+    lay, compressed, plain = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
     _operand(op, g, values, (n_rows, g.shape[1]), "g")
-    return blockkernels.matmul_grad_input(lay, compressed, plain, values, n_rows, n_cols, g)
+    return _kernel(blockkernels.matmul_grad_input, lay, compressed, plain, values, n_rows,
+                   n_cols, g)
 
 
 @matmul_grad_input.register_fake
@@ -225,34 +296,14 @@ def matmul_grad_values(compressed: torch.Tensor, plain: torch.Tensor, values: to
                        x: torch.Tensor) -> torch.Tensor:
     """The gradient of :func:`matmul` to ``values`` (``values``' shape)."""
     op = "matmul_grad_values"
-    lay = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
+    lay, compressed, plain = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
     _operand(op, g, values, (n_rows, g.shape[1]), "g")
     _operand(op, x, values, (n_cols, g.shape[1]), "x")
-    return blockkernels.matmul_grad_values(g, x, lay, compressed, plain, values, n_rows, n_cols)
+    return _kernel(blockkernels.matmul_grad_values, g, x, lay, compressed, plain, values,
+                   n_rows, n_cols)
 
 
 @matmul_grad_values.register_fake
 def _(compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor, layout: str,
       n_rows: int, n_cols: int, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return values.new_empty(values.shape)  # contiguous, as the kernel's (whatever values' strides)
-
-
-def _matmul_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    compressed, plain, values, layout, n_rows, n_cols, x = inputs
-    ctx.save_for_backward(compressed, plain, values, x)
-    ctx.geometry = (layout, n_rows, n_cols)
-
-
-def _matmul_backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-    compressed, plain, values, x = ctx.saved_tensors
-    layout, n_rows, n_cols = ctx.geometry
-    need_values, need_x = ctx.needs_input_grad[2], ctx.needs_input_grad[6]
-    g = g.contiguous()
-    gv = matmul_grad_values(compressed, plain, values, layout, n_rows, n_cols, g,
-                            x) if need_values else None
-    gx = matmul_grad_input(compressed, plain, values, layout, n_rows, n_cols,
-                           g) if need_x else None
-    return None, None, gv, None, None, None, gx
-
-
-matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)

@@ -12,7 +12,9 @@ one raises before anything is written) and setting a new matrix. Module conversi
 (``.to(dtype)``, ``.half()``, ``.to(device)``, ``copy.deepcopy``) keep the proof: a conversion
 that leaves the index buffers as they are keeps them; one that moves them (another device,
 shared memory) re-proves the buffers through the kept checked tensor (its own conversion is
-checked without an O(nnz) check), or validates them where that route does not apply.
+checked without an O(nnz) check) where that route applies; elsewhere (``share_memory()``,
+``to_empty()``) nothing is validated there: the operators validate the buffers at their next
+call (:mod:`safesparse.nn.operators`).
 
 The geometry goes into the state dict as the module's extra state, one small int64 tensor
 ``[0x5353, 1, layout, rows, cols, block rows, block cols]`` (layout 0..3 for CSR, CSC, BSR,
@@ -39,7 +41,7 @@ from ..catalog.module_geometry import (
     values_disagree,
 )
 from ..factories import sparse_compressed_tensor
-from ..state import checked  # (the one place that decides whether a proof holds)
+from ..state import checked, members_proof  # (the one place that decides whether a proof holds)
 from ..tensor import SafeSparseTensor, validate
 
 __all__ = ["CompressedModule"]
@@ -73,6 +75,7 @@ class CompressedModule(nn.Module):
     """A fixed, proven 2-D compressed matrix as module state (module docstring)."""
 
     values: nn.Parameter
+    _pattern: SafeSparseTensor | None
     compressed_indices: torch.Tensor
     plain_indices: torch.Tensor
 
@@ -107,7 +110,7 @@ class CompressedModule(nn.Module):
         blocks = self.blocksize or (1, 1)
         n_plain = (self._size[1] // blocks[1] if self.layout in _ROW
                    else self._size[0] // blocks[0])
-        return checked.confirm(c, p, checked.compressed_geometry(n_comp, n_plain))
+        return members_proof.confirm(c, p, checked.compressed_geometry(n_comp, n_plain))
 
     @property
     def blocksize(self) -> tuple[int, int] | None:
@@ -153,16 +156,18 @@ class CompressedModule(nn.Module):
         super()._apply(fn, recurse)  # type: ignore[no-untyped-call]
         c, p = self.compressed_indices, self.plain_indices
         kept = self._pattern
-        if c is before[0] and p is before[1] and self._confirmed():
+        if kept is not None and c is before[0] and p is before[1] and self._confirmed():
             proven = kept  # the buffers as they were (a dtype conversion): the same proof
-        elif kept.device != c.device and c.shape == before[0].shape \
+        elif kept is not None and kept.device != c.device and c.device.type != "meta" \
+                and kept.device.type != "meta" and c.shape == before[0].shape \
                 and p.shape == before[1].shape:
             proven = kept.to(c.device)  # a move: checked without an O(nnz) check
         else:
-            # buffers written or re-allocated in place (share_memory_, to_empty): validated,
-            # as data entering the module
-            proven = validate(sparse_compressed_tensor(c, p, self.values.detach(), self._size,
-                                                       layout=self.layout))
+            # buffers written or re-allocated in place (share_memory_, to_empty): nothing is
+            # validated here (to_empty's memory is uninitialised); the operators validate the
+            # buffers at their next call (shared memory: at every call) and refuse invalid data
+            self._pattern = None
+            return self
         self._prove(proven)  # (also drops the kept tensor's hold on the old values)
         return self
 
@@ -173,6 +178,10 @@ class CompressedModule(nn.Module):
         kept = self.__dict__.get("_pattern")
         if kept is not None and not self._confirmed():
             c, p = self.compressed_indices, self.plain_indices
+            if not members_proof.watchable(c, p):
+                # shared memory (a process queue): the operators validate it at every call
+                self._pattern = None
+                return
             self._prove(validate(sparse_compressed_tensor(
                 c, p, self.values.detach(), self._size, layout=self.layout)))
 
@@ -282,6 +291,17 @@ class CompressedModule(nn.Module):
         if proven is not None and not refused and len(error_msgs) == failed_before:
             values = proven.values().detach()
             self._replace(proven, values if assign else values.clone(), assign)
+
+    # -- TorchScript ----------------------------------------------------------------------------
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        """``torch.jit.script`` calls this first: the forward's checks and operators are Python
+        that TorchScript cannot compile; name the way that works."""
+        raise RuntimeError(
+            f"torch.jit.script cannot script {type(self).__name__}: TorchScript does not "
+            "compile its Python checks (TorchScript is deprecated)\n"
+            "  Use torch.export.export(model, args) for a deployable program (torch.export.save "
+            "/ torch.export.load), or torch.compile(model) for speed.")
 
     # -- printing -----------------------------------------------------------------------------
 

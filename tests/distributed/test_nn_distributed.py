@@ -6,7 +6,8 @@ rank on half of one batch: eager, compiled with ``fullgraph=True`` and then wrap
 wrapped and then compiled. After every step the replicas hold equal parameters and the same
 pattern, the parameters moved, and they match a single-process run on the whole batch. Rank 1
 starts from another pattern, replaced by rank 0's through ``safesparse.distributed.broadcast``
-and ``layer.weight = ...``; DDP's default in-place buffer broadcast is refused by the layer.
+and ``layer.weight = ...``. DDP's default in-place buffer broadcast trains too (the layer
+validates the written index buffers at each forward); invalid broadcast data is refused.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ SESSION_TIMEOUT = 240  # seconds: generous for a loaded 2-core machine; a run ta
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with gloo is not available")
 
-TRAINED = ["eager", "compiled_then_wrapped", "wrapped_then_compiled"]
+TRAINED = ["eager", "compiled_then_wrapped", "wrapped_then_compiled", "default_buffers",
+           "default_buffers_compiled"]
+STEPS_RUN = 3  # ddp_nn_worker.STEPS
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +74,16 @@ def test_compiling_the_wrapper_breaks_only_in_ddp(session: Results) -> None:
     assert not any("safesparse" in reason for reason in got["break_reasons"])
 
 
-def test_default_buffer_broadcast_is_refused(session: Results) -> None:
+def test_default_buffer_broadcast_validates_each_step(session: Results) -> None:
+    """``broadcast_buffers=True`` (DDP's default) trains; the index buffers it writes in place
+    without moving a version counter are validated at every forward and backward product
+    (what it costs: one O(nnz) validation per product and step)."""
     for rank in (0, 1):
-        refused = value(session, rank, "default_buffer_broadcast_refused")["refused"]
-        assert refused is not None and "safesparse::linear" in refused, rank
+        assert value(session, rank, "default_buffers")["validations"] >= 2 * STEPS_RUN, rank
+
+
+def test_invalid_broadcast_buffers_are_refused(session: Results) -> None:
+    for rank in (0, 1):
+        refused = value(session, rank, "invalid_broadcast_refused")["refused"]
+        assert refused is not None and "[BSR 5.5]" in refused, rank
+        assert "module.2.plain_indices" in refused, rank

@@ -26,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ranks import Result, serve  # this folder: the script's own, first on sys.path
 
+import safesparse as ss
 import safesparse.distributed as ssd
-from safesparse.nn import SparseLinear, UnprovenMembersError
+from safesparse.nn import SparseLinear
 
 SCENARIOS: list[Callable[[int], Result]] = []
 STEPS = 3
@@ -151,14 +152,39 @@ def wrapped_then_compiled(rank: int) -> Result:
 
 
 @scenario
-def default_buffer_broadcast_refused(rank: int) -> Result:
-    """DDP's default ``broadcast_buffers=True`` writes every buffer in place, the index buffers
-    included: the layer then refuses them (never computes on index data it did not prove)."""
+def default_buffers(rank: int) -> Result:
+    """DDP's default ``broadcast_buffers=True`` writes every buffer in place before each
+    forward, the index buffers included: the layer validates them again (O(nnz)) and trains."""
+    model = synced_model(rank)
+    ss.reset_stats()
+    out = train(rank, wrap(model), model)
+    out["validations"] = ss.stats().validations
+    return out
+
+
+@scenario
+def default_buffers_compiled(rank: int) -> Result:
+    """The same, compiled with ``fullgraph=True`` and then wrapped with DDP's defaults."""
+    torch._dynamo.reset()
+    model = synced_model(rank)
+    compiled = torch.compile(model, fullgraph=True, backend=BACKEND)
+    return train(rank, wrap(compiled), model)
+
+
+@scenario
+def invalid_broadcast_refused(rank: int) -> Result:
+    """Rank 0's index buffer holds invalid data after a first step: DDP's buffer broadcast
+    hands it to rank 1, writing below autograd (no version counter moves there), and both
+    refuse it before any kernel reads it, naming the key."""
     model = synced_model(rank)
     ddp = wrap(model)
+    ddp(batch()[0])  # a first step: the buffers are validated, then trusted?
+    if rank == 0:
+        with torch.no_grad():
+            model[2].plain_indices[0] = 1000
     try:
         ddp(batch()[0])
-    except UnprovenMembersError as err:
+    except ss.InvariantError as err:
         return {"refused": str(err).splitlines()[0]}
     return {"refused": None}
 

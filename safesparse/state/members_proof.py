@@ -1,0 +1,87 @@
+"""Proofs of index members that model code's operators were given: the run-time question of
+the ``safesparse`` operators, and how members that no checked tensor handed out get proven.
+
+A ``safesparse`` operator reads dense index members (a module's buffers). They are proven when
+they are members a checked tensor handed out, still proven (:func:`checked.confirm`: a module's
+own buffers), or when this module remembers a checked tensor built on them (:func:`remember`)
+whose proof still holds *for these very tensors* (:func:`checked.proves`: the same view of the
+same memory, every counter that can write it unmoved, the same geometry). That second route is
+how members nothing vouches for (written by DDP's buffer broadcast, in a program loaded with
+``torch.export.load``, received through a process queue) are proven after the operator
+validated them once: the next call answers in O(1), and any write through the members (or
+anything else on their memory) voids it, so they are validated again before a kernel reads
+them.
+
+Memory that cannot be watched (inference tensors, shared memory, file mappings) is never
+remembered: a checked tensor over it is volatile (:func:`checked.is_volatile`), its proof
+never holds, and the operator validates it at each use (:func:`watchable` tells the caller).
+
+The tensor remembered for a member is kept in a :class:`~safesparse.state.memory.Tags` entry
+keyed by the member object (dropped with it, never in its ``__dict__``, which torch pickles).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import torch
+
+from . import checked
+from .memory import Tags, foreign
+
+__all__ = ["confirm", "is_unwatched", "remember", "unwatched", "watchable"]
+
+#: index member -> the checked tensor (built by the factories on that member) proving it
+_proven = Tags()
+#: index members something writes without moving a counter (see :func:`unwatched`)
+_unwatched = Tags()
+
+
+def confirm(compressed: torch.Tensor, plain: torch.Tensor, geometry: Hashable) -> bool:
+    """Whether ``compressed`` / ``plain`` are proven for ``geometry`` now, in O(1): members a
+    checked tensor handed out (:func:`checked.confirm`), or members :func:`remember` was told
+    of whose proof still holds for them; never members marked :func:`unwatched`."""
+    if is_unwatched(compressed, plain):
+        return False
+    if checked.confirm(compressed, plain, geometry):
+        return True
+    kept = _proven.get(compressed)
+    if kept is None or _proven.get(plain) is not kept:
+        return False
+    rec = checked.record(kept)
+    return rec is not None and checked.proves(rec, compressed, plain, (geometry,))
+
+
+def remember(proven: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor) -> bool:
+    """``proven`` is a checked tensor the factories just built (validated, or vouched for) on
+    ``compressed`` / ``plain``: :func:`confirm` answers for these member objects from its proof
+    from now on. Returns False (nothing remembered) where the memory cannot be watched or
+    ``proven`` carries no proof that can hold: such members are validated at each use."""
+    rec = checked.record(proven)
+    if (rec is None or checked.is_volatile(rec) or not watchable(compressed, plain)
+            or is_unwatched(compressed, plain)):
+        return False
+    _proven.set(compressed, proven)
+    _proven.set(plain, proven)
+    return True
+
+
+def unwatched(compressed: torch.Tensor, plain: torch.Tensor) -> None:
+    """Something writes these member objects' memory without moving their counters (DDP's
+    buffer broadcast with ``broadcast_buffers=True`` copies below autograd, every forward): no
+    proof of them is trusted from now on, they are validated at each use."""
+    _unwatched.set(compressed, True)
+    _unwatched.set(plain, True)
+    _proven.set(compressed, None)
+    _proven.set(plain, None)
+
+
+def is_unwatched(compressed: torch.Tensor, plain: torch.Tensor) -> bool:
+    """Whether either member was marked :func:`unwatched`."""
+    return _unwatched.get(compressed) is not None or _unwatched.get(plain) is not None
+
+
+def watchable(compressed: torch.Tensor, plain: torch.Tensor) -> bool:
+    """Whether writes to the members' memory are seen by this process (not an inference
+    tensor, not shared memory, not a file mapping): a proof of them can be remembered."""
+    return not foreign((compressed, plain))
