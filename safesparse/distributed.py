@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 from torch._C import DisableTorchFunctionSubclass
 
+from .base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS, SPARSE_LAYOUTS
 from .catalog.errors import InvariantError
 from .engine.metadata import compressed_members, members
 from .factories.core import sparse_compressed_tensor, sparse_coo_tensor
@@ -59,8 +60,7 @@ __all__ = [
     "send",
 ]
 
-_SPARSE: Final = frozenset({torch.sparse_coo, torch.sparse_csr, torch.sparse_csc,
-                            torch.sparse_bsr, torch.sparse_bsc})
+_SPARSE: Final = frozenset(SPARSE_LAYOUTS)
 
 if not dist.is_available():  # pragma: no cover - torch builds without distributed support
     raise ImportError("safesparse.distributed needs a torch build with torch.distributed")
@@ -179,7 +179,7 @@ def _header(t: torch.Tensor, device: torch.device) -> torch.Tensor:
             h[_F_NNZ] = plain.shape[-1]
             m = compressed.dim() - 1
             h[_F_SPLIT] = m
-            if t.layout in (torch.sparse_bsr, torch.sparse_bsc):
+            if t.layout in BLOCK_LAYOUTS:
                 h[_F_B0], h[_F_B1] = t.values().shape[m + 1: m + 3]
         h[_F_SHAPE: _F_SHAPE + len(shape)] = shape
         return torch.tensor(h, dtype=torch.int64, device=device)
@@ -246,14 +246,14 @@ def _plan(h: Sequence[int], src: int, op: str) -> _Plan:
         coo_shapes: tuple[tuple[int, ...], ...] = ((split, nnz), (nnz, *size[split:]))
         return _addressable(_Plan(layout, size, bool(h[_F_COALESCED]), coo_shapes,
                                   (torch.int64, dtype)), src, op)
-    blocked = layout in (torch.sparse_bsr, torch.sparse_bsc)
+    blocked = layout in BLOCK_LAYOUTS
     b0, b1 = (h[_F_B0], h[_F_B1]) if blocked else (1, 1)
     if split < 0 or dense < 0 or split + 2 + dense != ndim or b0 < 0 or b1 < 0:
         raise refuse("3.1", f"size {size} with {split} batch dims, {dense} dense dims and "
                      f"blocksize {(b0, b1)}")
     batch = size[:split]
     rows, cols = size[split], size[split + 1]
-    row_compressed = layout in (torch.sparse_csr, torch.sparse_bsr)
+    row_compressed = layout in ROW_LAYOUTS
     extent, block = (rows, b0) if row_compressed else (cols, b1)
     n_compressed = extent // block if block else 0
     shapes = (

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch._C import DisableTorchFunctionSubclass
 
+from ..base.layouts import BY_SHORT_NAME
 from ..nn import operators as _operators  # noqa: F401  (registers torch.ops.safesparse.*)
 
 __all__ = ["LAYOUTS", "SparseOperand", "UnsupportedOperandOp", "make", "read_values"]
@@ -118,8 +119,7 @@ class SparseOperand(torch.Tensor):
     @property
     def sparse_layout(self) -> torch.layout:
         """The matrix's own layout (``torch.sparse_csr`` ...; :attr:`layout` is strided)."""
-        return {"csr": torch.sparse_csr, "csc": torch.sparse_csc, "bsr": torch.sparse_bsr,
-                "bsc": torch.sparse_bsc}[self.layout_name]
+        return BY_SHORT_NAME[self.layout_name]
 
     @classmethod
     def from_members(cls, compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor,

@@ -15,13 +15,13 @@ from __future__ import annotations
 import torch
 from torch.library import custom_op
 
+from ..base.layouts import BLOCK_LAYOUTS, COMPRESSED_LAYOUTS, SHORT_NAMES
 from ..factories import sparse_compressed_tensor
 from ..nn.pattern import members
 
 __all__ = ["prove"]
 
-_LAYOUTS = {"csr": torch.sparse_csr, "csc": torch.sparse_csc,
-            "bsr": torch.sparse_bsr, "bsc": torch.sparse_bsc}
+_LAYOUTS = {SHORT_NAMES[layout]: layout for layout in COMPRESSED_LAYOUTS}
 
 
 @custom_op("safesparse::prove", mutates_args=())
@@ -35,7 +35,7 @@ def prove(compressed: torch.Tensor, plain: torch.Tensor, layout: str, n_rows: in
     if lay is None:
         raise ValueError(f"safesparse::prove: unknown layout {layout!r} "
                          f"(one of {', '.join(_LAYOUTS)})")
-    blocked = lay in (torch.sparse_bsr, torch.sparse_bsc)
+    blocked = lay in BLOCK_LAYOUTS
     if not blocked and (block_rows, block_cols) != (1, 1):
         raise ValueError(f"safesparse::prove: a {layout.upper()} matrix has no block shape "
                          f"(got {block_rows} x {block_cols})")

@@ -57,6 +57,13 @@ from torch.utils._python_dispatch import _disable_current_modes
 from .. import files
 from ..base import enforce_flag as _enforcing
 from ..base import originals as _originals
+from ..base.layouts import (
+    BLOCK_LAYOUTS,
+    COMPRESSED_LAYOUTS,
+    INDEX_MEMBERS,
+    ROW_LAYOUTS,
+    SHORT_NAMES,
+)
 from ..catalog.errors import InvariantError
 from ..catalog.invariants import SPARSE_LAYOUTS
 from ..engine.indices import check_compressed_indices, check_coo_indices
@@ -173,7 +180,7 @@ def _first_member(t: torch.Tensor) -> torch.Tensor:
     """The (compressed) index member of a sparse tensor, read as metadata is."""
     if t.layout == torch.sparse_coo:
         return t._indices()
-    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+    if t.layout in ROW_LAYOUTS:
         return t.crow_indices()
     return t.ccol_indices()
 
@@ -208,15 +215,13 @@ def factory(name: str, previous: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-_COMPRESSED = {"csr": torch.sparse_csr, "csc": torch.sparse_csc, "bsr": torch.sparse_bsr,
-               "bsc": torch.sparse_bsc}
+_COMPRESSED = {SHORT_NAMES[layout]: layout for layout in COMPRESSED_LAYOUTS}
 #: Where a constructor takes its index data: COO (indices, size) argument positions.
 _COO_ARGS = {"sparse_coo_tensor": (0, 2), "_sparse_coo_tensor_unsafe": (0, 2),
              "_sparse_coo_tensor_with_dims_and_tensors": (3, 2)}
 _COMPRESSED_NAMES = {
-    "compressed": ("compressed_indices", "plain_indices"), "csr": ("crow_indices", "col_indices"),
-    "csc": ("ccol_indices", "row_indices"), "bsr": ("crow_indices", "col_indices"),
-    "bsc": ("ccol_indices", "row_indices")}
+    "compressed": ("compressed_indices", "plain_indices"),
+    **{SHORT_NAMES[layout]: INDEX_MEMBERS[layout] for layout in COMPRESSED_LAYOUTS}}
 
 
 def _check_plain_indices(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], op: str,
@@ -252,7 +257,7 @@ def _check_index_args(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     if (_plain_index(compressed) and _plain_index(plain) and layout in SPARSE_LAYOUTS
             and isinstance(values, torch.Tensor)):
         m = compressed.dim() - 1
-        blocked = layout in (torch.sparse_bsr, torch.sparse_bsc)
+        blocked = layout in BLOCK_LAYOUTS
         blocksize = tuple(values.shape[m + 1:m + 3]) if blocked else None
         check_compressed_indices(compressed, plain, _arg(args, kwargs, 3, "size"),
                                  layout=layout, blocksize=blocksize)

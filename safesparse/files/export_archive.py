@@ -32,14 +32,14 @@ from typing import Any
 
 import torch
 
+from ..base.layouts import COMPRESSED_LAYOUTS, SHORT_NAMES
 from ..catalog.errors import InvariantError
 from ..catalog.module_geometry import MEMBER_NAMES, member_of, values_disagree
 from .results import LoadResult, ModuleMatrix
 
 __all__ = ["ArchiveError", "is_export_archive", "read_export_archive"]
 
-_LAYOUTS = {"csr": torch.sparse_csr, "csc": torch.sparse_csc, "bsr": torch.sparse_bsr,
-            "bsc": torch.sparse_bsc}
+_LAYOUTS = {SHORT_NAMES[layout]: layout for layout in COMPRESSED_LAYOUTS}
 _SIZES = (("out_features", "in_features"), ("n_rows", "n_cols"))
 #: torch.export's serialized dtype codes (torch._export.serde.schema.ScalarType) that can
 #: hold index members or values

@@ -44,8 +44,8 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
+from ..base.layouts import BY_TORCH_NAME, INDEX_MEMBERS, SPARSE_LAYOUTS, TORCH_NAMES
 from ..catalog.errors import InvariantError, source_name
-from ..catalog.invariants import SPARSE_LAYOUTS
 from ..engine.metadata import members
 from ..factories.core import sparse_compressed_tensor, sparse_coo_tensor
 from ..tensor.core import SafeSparseTensor, is_checked, unwrap, validate
@@ -73,20 +73,10 @@ MEMBER_SEP = ".__ss_"
 METADATA_PREFIX = "__ss_sparse__:"
 _RESERVED_METADATA = "__ss_"
 
-_LAYOUT_NAMES: dict[torch.layout, str] = {
-    torch.sparse_coo: "sparse_coo",
-    torch.sparse_csr: "sparse_csr",
-    torch.sparse_csc: "sparse_csc",
-    torch.sparse_bsr: "sparse_bsr",
-    torch.sparse_bsc: "sparse_bsc",
-}
-_LAYOUTS = {name: layout for layout, name in _LAYOUT_NAMES.items()}
+_LAYOUT_NAMES = TORCH_NAMES
+_LAYOUTS = BY_TORCH_NAME
 _MEMBERS: dict[torch.layout, tuple[str, ...]] = {
-    torch.sparse_coo: ("indices", "values"),
-    torch.sparse_csr: ("crow_indices", "col_indices", "values"),
-    torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
-    torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
-    torch.sparse_bsc: ("ccol_indices", "row_indices", "values"),
+    layout: (*INDEX_MEMBERS[layout], "values") for layout in SPARSE_LAYOUTS
 }
 _MAX_DIM = 2**63 - 1
 

@@ -36,6 +36,7 @@ import torch
 from torch.library import custom_op
 
 from ..base.debug_flag import is_debug
+from ..base.layouts import BLOCK_LAYOUTS, COMPRESSED_LAYOUTS, ROW_LAYOUTS, SHORT_NAMES
 from ..catalog.errors import InvariantError
 from ..engine.validation import fork_safe, in_forked_child
 from ..factories import sparse_compressed_tensor
@@ -44,10 +45,8 @@ from ..state import checked, members_proof
 
 __all__ = ["LAYOUT_NAMES", "UnprovenMembersError", "keyed", "linear", "matmul"]
 
-LAYOUT_NAMES: dict[torch.layout, str] = {
-    torch.sparse_csr: "csr", torch.sparse_csc: "csc",
-    torch.sparse_bsr: "bsr", torch.sparse_bsc: "bsc",
-}
+#: The ``layout`` strings of the operators ("csr", "csc", "bsr", "bsc").
+LAYOUT_NAMES: dict[torch.layout, str] = {lay: SHORT_NAMES[lay] for lay in COMPRESSED_LAYOUTS}
 _LAYOUTS = {name: layout for layout, name in LAYOUT_NAMES.items()}
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -79,7 +78,7 @@ def _geometry(op: str, layout_name: str, compressed: torch.Tensor, plain: torch.
     if layout is None:
         raise ValueError(f"safesparse::{op}: unknown layout {layout_name!r} "
                          f"(one of {', '.join(_LAYOUTS)})")
-    blocked = layout in (torch.sparse_bsr, torch.sparse_bsc)
+    blocked = layout in BLOCK_LAYOUTS
     if values.layout != torch.strided or values.dim() != (3 if blocked else 1):
         raise _refuse(op, f"values of shape {tuple(values.shape)} do not fit a 2-D "
                           f"{layout_name.upper()} matrix")
@@ -90,7 +89,7 @@ def _geometry(op: str, layout_name: str, compressed: torch.Tensor, plain: torch.
     if r == 0 or c == 0 or n_rows % r or n_cols % c:
         raise _refuse(op, f"block shape ({r}, {c}) does not divide the size "
                           f"({n_rows}, {n_cols})")
-    row = layout in (torch.sparse_csr, torch.sparse_bsr)
+    row = layout in ROW_LAYOUTS
     n_compressed, n_plain = (n_rows // r, n_cols // c) if row else (n_cols // c, n_rows // r)
     if (compressed.dim() != 1 or plain.dim() != 1 or compressed.shape[0] != n_compressed + 1
             or plain.shape[0] != values.shape[0] or values.device != plain.device):

@@ -24,12 +24,13 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
+from ..base.layouts import BLOCK_LAYOUTS
 from ..catalog.invariants import COMPRESSED_LAYOUTS
 from ..tensor import SafeSparseTensor, ops
 
 __all__ = ["SparseParameterError"]
 
-_BLOCK = (torch.sparse_bsr, torch.sparse_bsc)
+_BLOCK = BLOCK_LAYOUTS
 
 
 

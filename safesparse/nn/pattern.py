@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS
 from ..catalog.errors import InvariantError
 from ..catalog.invariants import COMPRESSED_LAYOUTS, STATE_DICT_LOADER
 from ..catalog.module_geometry import (
@@ -46,8 +47,8 @@ from ..tensor import SafeSparseTensor, validate
 
 __all__ = ["CompressedModule"]
 
-_BLOCK = (torch.sparse_bsr, torch.sparse_bsc)
-_ROW = (torch.sparse_csr, torch.sparse_bsr)
+_BLOCK = BLOCK_LAYOUTS
+_ROW = ROW_LAYOUTS
 _NAMES = MEMBER_NAMES
 
 

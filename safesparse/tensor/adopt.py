@@ -15,11 +15,12 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 
 from ..base import originals as _originals
+from ..base.layouts import ROW_LAYOUTS
 
 __all__ = ["copyable", "own_indices"]
 
 _COO = torch.sparse_coo
-_ROW = (torch.sparse_csr, torch.sparse_bsr)
+_ROW = ROW_LAYOUTS
 
 
 def _members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
