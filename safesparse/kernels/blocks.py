@@ -293,8 +293,10 @@ def _linear_product(src: T, layout: torch.layout, compressed: T, plain: T, value
     if native.usable(src, values):
         n_out = in_features if transposed else out_features
         y = src.new_empty(n, n_out)
+        # half types: the operand converted once (the kernels read it in place, float32)
+        work = src.to(_compute_dtype(src.dtype))
         if native.product(layout, compressed, plain, values, out_features, in_features,
-                          transposed, src, src.stride(1), src.stride(0), n, y, 1, n_out,
+                          transposed, work, work.stride(1), work.stride(0), n, y, 1, n_out,
                           cache=cache):
             return y
     y = _batch_product(layout, compressed, plain, values, out_features, in_features,

@@ -109,6 +109,17 @@ static inline void put_el(void *p, int dt, int64_t i, double v)
     }
 }
 
+/* p[i + t] = v[t] for t < cnt, converted to dt */
+static inline void put_row_f(void *p, int dt, int64_t i, const float *v, int64_t cnt)
+{
+    for (int64_t t = 0; t < cnt; t++) put_el(p, dt, i + t, v[t]);
+}
+static inline void put_row_d(void *p, int dt, int64_t i, const double *v, int64_t cnt)
+{
+    for (int64_t t = 0; t < cnt; t++) put_el(p, dt, i + t, v[t]);
+}
+#define put_row(p, dt, i, v, cnt) _Generic((v), float *: put_row_f, double *: put_row_d)(p, dt, i, v, cnt)
+
 /* buf[k * ld + n] = X[k, n0 + n] (k < n_in, n < nt) in the compute type `cdt` */
 static void fill_tile(void *buf, int64_t ld, const void *x, int xdt, int64_t xk, int64_t xn,
                       int64_t n_in, int64_t n0, int64_t nt, int cdt)
@@ -211,6 +222,7 @@ typedef struct {
     int direct;
     void **bufs;
     int64_t *buf_chunk;
+    void **pack;
 } prod_ctx;
 
 typedef struct {
@@ -224,7 +236,7 @@ typedef struct {
 } vg_ctx;
 
 typedef struct {
-    task_fn prod, rowdot, vg_outer, vg_dot;
+    task_fn prod, rowdot, vg_outer, vg_dot, bm;
     int lanes;
 } kernel_set;
 
@@ -253,6 +265,7 @@ typedef struct {
 #define RT_OUT2 8
 #define RT_DOT 4
 #define CT_DOT 4
+#define BM_NB 8
 #define DT_SELF DT_F32
 #include "kern.h"
 #undef SUF
@@ -309,6 +322,7 @@ typedef struct {
 #undef RT_OUT2
 #undef RT_DOT
 #undef CT_DOT
+#undef BM_NB
 
 /* AVX2 + FMA helpers */
 __attribute__((target("avx2,fma"))) static inline __m256i ss_mask32(int64_t k)
@@ -356,6 +370,7 @@ __attribute__((target("avx2,fma"))) static inline double ss_hsum256d(__m256d v)
 #define RT_OUT2 6
 #define RT_DOT 2
 #define CT_DOT 4
+#define BM_NB 6
 #define DT_SELF DT_F32
 #include "kern.h"
 #undef SUF
@@ -455,7 +470,7 @@ int ss_product(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, const in
     if (!ks) return -1;
     if (N <= 0 || n_br <= 0) return 0;
     prod_ctx k = {n_br, r, c, N, n_in, crow, col, order, vals, sp, sa, sb, x, xdt, xk, xn,
-                  y, ydt, yi, yn, bias, SS_CHUNK, 0, 0, 0};
+                  y, ydt, yi, yn, bias, SS_CHUNK, 0, 0, 0, 0};
     if (nthreads < 1) nthreads = 1;
     /* a few batch rows, features contiguous: dot products along the block rows */
     if (N <= 4 && sb == 1 && xk == 1 && c >= ks->lanes / 2 && xdt == cdt) {
@@ -465,15 +480,43 @@ int ss_product(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, const in
     int64_t nchunk = (N + SS_CHUNK - 1) / SS_CHUNK;
     int64_t ntasks = nchunk * n_br;
     int nth = nthreads < ntasks ? nthreads : (int)ntasks;
+    if (nth > 256) nth = 256;
+    size_t esz = cdt == DT_F64 ? 8 : 4;
+    if (yi == 1 && xdt == cdt && r >= ks->lanes / 2) {
+        /* batch-major: X read in place, output rows in vectors; the blocks of one row are
+         * packed (transposed) per task where M's rows are not contiguous */
+        /* batch rows per task: all of them where the block rows alone give every thread
+         * several tasks (the packing of a row's blocks is then paid once) */
+        int64_t want = (int64_t)nth * 4, per = want <= n_br ? 1 : (want + n_br - 1) / n_br;
+        int64_t bnt = (N + per - 1) / per;
+        bnt = (bnt + 7) / 8 * 8;
+        k.nt = bnt;
+        ntasks = ((N + bnt - 1) / bnt) * n_br;
+        int64_t maxq = 0;
+        for (int64_t i = 0; i < n_br; i++)
+            if (crow[i + 1] - crow[i] > maxq) maxq = crow[i + 1] - crow[i];
+        void *packs[256], *ptrs[256];
+        int ok = 1;
+        for (int t = 0; t < nth; t++) {
+            packs[t] = sa == 1 ? 0 : malloc((size_t)(maxq > 0 ? maxq : 1) * r * c * esz);
+            ptrs[t] = maxq > 64 ? malloc((size_t)maxq * sizeof(void *)) : 0;
+            if ((sa != 1 && !packs[t]) || (maxq > 64 && !ptrs[t])) ok = 0;
+        }
+        if (ok) {
+            k.pack = packs;
+            k.bufs = ptrs;
+            run_tasks(ks->bm, &k, ntasks, nth);
+        }
+        for (int t = 0; t < nth; t++) { free(packs[t]); free(ptrs[t]); }
+        return ok ? 0 : -2;
+    }
     if (xdt == cdt && xn == 1) {
         k.direct = 1;
         run_tasks(ks->prod, &k, ntasks, nth);
         return 0;
     }
-    size_t esz = cdt == DT_F64 ? 8 : 4;
     void *bufs[256];
     int64_t chunks[256];
-    if (nth > 256) nth = 256;
     int ok = 1;
     for (int t = 0; t < nth; t++) {
         bufs[t] = calloc((size_t)(n_in > 0 ? n_in : 1) * SS_CHUNK, esz);

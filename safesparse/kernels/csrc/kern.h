@@ -116,6 +116,116 @@ static TARGET void FN(prod_task)(void *vctx, int64_t task, int tid)
     }
 }
 
+/* Batch-major product: Y[n, row] (yi == 1) with X[n, k] read in place (broadcasts), the
+ * output rows of a block row in vectors; block q's column b of M_q at w_q + b * wsb, its rows
+ * contiguous. NBN batch rows x VN vectors of output rows. */
+INL void FN(bm_tile)(const prod_ctx *k, const R *const *wq, int64_t wsb, int64_t nq,
+                     const int64_t *colq, int64_t i, int64_t n, const int NBN, const int VN,
+                     int64_t a0, int64_t ac)
+{
+    VT acc[BM_NB][2];
+    int fv0 = ac >= W, fv1 = ac >= 2 * W;
+    MT m0 = MASK(ac >= W ? W : ac), m1 = MASK(ac >= 2 * W ? W : (ac > W ? ac - W : 0));
+    const R *bias = (const R *)k->bias;
+    VT b0 = ZERO(), b1 = ZERO();
+    if (bias) {
+        const R *bp = bias + i * k->r + a0;
+        b0 = fv0 ? LOADU(bp) : LOADM(bp, m0);
+        if (VN == 2) b1 = fv1 ? LOADU(bp + W) : LOADM(bp + W, m1);
+    }
+    for (int nb = 0; nb < NBN; nb++) {
+        acc[nb][0] = b0;
+        if (VN == 2) acc[nb][1] = b1;
+    }
+    const R *xs = (const R *)k->x + n * k->xn;
+    const int64_t c = k->c, xn = k->xn, xk = k->xk;
+    for (int64_t qq = 0; qq < nq; qq++) {
+        const R *w = wq[qq] + a0;
+        const R *xb = xs + colq[qq] * c * xk;
+        for (int64_t b = 0; b < c; b++, w += wsb, xb += xk) {
+            VT w0 = fv0 ? LOADU(w) : LOADM(w, m0);
+            VT w1 = ZERO();
+            if (VN == 2) w1 = fv1 ? LOADU(w + W) : LOADM(w + W, m1);
+            for (int nb = 0; nb < NBN; nb++) {
+                VT s = SET1(xb[nb * xn]);
+                acc[nb][0] = FMA(s, w0, acc[nb][0]);
+                if (VN == 2) acc[nb][1] = FMA(s, w1, acc[nb][1]);
+            }
+        }
+    }
+    int64_t row0 = i * k->r + a0;
+    if (k->ydt == DT_SELF) {
+        for (int nb = 0; nb < NBN; nb++) {
+            R *y = (R *)k->y + (n + nb) * k->yn + row0;
+            if (fv0) STOREU(y, acc[nb][0]); else STOREM(y, m0, acc[nb][0]);
+            if (VN == 2) { if (fv1) STOREU(y + W, acc[nb][1]); else STOREM(y + W, m1, acc[nb][1]); }
+        }
+        return;
+    }
+    R tmp[2 * W];
+    for (int nb = 0; nb < NBN; nb++) {
+        STOREU(tmp, acc[nb][0]);
+        if (VN == 2) STOREU(tmp + W, acc[nb][1]);
+        put_row(k->y, k->ydt, (n + nb) * k->yn + row0, tmp, ac);
+    }
+}
+
+static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
+{
+    prod_ctx *k = (prod_ctx *)vctx;
+    int64_t chunk = task / k->n_br, i = task % k->n_br;
+    int64_t n0 = chunk * k->nt, nt = k->N - n0 < k->nt ? k->N - n0 : k->nt;
+    int64_t q0 = k->crow[i], nq = k->crow[i + 1] - q0;
+    if (nq == 0) { /* an empty block row: the bias, or zeros */
+        R tmp[1];
+        for (int64_t n = n0; n < n0 + nt; n++)
+            for (int64_t a = 0; a < k->r; a++) {
+                tmp[0] = k->bias ? ((const R *)k->bias)[i * k->r + a] : (R)0;
+                put_row(k->y, k->ydt, n * k->yn + i * k->r + a, tmp, 1);
+            }
+        return;
+    }
+    const R *wq_stack[64];
+    const R **wq = nq <= 64 ? wq_stack : (const R **)k->bufs[tid];
+    const R *vals = (const R *)k->vals;
+    int64_t wsb = k->sb;
+    if (k->sa == 1) {
+        for (int64_t qq = 0; qq < nq; qq++) {
+            int64_t p = k->order ? k->order[q0 + qq] : q0 + qq;
+            wq[qq] = vals + p * k->sp;
+        }
+    } else { /* pack the row's blocks: column b of block qq at pk + qq * c * r + b * r */
+        R *pk = (R *)k->pack[tid];
+        const int64_t r = k->r, c = k->c;
+        for (int64_t qq = 0; qq < nq; qq++) {
+            int64_t p = k->order ? k->order[q0 + qq] : q0 + qq;
+            const R *src = vals + p * k->sp;
+            R *dst = pk + qq * c * r;
+            for (int64_t a = 0; a < r; a++)
+                for (int64_t b = 0; b < c; b++) dst[b * r + a] = src[a * k->sa + b * k->sb];
+            wq[qq] = dst;
+        }
+        wsb = r;
+    }
+    const int64_t *colq = k->col + q0;
+    for (int64_t a0 = 0; a0 < k->r; a0 += 2 * W) {
+        int64_t ac = k->r - a0 < 2 * W ? k->r - a0 : 2 * W;
+        int two = ac > W;
+        for (int64_t n = n0; n < n0 + nt;) {
+            int64_t left = n0 + nt - n;
+            int nb = left >= BM_NB ? BM_NB : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            switch (nb * 4 + two) {
+#define BCASE(NBV) case NBV * 4: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 1, a0, ac); break; \
+                   case NBV * 4 + 1: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 2, a0, ac); break;
+            BCASE(BM_NB) BCASE(4) BCASE(2) BCASE(1)
+#undef BCASE
+            default: break;
+            }
+            n += nb;
+        }
+    }
+}
+
 /* Row-dot product for a few batch rows (inference): Y[row, n] = sum M_q[a, b:b+W] . X[n, ...],
  * needs M's rows and X's features contiguous (sb == 1, xk == 1). */
 INL void FN(rowdot_tile)(const prod_ctx *k, int64_t i, int64_t a0, const int RTN, int64_t n)
@@ -284,7 +394,7 @@ static TARGET void FN(vgd_task)(void *vctx, int64_t p, int tid)
 }
 
 static const kernel_set FN(kernels) = {FN(prod_task), FN(rowdot_task), FN(vgo_task),
-                                       FN(vgd_task), W};
+                                       FN(vgd_task), FN(bm_task), W};
 
 #undef FN
 #undef INL
