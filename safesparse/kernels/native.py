@@ -278,7 +278,8 @@ def _outer(layout: torch.layout, compressed: T, plain: T,
         inner = _long(plain)
         outer = _block_rows(_long(compressed), inner.numel()).contiguous()
         return (outer, inner) if layout in _ROW_LAYOUTS else (inner, outer)
-    pair: tuple[T, T] = _cached(cache, ("native", "outer"), make)
+    # (keyed by the orientation: the same members may be proven for a CSR and a CSC matrix)
+    pair: tuple[T, T] = _cached(cache, ("native", "outer", layout in _ROW_LAYOUTS), make)
     return pair
 
 

@@ -58,9 +58,11 @@ def _refuse(op: str, what: str) -> UnprovenMembersError:
 
 def _geometry(op: str, layout_name: str, compressed: torch.Tensor, plain: torch.Tensor,
               values: torch.Tensor, n_rows: int, n_cols: int
-              ) -> torch.layout:
+              ) -> tuple[torch.layout, dict[Any, Any] | None]:
     """Checks, in O(1), that the members are the proven ones for an ``n_rows x n_cols``
-    matrix of ``layout_name`` and that ``values`` fits them; returns the layout."""
+    matrix of ``layout_name`` and that ``values`` fits them; returns the layout and the
+    proof's cache for the kernels' pattern data (:func:`checked.members_cache`; None in debug
+    mode or where the state has none)."""
     layout = _LAYOUTS.get(layout_name)
     if layout is None:
         raise ValueError(f"safesparse::{op}: unknown layout {layout_name!r} "
@@ -86,11 +88,12 @@ def _geometry(op: str, layout_name: str, compressed: torch.Tensor, plain: torch.
     if is_debug():  # debug mode trusts no remembered proof: the members are validated
         sparse_compressed_tensor(compressed, plain, values.detach(), (n_rows, n_cols),
                                  layout=layout)
-    elif not checked.confirm(compressed, plain,
-                             checked.compressed_geometry(n_compressed, n_plain)):
+        return layout, None
+    geometry = checked.compressed_geometry(n_compressed, n_plain)
+    if not checked.confirm(compressed, plain, geometry):
         raise _refuse(op, "the index members are not the proven ones (replaced, written or "
                           "never validated)")
-    return layout
+    return layout, checked.members_cache(compressed, plain, geometry)
 
 
 def _operand(op: str, x: torch.Tensor, values: torch.Tensor, shape: tuple[int, int],
@@ -112,9 +115,11 @@ def linear(x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor, value
            layout: str, out_features: int, in_features: int) -> torch.Tensor:
     """``x @ W.T`` for the proven ``out_features x in_features`` matrix ``W`` with these
     members; ``x`` of shape ``(N, in_features)``."""
-    lay = _geometry("linear", layout, compressed, plain, values, out_features, in_features)
+    lay, cache = _geometry("linear", layout, compressed, plain, values, out_features,
+                           in_features)
     _operand("linear", x, values, (x.shape[0], in_features), "x")
-    return blockkernels.linear(x, lay, compressed, plain, values, out_features, in_features)
+    return blockkernels.linear(x, lay, compressed, plain, values, out_features, in_features,
+                               cache=cache)
 
 
 @linear.register_fake
@@ -128,11 +133,11 @@ def linear_grad_input(g: torch.Tensor, compressed: torch.Tensor, plain: torch.Te
                       values: torch.Tensor, layout: str, out_features: int,
                       in_features: int) -> torch.Tensor:
     """``g @ W``: the gradient of :func:`linear` to ``x``."""
-    lay = _geometry("linear_grad_input", layout, compressed, plain, values, out_features,
-                       in_features)
+    lay, cache = _geometry("linear_grad_input", layout, compressed, plain, values,
+                           out_features, in_features)
     _operand("linear_grad_input", g, values, (g.shape[0], out_features), "g")
     return blockkernels.linear_grad_input(g, lay, compressed, plain, values, out_features,
-                                          in_features)
+                                          in_features, cache=cache)
 
 
 @linear_grad_input.register_fake
@@ -147,11 +152,11 @@ def linear_grad_values(g: torch.Tensor, x: torch.Tensor, compressed: torch.Tenso
                        out_features: int, in_features: int) -> torch.Tensor:
     """The gradient of :func:`linear` to ``values`` (``values``' shape)."""
     op = "linear_grad_values"
-    lay = _geometry(op, layout, compressed, plain, values, out_features, in_features)
+    lay, cache = _geometry(op, layout, compressed, plain, values, out_features, in_features)
     _operand(op, g, values, (g.shape[0], out_features), "g")
     _operand(op, x, values, (g.shape[0], in_features), "x")
     return blockkernels.linear_grad_values(g, x, lay, compressed, plain, values, out_features,
-                                           in_features)
+                                           in_features, cache=cache)
 
 
 @linear_grad_values.register_fake
@@ -190,9 +195,9 @@ def matmul(compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor, 
            n_rows: int, n_cols: int, x: torch.Tensor) -> torch.Tensor:
     """``A @ x`` for the proven ``n_rows x n_cols`` matrix ``A`` with these members; ``x`` of
     shape ``(n_cols, N)``."""
-    lay = _geometry("matmul", layout, compressed, plain, values, n_rows, n_cols)
+    lay, cache = _geometry("matmul", layout, compressed, plain, values, n_rows, n_cols)
     _operand("matmul", x, values, (n_cols, x.shape[1]), "x")
-    return blockkernels.matmul(lay, compressed, plain, values, n_rows, n_cols, x)
+    return blockkernels.matmul(lay, compressed, plain, values, n_rows, n_cols, x, cache=cache)
 
 
 @matmul.register_fake
@@ -206,9 +211,10 @@ def matmul_grad_input(compressed: torch.Tensor, plain: torch.Tensor, values: tor
                       layout: str, n_rows: int, n_cols: int, g: torch.Tensor) -> torch.Tensor:
     """``A.T @ g``: the gradient of :func:`matmul` to ``x``."""
     op = "matmul_grad_input"
-    lay = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
+    lay, cache = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
     _operand(op, g, values, (n_rows, g.shape[1]), "g")
-    return blockkernels.matmul_grad_input(lay, compressed, plain, values, n_rows, n_cols, g)
+    return blockkernels.matmul_grad_input(lay, compressed, plain, values, n_rows, n_cols, g,
+                                          cache=cache)
 
 
 @matmul_grad_input.register_fake
@@ -223,10 +229,11 @@ def matmul_grad_values(compressed: torch.Tensor, plain: torch.Tensor, values: to
                        x: torch.Tensor) -> torch.Tensor:
     """The gradient of :func:`matmul` to ``values`` (``values``' shape)."""
     op = "matmul_grad_values"
-    lay = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
+    lay, cache = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
     _operand(op, g, values, (n_rows, g.shape[1]), "g")
     _operand(op, x, values, (n_cols, g.shape[1]), "x")
-    return blockkernels.matmul_grad_values(g, x, lay, compressed, plain, values, n_rows, n_cols)
+    return blockkernels.matmul_grad_values(g, x, lay, compressed, plain, values, n_rows, n_cols,
+                                           cache=cache)
 
 
 @matmul_grad_values.register_fake
