@@ -269,6 +269,7 @@ def _apply(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int
 # Public kernels
 
 
+@native.serial_in_forked_child
 def linear(x: T, layout: torch.layout, compressed: T, plain: T, values: T,
            out_features: int, in_features: int, *, cache: Cache = None) -> T:
     """``x @ W.T`` for ``x`` (N, in_features): (N, out_features), dtype of ``x``."""
@@ -276,6 +277,7 @@ def linear(x: T, layout: torch.layout, compressed: T, plain: T, values: T,
                            False, cache)
 
 
+@native.serial_in_forked_child
 def linear_grad_input(g: T, layout: torch.layout, compressed: T, plain: T, values: T,
                       out_features: int, in_features: int, *, cache: Cache = None) -> T:
     """``g @ W`` for ``g`` (N, out_features): (N, in_features), dtype of ``g``."""
@@ -368,6 +370,7 @@ def _values_grad(layout: torch.layout, compressed: T, plain: T,
     return grads.reshape(values_shape).to(dtype)
 
 
+@native.serial_in_forked_child
 def linear_grad_values(g: T, x: T, layout: torch.layout, compressed: T, plain: T,
                        values_shape_or_values: T | torch.Size | tuple[int, ...],
                        out_features: int, in_features: int, *, cache: Cache = None) -> T:
@@ -413,6 +416,7 @@ def _native_apply(layout: torch.layout, compressed: T, plain: T, values: T, n_ro
     return None
 
 
+@native.serial_in_forked_child
 def matmul(a_layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
            n_cols: int, x: T, *, cache: Cache = None) -> T:
     """``A @ x`` for ``x`` (n_cols, N): (n_rows, N), dtype of ``x``."""
@@ -424,6 +428,7 @@ def matmul(a_layout: torch.layout, compressed: T, plain: T, values: T, n_rows: i
     return y.to(x.dtype)
 
 
+@native.serial_in_forked_child
 def matmul_grad_input(a_layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
                       n_cols: int, g: T, *, cache: Cache = None) -> T:
     """``A.T @ g`` for ``g`` (n_rows, N): (n_cols, N), dtype of ``g``."""
@@ -435,6 +440,7 @@ def matmul_grad_input(a_layout: torch.layout, compressed: T, plain: T, values: T
     return y.to(g.dtype)
 
 
+@native.serial_in_forked_child
 def matmul_grad_values(g: T, x: T, a_layout: torch.layout, compressed: T, plain: T,
                        values_shape_or_values: T | torch.Size | tuple[int, ...],
                        n_rows: int, n_cols: int, *, cache: Cache = None) -> T:

@@ -24,12 +24,14 @@ Nothing here validates: the callers hand in members that safesparse proved.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
-from collections.abc import Hashable, Iterator
+import threading
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 
@@ -74,9 +76,16 @@ _forced_off = False
 _forked = False
 
 
+_serial_lock = threading.Lock()
+_serial_depth = 0
+_serial_saved = 1
+
+
 def _after_fork_in_child() -> None:
-    global _forked
+    global _forked, _serial_lock, _serial_depth
     _forked = True
+    _serial_lock = threading.Lock()  # (a lock held by another parent thread stays held)
+    _serial_depth = 0
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -183,6 +192,40 @@ def disabled() -> Iterator[None]:
         yield
     finally:
         _forced_off = saved
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    global _serial_depth, _serial_saved
+    with _serial_lock:
+        if _serial_depth == 0:
+            _serial_saved = torch.get_num_threads()
+            torch.set_num_threads(1)
+        _serial_depth += 1
+    try:
+        yield
+    finally:
+        with _serial_lock:
+            _serial_depth -= 1
+            if _serial_depth == 0:
+                torch.set_num_threads(_serial_saved)
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def serial_in_forked_child(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``fn`` with torch's intra-op threads at one while it runs in a child started by
+    ``fork()`` (GNU OpenMP hangs there in any parallel region once the parent used its pool:
+    torch's index ops of the pattern included); unchanged elsewhere."""
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if not _forked:
+            return fn(*args, **kwargs)
+        with _one_thread():
+            return fn(*args, **kwargs)
+    return wrapper
 
 
 def _threads() -> int:
