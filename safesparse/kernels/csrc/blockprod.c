@@ -259,6 +259,7 @@ typedef struct {
 #define SET1(s) _mm512_set1_ps(s)
 #define ZERO() _mm512_setzero_ps()
 #define FMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define ADD(a, b) _mm512_add_ps((a), (b))
 #define HSUM(v) _mm512_reduce_add_ps(v)
 #define RT_PROD 8
 #define RT_OUT1 16
@@ -281,6 +282,7 @@ typedef struct {
 #undef SET1
 #undef ZERO
 #undef FMA
+#undef ADD
 #undef HSUM
 #undef DT_SELF
 
@@ -298,6 +300,7 @@ typedef struct {
 #define SET1(s) _mm512_set1_pd(s)
 #define ZERO() _mm512_setzero_pd()
 #define FMA(a, b, c) _mm512_fmadd_pd((a), (b), (c))
+#define ADD(a, b) _mm512_add_pd((a), (b))
 #define HSUM(v) _mm512_reduce_add_pd(v)
 #define DT_SELF DT_F64
 #include "kern.h"
@@ -315,6 +318,7 @@ typedef struct {
 #undef SET1
 #undef ZERO
 #undef FMA
+#undef ADD
 #undef HSUM
 #undef DT_SELF
 #undef RT_PROD
@@ -364,6 +368,7 @@ __attribute__((target("avx2,fma"))) static inline double ss_hsum256d(__m256d v)
 #define SET1(s) _mm256_set1_ps(s)
 #define ZERO() _mm256_setzero_ps()
 #define FMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define ADD(a, b) _mm256_add_ps((a), (b))
 #define HSUM(v) ss_hsum256(v)
 #define RT_PROD 6
 #define RT_OUT1 8
@@ -386,6 +391,7 @@ __attribute__((target("avx2,fma"))) static inline double ss_hsum256d(__m256d v)
 #undef SET1
 #undef ZERO
 #undef FMA
+#undef ADD
 #undef HSUM
 #undef DT_SELF
 
@@ -403,6 +409,7 @@ __attribute__((target("avx2,fma"))) static inline double ss_hsum256d(__m256d v)
 #define SET1(s) _mm256_set1_pd(s)
 #define ZERO() _mm256_setzero_pd()
 #define FMA(a, b, c) _mm256_fmadd_pd((a), (b), (c))
+#define ADD(a, b) _mm256_add_pd((a), (b))
 #define HSUM(v) ss_hsum256d(v)
 #define DT_SELF DT_F64
 #include "kern.h"

@@ -67,6 +67,12 @@ INL void FN(prod_tile)(const prod_ctx *k, int64_t i, int64_t a0, const int RTN, 
         STOREU(tmp[ra], acc[ra][0]);
         STOREU(tmp[ra] + W, acc[ra][1]);
     }
+    if (k->ydt == DT_SELF) {
+        R *y = (R *)k->y + row0 * k->yi + n_abs * k->yn;
+        for (int64_t n = 0; n < cnt; n++)
+            for (int ra = 0; ra < RTN; ra++) y[ra * k->yi + n * k->yn] = tmp[ra][n];
+        return;
+    }
     for (int64_t n = 0; n < cnt; n++)
         for (int ra = 0; ra < RTN; ra++)
             put_el(k->y, k->ydt, (row0 + ra) * k->yi + (n_abs + n) * k->yn, (double)tmp[ra][n]);
@@ -363,10 +369,34 @@ INL void FN(vgd_tile)(const vg_ctx *k, int64_t p, int64_t a0, int64_t b0, const 
         for (int cb = 0; cb < CTN; cb++) g[(a0 + ra) * k->c + b0 + cb] = HSUM(acc[ra][cb]);
 }
 
+/* one element (CSR / CSC): four accumulators along the batch (the FMA latency) */
+INL R FN(vgd_one)(const R *l, const R *rr, int64_t N)
+{
+    VT a0 = ZERO(), a1 = ZERO(), a2 = ZERO(), a3 = ZERO();
+    int64_t n = 0;
+    for (; n + 4 * W <= N; n += 4 * W) {
+        a0 = FMA(LOADU(l + n), LOADU(rr + n), a0);
+        a1 = FMA(LOADU(l + n + W), LOADU(rr + n + W), a1);
+        a2 = FMA(LOADU(l + n + 2 * W), LOADU(rr + n + 2 * W), a2);
+        a3 = FMA(LOADU(l + n + 3 * W), LOADU(rr + n + 3 * W), a3);
+    }
+    for (; n + W <= N; n += W) a0 = FMA(LOADU(l + n), LOADU(rr + n), a0);
+    if (n < N) {
+        MT m = MASK(N - n);
+        a1 = FMA(LOADM(l + n, m), LOADM(rr + n, m), a1);
+    }
+    return HSUM(ADD(ADD(a0, a1), ADD(a2, a3)));
+}
+
 static TARGET void FN(vgd_task)(void *vctx, int64_t p, int tid)
 {
     (void)tid;
     vg_ctx *k = (vg_ctx *)vctx;
+    if (k->r == 1 && k->c == 1) {
+        ((R *)k->g)[p] = FN(vgd_one)((const R *)k->l + k->rows[p] * k->li,
+                                     (const R *)k->rgt + k->cols[p] * k->ri, k->N);
+        return;
+    }
     for (int64_t a0 = 0; a0 < k->r;) {
         int rt = k->r - a0 >= RT_DOT ? RT_DOT : k->r - a0 >= 2 ? 2 : 1;
         for (int64_t b0 = 0; b0 < k->c;) {
