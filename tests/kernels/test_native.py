@@ -24,11 +24,10 @@ from typing import Any
 
 import pytest
 import torch
+from test_blocks import Pattern, check_all, pattern, random_mask, values_grad_reference
 
 from safesparse.kernels import blocks as bk
 from safesparse.kernels import native
-
-from test_blocks import Pattern, check_all, pattern, random_mask, values_grad_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILT = native.status().native
