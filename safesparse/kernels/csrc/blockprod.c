@@ -244,8 +244,37 @@ typedef struct {
 /* instantiations */
 
 #ifdef SS_X86
+/* float32 lanes stored as bfloat16 / float16 (round to nearest even, NaN kept), cnt <= 16 */
+__attribute__((target("avx512f"))) static inline int ss_store_half16(void *y, int dt, int64_t i,
+                                                                    __m512 v, int64_t cnt)
+{
+    __m256i h;
+    if (dt == DT_BF16) {
+        __m512i u = _mm512_castps_si512(v);
+        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+        __m512i r = _mm512_srli_epi32(
+            _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+        __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+        h = _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, q));
+    } else if (dt == DT_F16) {
+        h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    } else {
+        return 0;
+    }
+    uint16_t *dst = (uint16_t *)y + i;
+    if (cnt >= 16) _mm256_storeu_si256((__m256i *)dst, h);
+    else {
+        uint16_t tmp[16];
+        _mm256_storeu_si256((__m256i *)tmp, h);
+        memcpy(dst, tmp, (size_t)cnt * 2);
+    }
+    return 1;
+}
+
 /* AVX-512F, float32 */
 #define SUF avx512_f32
+#define STORE_HALF(y, dt, i, v, cnt) ss_store_half16((y), (dt), (i), (v), (cnt))
 #define TARGET __attribute__((target("avx512f,fma")))
 #define R float
 #define VT __m512
@@ -269,6 +298,7 @@ typedef struct {
 #define BM_NB 8
 #define DT_SELF DT_F32
 #include "kern.h"
+#undef STORE_HALF
 #undef SUF
 #undef R
 #undef VT

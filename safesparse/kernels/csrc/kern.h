@@ -168,6 +168,16 @@ INL void FN(bm_tile)(const prod_ctx *k, const R *const *wq, int64_t wsb, int64_t
         }
         return;
     }
+#ifdef STORE_HALF
+    if (k->ydt == DT_BF16 || k->ydt == DT_F16) {
+        for (int nb = 0; nb < NBN; nb++) {
+            int64_t at = (n + nb) * k->yn + row0;
+            STORE_HALF(k->y, k->ydt, at, acc[nb][0], ac >= W ? W : ac);
+            if (VN == 2) STORE_HALF(k->y, k->ydt, at + W, acc[nb][1], ac - W);
+        }
+        return;
+    }
+#endif
     R tmp[2 * W];
     for (int nb = 0; nb < NBN; nb++) {
         STOREU(tmp, acc[nb][0]);
