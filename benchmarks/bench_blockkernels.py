@@ -18,7 +18,14 @@ and BSR 16 x 32 at 10 %, CSR at 10 % of elements, and a GCN-like ``A @ x`` (CSR 
 10 000 nodes, ~50 000 edges, 64 features; ``matmul`` + its two gradients against the same with
 torch's CSR kernels, ``torch.sparse.mm``).
 
-Usage: ``python benchmarks/bench_blockkernels.py [--rounds 20] [--threads 2] [--clock wall]``.
+``--layers`` prints instead docs/models.md's speed table: ``SparseLinear`` (BSR 16 x 16, with a
+bias, through the ``safesparse`` operators) / ``nn.Linear`` of the same dtype, 1024 x 1024, per
+dtype (float32, bfloat16), batch (256, 1) and stored fraction (5, 10, 25 %): forward under
+``no_grad`` and forward + backward (gradients to the input and every parameter), the native
+path, the torch-op kernels and plain torch's own BSR forward (``torch.mm(W, x.mT).mT``) beside.
+
+Usage: ``python benchmarks/bench_blockkernels.py [--rounds 20] [--threads 2] [--clock wall]
+[--layers]``.
 ``--clock cpu`` times each call by the calling thread's CPU time (``time.thread_time``): with
 ``--threads 1`` it is steadier than wall time on a machine shared with other work (it leaves
 out the time the thread waits for a core), but it is not what a user waits.
@@ -164,11 +171,76 @@ def gcn_row(rounds: int, nodes: int = 10_000, edges: int = 50_000, feats: int = 
             f"<= 0.90 / - | {t['torch']:.2f} / {t['torch_f']:.2f} |")
 
 
+def layer_rows(dtype: torch.dtype, batch: int, density: float, rounds: int) -> str:
+    """One row of docs/models.md's speed table (see the module docstring)."""
+    from torch import nn
+
+    from safesparse.nn import SparseLinear
+
+    torch.manual_seed(0)
+    dense = nn.Linear(1024, 1024).to(dtype)
+    layer = SparseLinear.from_dense(nn.Linear(1024, 1024), (16, 16), density).to(dtype)
+    w = layer.weight
+    plain = torch.sparse_bsr_tensor(w.crow_indices().clone(), w.col_indices().clone(),
+                                    w.values().detach().clone(), w.shape)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, 1024, generator=gen).to(dtype).requires_grad_(True)
+    gy = torch.randn(batch, 1024, generator=gen).to(dtype)
+
+    def train(m: nn.Module) -> Callable[[], object]:
+        inputs = [x, *m.parameters()]
+        return lambda: torch.autograd.grad(m(x), inputs, gy)
+
+    def infer(m: nn.Module) -> Callable[[], object]:
+        def run() -> None:
+            with torch.no_grad():
+                m(x)
+        return run
+
+    def torch_ops(f: Callable[[], object]) -> Callable[[], object]:
+        def run() -> None:
+            with native.disabled():
+                f()
+        return run
+
+    def torch_bsr() -> None:
+        with torch.no_grad():
+            torch.mm(plain, x.mT).mT
+
+    fs: dict[str, Callable[[], object]] = {
+        "fwd": infer(layer), "fwd_ops": torch_ops(infer(layer)), "fwd_dense": infer(dense),
+        "fb": train(layer), "fb_ops": torch_ops(train(layer)), "fb_dense": train(dense)}
+    try:
+        torch_bsr()
+        fs["fwd_torch"] = torch_bsr
+    except (RuntimeError, NotImplementedError):
+        pass
+    t = best_of(fs, rounds)
+    bsr = f"{t['fwd_torch'] / t['fwd_dense']:.2f}" if "fwd_torch" in t else "- (no kernel)"
+    name = str(dtype).replace("torch.", "")
+    return (f"| {name} | {batch} | {density:.0%} | {t['fwd'] / t['fwd_dense']:.2f} | "
+            f"{t['fb'] / t['fb_dense']:.2f} | {t['fwd_ops'] / t['fwd_dense']:.2f} / "
+            f"{t['fb_ops'] / t['fb_dense']:.2f} | {bsr} | "
+            f"{t['fwd_dense']:.3f} / {t['fb_dense']:.3f} |")
+
+
+def layers_table(rounds: int) -> None:
+    print("| dtype | batch | blocks stored | forward | forward + backward | torch-op kernels "
+          "fwd / fwd+bwd | torch's BSR forward | nn.Linear ms fwd / fwd+bwd |")
+    print("|---|---|---|---|---|---|---|---|")
+    for dtype in (torch.float32, torch.bfloat16):
+        for batch in (256, 1):
+            for density in (0.05, 0.10, 0.25):
+                print(layer_rows(dtype, batch, density, rounds), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--clock", choices=sorted(CLOCK), default="wall")
+    parser.add_argument("--layers", action="store_true",
+                        help="print docs/models.md's speed table (SparseLinear / nn.Linear)")
     opts = parser.parse_args()
     global clock
     clock = CLOCK[opts.clock]
@@ -176,6 +248,9 @@ def main() -> None:
     print(f"torch {torch.__version__}, {opts.threads} threads, min of {opts.rounds} "
           f"interleaved rounds, {opts.clock} clock; ratios sparse / dense")
     print(f"kernels: {native.status().describe()}")
+    if opts.layers:
+        layers_table(opts.rounds)
+        return
     print("| weight | stored | fwd+bwd | fwd | torch ops fwd+bwd / fwd | MKL fwd | "
           "target fwd+bwd / fwd | dense ms fwd+bwd / fwd |")
     print("|---|---|---|---|---|---|---|---|")

@@ -271,10 +271,12 @@ def _apply(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int
 
 @native.serial_in_forked_child
 def linear(x: T, layout: torch.layout, compressed: T, plain: T, values: T,
-           out_features: int, in_features: int, *, cache: Cache = None) -> T:
-    """``x @ W.T`` for ``x`` (N, in_features): (N, out_features), dtype of ``x``."""
+           out_features: int, in_features: int, *, cache: Cache = None,
+           bias: T | None = None) -> T:
+    """``x @ W.T`` (``+ bias``, added in the product where native) for ``x`` (N,
+    in_features): (N, out_features), dtype of ``x``."""
     return _linear_product(x, layout, compressed, plain, values, out_features, in_features,
-                           False, cache)
+                           False, cache, bias)
 
 
 @native.serial_in_forked_child
@@ -287,20 +289,33 @@ def linear_grad_input(g: T, layout: torch.layout, compressed: T, plain: T, value
 
 def _linear_product(src: T, layout: torch.layout, compressed: T, plain: T, values: T,
                     out_features: int, in_features: int, transposed: bool,
-                    cache: Cache = None) -> T:
-    """``src @ W.T`` (``transposed`` False) or ``src @ W`` (True), in ``src``'s dtype."""
+                    cache: Cache = None, bias: T | None = None) -> T:
+    """``src @ W.T`` (``transposed`` False) or ``src @ W`` (True), in ``src``'s dtype, plus
+    ``bias`` (forward only)."""
+    n = src.shape[0]
+    if n == 0 or plain.numel() == 0 or not native.usable(src, values):
+        y = _torch_linear_product(src, layout, compressed, plain, values, out_features,
+                                  in_features, transposed)
+        return y if bias is None else y.add_(bias)
+    n_out = in_features if transposed else out_features
+    y = src.new_empty(n, n_out)
+    # half types: the operand converted once (the kernels read it in place, float32)
+    work = src.to(_compute_dtype(src.dtype))
+    if native.product(layout, compressed, plain, values, out_features, in_features,
+                      transposed, work, work.stride(1), work.stride(0), n, y, 1, n_out,
+                      bias=bias, cache=cache):
+        return y
+    y = _torch_linear_product(src, layout, compressed, plain, values, out_features,
+                              in_features, transposed)
+    return y if bias is None else y.add_(bias)
+
+
+def _torch_linear_product(src: T, layout: torch.layout, compressed: T, plain: T, values: T,
+                          out_features: int, in_features: int, transposed: bool) -> T:
+    """:func:`_linear_product` with torch ops."""
     n = src.shape[0]
     if n == 0 or plain.numel() == 0:
         return src.new_zeros(n, in_features if transposed else out_features)
-    if native.usable(src, values):
-        n_out = in_features if transposed else out_features
-        y = src.new_empty(n, n_out)
-        # half types: the operand converted once (the kernels read it in place, float32)
-        work = src.to(_compute_dtype(src.dtype))
-        if native.product(layout, compressed, plain, values, out_features, in_features,
-                          transposed, work, work.stride(1), work.stride(0), n, y, 1, n_out,
-                          cache=cache):
-            return y
     y = _batch_product(layout, compressed, plain, values, out_features, in_features,
                        transposed, src.to(_compute_dtype(src.dtype)))
     return y.to(src.dtype)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .operators import linear, matmul
+from .operators import linear, linear_bias, matmul
 
 __all__ = ["linear_forward", "matmul_forward"]
 
@@ -21,13 +21,15 @@ __all__ = ["linear_forward", "matmul_forward"]
 def linear_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     """``SparseLinear.forward``: ``x @ W.T + b`` over any leading dims of ``x``."""
     lead = x.shape[:-1]
-    y: torch.Tensor = linear(x.reshape(-1, self.in_features), self.compressed_indices,
-                             self.plain_indices, self.values, self._layout_name,
-                             self.out_features, self.in_features)
-    y = y.reshape(*lead, self.out_features)
-    if self.bias is not None:
-        y = y + self.bias
-    return y
+    flat = x.reshape(-1, self.in_features)
+    y: torch.Tensor
+    if self.bias is None:
+        y = linear(flat, self.compressed_indices, self.plain_indices, self.values,
+                   self._layout_name, self.out_features, self.in_features)
+    else:  # the bias added in the product's pass
+        y = linear_bias(flat, self.compressed_indices, self.plain_indices, self.values,
+                        self.bias, self._layout_name, self.out_features, self.in_features)
+    return y.reshape(*lead, self.out_features)
 
 
 def matmul_forward(self: Any, x: torch.Tensor) -> torch.Tensor:

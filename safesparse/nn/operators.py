@@ -31,7 +31,7 @@ from ..factories import sparse_compressed_tensor
 from ..kernels import blocks as blockkernels
 from ..state import checked
 
-__all__ = ["LAYOUT_NAMES", "UnprovenMembersError", "linear", "matmul"]
+__all__ = ["LAYOUT_NAMES", "UnprovenMembersError", "linear", "linear_bias", "matmul"]
 
 LAYOUT_NAMES: dict[torch.layout, str] = {
     torch.sparse_csr: "csr", torch.sparse_csc: "csc",
@@ -184,6 +184,42 @@ def _linear_backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ..
 
 
 linear.register_autograd(_linear_backward, setup_context=_linear_setup)
+
+
+@custom_op("safesparse::linear_bias", mutates_args=())
+def linear_bias(x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor,
+                values: torch.Tensor, bias: torch.Tensor, layout: str, out_features: int,
+                in_features: int) -> torch.Tensor:
+    """``x @ W.T + bias``: :func:`linear` with the bias added in the same pass (the native
+    kernels start each output from it)."""
+    op = "linear_bias"
+    lay, cache = _geometry(op, layout, compressed, plain, values, out_features, in_features)
+    _operand(op, x, values, (x.shape[0], in_features), "x")
+    _operand(op, bias.view(1, -1) if bias.dim() == 1 else bias, values, (1, out_features),
+             "bias")
+    return blockkernels.linear(x, lay, compressed, plain, values, out_features, in_features,
+                               cache=cache, bias=bias)
+
+
+@linear_bias.register_fake
+def _(x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor,
+      bias: torch.Tensor, layout: str, out_features: int, in_features: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], out_features)
+
+
+def _linear_bias_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    x, compressed, plain, values, _, layout, out_features, in_features = inputs
+    ctx.save_for_backward(x, compressed, plain, values)
+    ctx.geometry = (layout, out_features, in_features)
+
+
+def _linear_bias_backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    gx, _, _, gv, *_ = _linear_backward(ctx, g)
+    gb = g.sum(0) if ctx.needs_input_grad[4] else None
+    return gx, None, None, gv, gb, None, None, None
+
+
+linear_bias.register_autograd(_linear_bias_backward, setup_context=_linear_bias_setup)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -267,3 +267,56 @@ def test_forked_child_and_one_runtime() -> None:
     assert proc.returncode == 0, err
     assert "runtimes 1" in out
     assert "child 0" in out
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_bias_in_the_product_on_both_paths(layout: torch.layout, dtype: torch.dtype) -> None:
+    """``linear(..., bias=b)`` is ``x @ W.T + b`` (empty block rows get the bias alone), and
+    ``SparseLinear``'s gradients to the input, the values and the bias are dense autograd's."""
+    from torch import nn
+
+    from safesparse.nn import SparseLinear
+
+    blocked = layout in (torch.sparse_bsr, torch.sparse_bsc)
+    mask = random_mask(4, 3, 0.5, seed=12)
+    mask[2, :] = False
+    p = pattern(layout, mask, (16, 8) if blocked else (1, 1), dtype)
+    gen = torch.Generator().manual_seed(4)
+    b = torch.randn(p.n_rows, generator=gen).to(dtype)
+    for batch in (1, 2, 40):
+        x = torch.randn(batch, p.n_cols, generator=gen).to(dtype)
+        want = x.double() @ p.dense.T + b.double()
+        for path in PATHS_HERE:
+            with path():
+                _close(bk.linear(x, *p.members, bias=b), want, dtype)
+    weight = torch.sparse_compressed_tensor(p.compressed, p.plain, p.values.float(),
+                                            (p.n_rows, p.n_cols), layout=layout,
+                                            check_invariants=True)
+    layer = SparseLinear(weight, b.float())
+    ref = nn.Linear(p.n_cols, p.n_rows)
+    with torch.no_grad():
+        ref.weight.copy_(p.dense.float())
+        ref.bias.copy_(b.float())
+    x = torch.randn(5, p.n_cols, generator=gen, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    for path in PATHS_HERE:
+        layer.zero_grad()
+        x.grad = None
+        with path():
+            (layer(x) ** 2).sum().backward()
+        ref.zero_grad()
+        x2.grad = None
+        (ref(x2) ** 2).sum().backward()
+        torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-4)
+        assert layer.bias is not None and layer.bias.grad is not None
+        torch.testing.assert_close(layer.bias.grad, ref.bias.grad, rtol=1e-4, atol=1e-4)
+
+
+def _native_path() -> Any:
+    from contextlib import nullcontext
+
+    return nullcontext()
+
+
+PATHS_HERE = [native.disabled, *([_native_path] if BUILT else [])]
