@@ -205,7 +205,7 @@ def layer_rows(dtype: torch.dtype, batch: int, density: float, rounds: int) -> s
 
     def torch_bsr() -> None:
         with torch.no_grad():
-            torch.mm(plain, x.mT).mT
+            torch.mm(plain, x.mT)
 
     fs: dict[str, Callable[[], object]] = {
         "fwd": infer(layer), "fwd_ops": torch_ops(infer(layer)), "fwd_dense": infer(dense),
