@@ -69,9 +69,9 @@ TARGETS = [
      "1024 x 1024, batch 256, forward under `no_grad`", 0.20, "x"),
     ("linear.forward_quarter", "`SparseLinear` (BSR 16 x 16, 25 % of blocks) / `nn.Linear`, "
      "1024 x 1024, batch 256, forward under `no_grad`", 0.36, "x"),
-    ("linear.batch1_ten", "`SparseLinear` (BSR 16 x 16, 10 % of blocks) / `nn.Linear`, "
+    ("linear.batch_one_ten", "`SparseLinear` (BSR 16 x 16, 10 % of blocks) / `nn.Linear`, "
      "1024 x 1024, batch 1, forward under `no_grad`", 0.40, "x"),
-    ("linear.bf16_ten", "`SparseLinear` / `nn.Linear`, both bfloat16 (BSR 16 x 16, 10 % of "
+    ("linear.bfloat_ten", "`SparseLinear` / `nn.Linear`, both bfloat16 (BSR 16 x 16, 10 % of "
      "blocks), 1024 x 1024, batch 256, forward + backward", 0.50, "x"),
     ("linear.compiled_model", "model (Linear, ReLU, SparseLinear 10 %, ReLU, Linear; 1024 "
      "wide, batch 256) forward + backward: `torch.compile(model, fullgraph=True)` / eager",
@@ -228,7 +228,7 @@ def _batch1_and_bf16(table: Table, cfg: Config, ss: ModuleType, native: ModuleTy
         tb = measure({"sparse": lambda: layer(x1), "torch bsr": lambda: torch.mm(plain, x1.mT).mT,
                       "dense": lambda: linear(x1)}, cfg, "linear batch 1 forward")
     _add(table, "SparseLinear forward (no_grad), batch 1, 10 %", tb["sparse"],
-         "nn.Linear forward", tb["dense"], "linear.batch1_ten")
+         "nn.Linear forward", tb["dense"], "linear.batch_one_ten")
     _add(table, "torch's own BSR forward, batch 1, 10 %", tb["torch bsr"],
          "nn.Linear forward", tb["dense"], None)
     half = ss.nn.SparseLinear.from_dense(nn.Linear(width, width), BLOCK, 0.10).bfloat16()
@@ -240,7 +240,7 @@ def _batch1_and_bf16(table: Table, cfg: Config, ss: ModuleType, native: ModuleTy
                   "dense": _fwd_bwd(dense, xh, gh, list(dense.parameters()))}, cfg,
                  "linear bfloat16 fwd+bwd")
     _add(table, "SparseLinear fwd+bwd, bfloat16, 10 %", th["sparse"],
-         "nn.Linear fwd+bwd (bfloat16)", th["dense"], "linear.bf16_ten")
+         "nn.Linear fwd+bwd (bfloat16)", th["dense"], "linear.bfloat_ten")
     _add(table, "SparseLinear fwd+bwd, bfloat16, 10 %, torch-op kernels", th["torch ops"],
          "nn.Linear fwd+bwd (bfloat16)", th["dense"], None)
 
