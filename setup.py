@@ -71,6 +71,16 @@ class OptionalBuildExt(build_ext):
         except Exception as exc:
             self._skip(exc)
 
+    def get_ext_filename(self, fullname: str) -> str:
+        # The native library is a plain shared object (ctypes, no Python module init): a name
+        # with a dot in its stem, so that nothing takes it for an importable module
+        # (pkgutil.walk_packages skips it), and no interpreter tag (it serves every Python).
+        # (called with the full dotted name, and by distutils with its last part alone)
+        parts = fullname.split(".")
+        if parts[-1] == NATIVE.name.rsplit(".", 1)[-1]:
+            return os.path.join(*parts[:-1], NATIVE_FILE)
+        return str(super().get_ext_filename(fullname))
+
     @staticmethod
     def _skip(exc: BaseException) -> None:
         sys.stderr.write(
@@ -85,6 +95,7 @@ NATIVE = Extension(
     extra_compile_args=["-O3", "-std=gnu11", "-fno-strict-aliasing"],
     optional=True,
 )
+NATIVE_FILE = "_blockprod.native.so"
 WANT_NATIVE = os.environ.get("SAFESPARSE_NO_NATIVE", "") in ("", "0") and os.name == "posix"
 
 setup(cmdclass={"build_py": BuildPyWithStartupHook,

@@ -37,8 +37,8 @@ import torch
 
 T = torch.Tensor
 _HERE = Path(__file__).resolve().parent
-#: The library's file name stem (``_blockprod`` + the interpreter's extension suffix).
-LIB_STEM = "_blockprod"
+#: The library's file name (setup.py's ``NATIVE_FILE``).
+LIB_FILE = "_blockprod.native.so"
 _ABI = 1
 _DTYPES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 _ISA_NAMES = {0: "none", 1: "avx2+fma", 2: "avx512f"}
@@ -92,14 +92,10 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def library_path() -> Path | None:
-    """The built library next to this module, if any."""
-    import sysconfig
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    exact = _HERE / (LIB_STEM + suffix)
-    if exact.exists():
-        return exact
-    found = sorted(_HERE.glob(LIB_STEM + "*.so")) + sorted(_HERE.glob(LIB_STEM + "*.pyd"))
-    return found[0] if found else None
+    """The built library next to this module (``_blockprod.native.so``: a dot in the stem, so
+    that nothing takes it for a Python module), if any."""
+    path = _HERE / LIB_FILE
+    return path if path.exists() else None
 
 
 def _openmp_runtime() -> str | None:
