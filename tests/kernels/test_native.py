@@ -320,3 +320,31 @@ def _native_path() -> Any:
 
 
 PATHS_HERE = [native.disabled, *([_native_path] if BUILT else [])]
+
+
+def test_concurrent_calls_from_threads() -> None:
+    """Products from several Python threads at once (the library releases the GIL and each
+    call opens its own parallel region): every result equals the one computed alone, and the
+    pattern data cached with the proof is shared without harm."""
+    import threading
+
+    from torch import nn
+
+    from safesparse.nn import SparseLinear
+
+    torch.manual_seed(3)
+    layer = SparseLinear.from_dense(nn.Linear(64, 96), (16, 16), 0.4)
+    x = torch.randn(50, 64)
+    expected = layer(x).detach()
+    results: list[bool] = []
+
+    def work() -> None:
+        for _ in range(20):
+            results.append(torch.equal(layer(x).detach(), expected))
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(results) == 80 and all(results)
