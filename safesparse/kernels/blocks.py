@@ -2,9 +2,17 @@
 
 Pure functions for trusted callers (the ``safesparse`` operators): the members are an already
 validated CSR / CSC / BSR / BSC matrix (2-D, any block shape, square or not); nothing here
-validates, caches or reads safesparse state, and no sparse tensor is ever built (every step is
-a dense torch op, so enforce mode has nothing to check and results are plain tensors).
-``linear*`` compute ``x @ W.T`` and its two gradients, ``matmul*`` ``A @ x`` and its two.
+validates or reads safesparse state, and no sparse tensor is ever built (results are plain
+tensors, so enforce mode has nothing to check). ``linear*`` compute ``x @ W.T`` and its two
+gradients, ``matmul*`` ``A @ x`` and its two. Each takes an optional ``cache``: a dict tied to
+the members' proof (the operators pass ``safesparse.state.checked.members_cache``), where the
+pattern-derived data (int64 copies, the grouping by the other dimension, block coordinates)
+is kept; None computes it per call.
+
+Where the native library runs (:mod:`safesparse.kernels.native`: CPU, float32 / float64 /
+float16 / bfloat16 operands), every product is one call into it, one parallel region; the
+torch-op kernels below are the fallback (no library, ``SAFESPARSE_NATIVE=0``, other devices)
+and give the same results. The rest of this docstring describes the torch-op kernels.
 
 Products (the variant for every layout, block shape and density): a *row-grouped bag sum*.
 A matrix ``M`` stored block row by block row (BSR order; CSR is ``r = c = 1``) times a dense
