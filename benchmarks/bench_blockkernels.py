@@ -22,7 +22,8 @@ torch's CSR kernels, ``torch.sparse.mm``).
 bias, through the ``safesparse`` operators) / ``nn.Linear`` of the same dtype, 1024 x 1024, per
 dtype (float32, bfloat16), batch (256, 1) and stored fraction (5, 10, 25 %): forward under
 ``no_grad`` and forward + backward (gradients to the input and every parameter), the native
-path, the torch-op kernels and plain torch's own BSR forward (``torch.mm(W, x.mT).mT``) beside.
+path, the torch-op kernels and plain torch's own BSR forward (``torch.mm(W, x.mT).mT``) beside,
+each path in its own interleaved rounds with ``nn.Linear``.
 
 Usage: ``python benchmarks/bench_blockkernels.py [--rounds 20] [--threads 2] [--clock wall]
 [--layers]``.
@@ -207,21 +208,26 @@ def layer_rows(dtype: torch.dtype, batch: int, density: float, rounds: int) -> s
         with torch.no_grad():
             torch.mm(plain, x.mT)
 
-    fs: dict[str, Callable[[], object]] = {
-        "fwd": infer(layer), "fwd_ops": torch_ops(infer(layer)), "fwd_dense": infer(dense),
-        "fb": train(layer), "fb_ops": torch_ops(train(layer)), "fb_dense": train(dense)}
+    # one group per path, each beside nn.Linear: a path's steady state (other paths' large
+    # temporaries interleaved between its calls change what its fresh outputs cost)
+    base = {"fwd_dense": infer(dense), "fb_dense": train(dense)}
+    t = best_of({"fwd": infer(layer), "fb": train(layer), **base}, rounds)
+    r = {"fwd": t["fwd"] / t["fwd_dense"], "fb": t["fb"] / t["fb_dense"]}
+    dense_ms = (t["fwd_dense"], t["fb_dense"])
+    t = best_of({"fwd_ops": torch_ops(infer(layer)), "fb_ops": torch_ops(train(layer)),
+                 **base}, rounds)
+    r.update(fwd_ops=t["fwd_ops"] / t["fwd_dense"], fb_ops=t["fb_ops"] / t["fb_dense"])
+    bsr = "- (no kernel)"
     try:
         torch_bsr()
-        fs["fwd_torch"] = torch_bsr
+        t = best_of({"fwd_torch": torch_bsr, "fwd_dense": base["fwd_dense"]}, rounds)
+        bsr = f"{t['fwd_torch'] / t['fwd_dense']:.2f}"
     except (RuntimeError, NotImplementedError):
         pass
-    t = best_of(fs, rounds)
-    bsr = f"{t['fwd_torch'] / t['fwd_dense']:.2f}" if "fwd_torch" in t else "- (no kernel)"
     name = str(dtype).replace("torch.", "")
-    return (f"| {name} | {batch} | {density:.0%} | {t['fwd'] / t['fwd_dense']:.2f} | "
-            f"{t['fb'] / t['fb_dense']:.2f} | {t['fwd_ops'] / t['fwd_dense']:.2f} / "
-            f"{t['fb_ops'] / t['fb_dense']:.2f} | {bsr} | "
-            f"{t['fwd_dense']:.3f} / {t['fb_dense']:.3f} |")
+    return (f"| {name} | {batch} | {density:.0%} | {r['fwd']:.2f} | {r['fb']:.2f} | "
+            f"{r['fwd_ops']:.2f} / {r['fb_ops']:.2f} | {bsr} | "
+            f"{dense_ms[0]:.3f} / {dense_ms[1]:.3f} |")
 
 
 def layers_table(rounds: int) -> None:
