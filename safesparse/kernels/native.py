@@ -14,7 +14,11 @@ Threads: one parallel region per product with ``torch.get_num_threads()`` thread
 OpenMP runtime torch itself loaded (found in ``/proc/self/maps``; its ``GOMP_parallel`` is
 handed to the library, which links against no runtime, so the process keeps one thread pool).
 In a child started by ``fork()`` the products run on the calling thread only (GNU OpenMP
-hangs in a forked child whose parent used its pool). Environment: ``SAFESPARSE_NATIVE=0``
+hangs in a forked child whose parent used its pool). Tasks are taken from a shared counter, and
+when a region's helper thread arrives after most of the work is done (its core busy with
+another process), the following regions run on the calling thread alone for a while (64
+regions, doubling while it repeats): on a busy machine two threads cost about what one does,
+never a wait for a descheduled thread at every region. Environment: ``SAFESPARSE_NATIVE=0``
 forces the torch-op kernels; ``SAFESPARSE_NATIVE_ISA=avx2`` limits the instruction set (for
 measurements).
 

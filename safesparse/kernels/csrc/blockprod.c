@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define SS_X86 1
@@ -174,12 +175,34 @@ typedef struct {
     int64_t ntasks, grain;
     int64_t next; /* shared counter */
     int serial;
+    int64_t start_ns, helper_ns; /* region start; first helper's arrival (0: none yet) */
 } job_t;
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Busy-machine back-off: when a region's helper thread arrived after most of the work was
+ * done (its core was taken by another process), the next regions run on the calling thread
+ * alone, then threads are tried again: 64 regions, doubled after each failed try (up to
+ * 16384), back to 64 after a region whose helper came in time. A region on a busy machine then
+ * costs about what one thread costs, not a wait for a descheduled thread at every region. */
+#define SS_BACKOFF 64
+#define SS_BACKOFF_MAX 16384
+static int64_t g_regions = 0, g_serial_until = 0, g_backoff = SS_BACKOFF;
 
 static void job_run(void *arg)
 {
     job_t *j = (job_t *)arg;
     int tid = j->serial ? 0 : g_thread_num();
+    if (tid != 0) {
+        int64_t zero = 0, t = now_ns();
+        __atomic_compare_exchange_n(&j->helper_ns, &zero, t, 0, __ATOMIC_RELAXED,
+                                    __ATOMIC_RELAXED);
+    }
     for (;;) {
         int64_t t0 = __atomic_fetch_add(&j->next, j->grain, __ATOMIC_RELAXED);
         if (t0 >= j->ntasks) break;
@@ -192,11 +215,23 @@ static void run_tasks(task_fn fn, void *ctx, int64_t ntasks, int nthreads)
 {
     if (ntasks <= 0) return;
     if (nthreads > ntasks) nthreads = (int)ntasks;
-    job_t j = {fn, ctx, ntasks, 1, 0, 0};
+    job_t j = {fn, ctx, ntasks, 1, 0, 0, 0, 0};
     int64_t g = ntasks / ((int64_t)(nthreads > 0 ? nthreads : 1) * 16);
     j.grain = g > 1 ? g : 1;
-    if (nthreads > 1 && g_parallel) {
+    int64_t region = __atomic_add_fetch(&g_regions, 1, __ATOMIC_RELAXED);
+    if (nthreads > 1 && g_parallel &&
+        region >= __atomic_load_n(&g_serial_until, __ATOMIC_RELAXED)) {
+        j.start_ns = now_ns();
         g_parallel(job_run, &j, (unsigned)nthreads, 0);
+        int64_t total = now_ns() - j.start_ns;
+        int64_t helper = __atomic_load_n(&j.helper_ns, __ATOMIC_RELAXED);
+        if (total > 100000 && (helper == 0 || 2 * (helper - j.start_ns) > total)) {
+            int64_t b = __atomic_load_n(&g_backoff, __ATOMIC_RELAXED);
+            __atomic_store_n(&g_serial_until, region + b, __ATOMIC_RELAXED);
+            __atomic_store_n(&g_backoff, b < SS_BACKOFF_MAX ? 2 * b : b, __ATOMIC_RELAXED);
+        } else if (helper != 0) {
+            __atomic_store_n(&g_backoff, SS_BACKOFF, __ATOMIC_RELAXED);
+        }
     } else {
         j.serial = 1;
         job_run(&j);
@@ -600,3 +635,11 @@ int ss_convert(const void *src, int sdt, void *dst, int ddt, int64_t n)
 }
 
 int ss_abi_version(void) { return 1; }
+
+/* Regions opened so far and the region up to which products run on the calling thread (the
+ * busy-machine back-off), for diagnostics. */
+void ss_region_stats(int64_t *out)
+{
+    out[0] = __atomic_load_n(&g_regions, __ATOMIC_RELAXED);
+    out[1] = __atomic_load_n(&g_serial_until, __ATOMIC_RELAXED);
+}
