@@ -643,3 +643,10 @@ void ss_region_stats(int64_t *out)
     out[0] = __atomic_load_n(&g_regions, __ATOMIC_RELAXED);
     out[1] = __atomic_load_n(&g_serial_until, __ATOMIC_RELAXED);
 }
+
+/* Forget the back-off (the next region tries threads again): for tests. */
+void ss_reset_backoff(void)
+{
+    __atomic_store_n(&g_serial_until, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_backoff, SS_BACKOFF, __ATOMIC_RELAXED);
+}
