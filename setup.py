@@ -1,4 +1,5 @@
-"""Build hook: ship ``safesparse-startup.pth`` at the root of site-packages.
+"""Build hooks: ship ``safesparse-startup.pth`` at the root of site-packages, and build the
+optional native block kernels.
 
 Everything else is declared in pyproject.toml. The ``.pth`` file is the process-startup hook
 that makes ``SAFESPARSE_ENFORCE=1`` / ``SAFESPARSE_DEBUG=1`` work in programs that never import
@@ -6,15 +7,27 @@ safesparse (see safesparse_hooks/startup.py and docs/protecting.md). setuptools 
 declarative way to put a file at the root of the wheel, so ``build_py`` copies it into the
 regular wheel, and ``editable_wheel`` (``pip install -e .``, PEP 660, whose wheel takes the
 package from the source tree) puts it into the editable wheel's root.
+
+The native kernels (``safesparse/kernels/csrc/blockprod.c``: plain C, no torch or Python
+headers, loaded with ctypes by ``safesparse/kernels/native.py``) are an *optional* extension:
+:class:`OptionalBuildExt` never fails the install, whether no compiler is found or the compile
+fails (the package then runs its torch-op kernels; ``python -m safesparse info`` says which
+path runs and why). No ISA flags on the command line: the micro-kernels carry per-function
+target attributes and are chosen at run time, so one binary serves every x86-64 CPU. For a
+development tree: ``python setup.py build_ext --inplace`` (``pip install -e .`` builds it in
+place too). ``SAFESPARSE_NO_NATIVE=1`` at build time skips it.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
-from setuptools import setup
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 from setuptools.command.editable_wheel import editable_wheel
 
@@ -43,5 +56,49 @@ class EditableWheelWithStartupHook(editable_wheel):
         return result
 
 
+class OptionalBuildExt(build_ext):
+    """``build_ext`` for which no compiler, or a failed compile, is a warning, not an error."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # no compiler at all (DistutilsPlatformError and the like)
+            self._skip(exc)
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            self._skip(exc)
+
+    def get_ext_filename(self, fullname: str) -> str:
+        # The native library is a plain shared object (ctypes, no Python module init): a name
+        # with a dot in its stem, so that nothing takes it for an importable module
+        # (pkgutil.walk_packages skips it), and no interpreter tag (it serves every Python).
+        # (called with the full dotted name, and by distutils with its last part alone)
+        parts = fullname.split(".")
+        if parts[-1] == NATIVE.name.rsplit(".", 1)[-1]:
+            return os.path.join(*parts[:-1], NATIVE_FILE)
+        return str(super().get_ext_filename(fullname))
+
+    @staticmethod
+    def _skip(exc: BaseException) -> None:
+        sys.stderr.write(
+            f"safesparse: the native block kernels were not built ({exc!s:.300}); the torch-op "
+            "kernels will run (python -m safesparse info says which path runs)\n")
+
+
+NATIVE = Extension(
+    "safesparse.kernels._blockprod",
+    sources=["safesparse/kernels/csrc/blockprod.c"],
+    depends=["safesparse/kernels/csrc/kern.h"],
+    extra_compile_args=["-O3", "-std=gnu11", "-fno-strict-aliasing"],
+    optional=True,
+)
+NATIVE_FILE = "_blockprod.native.so"
+WANT_NATIVE = os.environ.get("SAFESPARSE_NO_NATIVE", "") in ("", "0") and os.name == "posix"
+
 setup(cmdclass={"build_py": BuildPyWithStartupHook,
-                "editable_wheel": EditableWheelWithStartupHook})
+                "editable_wheel": EditableWheelWithStartupHook,
+                "build_ext": OptionalBuildExt},
+      ext_modules=[NATIVE] if WANT_NATIVE else [])

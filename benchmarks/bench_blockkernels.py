@@ -8,14 +8,25 @@ Standalone script (no pytest). A 1024 x 1024 weight with a random pattern of 16 
 * ``fwd+bwd``: ``linear`` + ``linear_grad_input`` + ``linear_grad_values`` against
   ``x @ Wd.T``, ``g @ Wd``, ``g.T @ x`` (an ``nn.Linear``'s forward and backward products);
 * ``MKL fwd``: torch's own MKL kernel (``torch.mm`` of a torch BSR / CSR tensor) for the same
-  forward, where torch has one (square blocks, CSR), for reference.
+  forward, where torch has one (square blocks, CSR), for reference;
+* ``torch ops``: the same kernels with the native library off (``native.disabled()``: the
+  torch-op kernels, the fallback), fwd+bwd / fwd, in the same rounds.
 
-Rows with targets (issue 35): BSR 16 x 16 at 5 %, 10 %, 25 % of blocks. Extra rows: BSC 16 x 16
+The first line says which path ``bk`` runs (``native.status()``). Rows with targets (issue 40):
+BSR 16 x 16 at 5 %, 10 %, 25 % of blocks; batch 1 and bfloat16 rows at 10 %. Extra rows: BSC 16 x 16
 and BSR 16 x 32 at 10 %, CSR at 10 % of elements, and a GCN-like ``A @ x`` (CSR adjacency,
 10 000 nodes, ~50 000 edges, 64 features; ``matmul`` + its two gradients against the same with
 torch's CSR kernels, ``torch.sparse.mm``).
 
-Usage: ``python benchmarks/bench_blockkernels.py [--rounds 20] [--threads 2] [--clock wall]``.
+``--layers`` prints instead docs/models.md's speed table: ``SparseLinear`` (BSR 16 x 16, with a
+bias, through the ``safesparse`` operators) / ``nn.Linear`` of the same dtype, 1024 x 1024, per
+dtype (float32, bfloat16), batch (256, 1) and stored fraction (5, 10, 25 %): forward under
+``no_grad`` and forward + backward (gradients to the input and every parameter), the native
+path, the torch-op kernels and plain torch's own BSR forward (``torch.mm(W, x.mT).mT``) beside,
+each path in its own interleaved rounds with ``nn.Linear``.
+
+Usage: ``python benchmarks/bench_blockkernels.py [--rounds 20] [--threads 2] [--clock wall]
+[--layers]``.
 ``--clock cpu`` times each call by the calling thread's CPU time (``time.thread_time``): with
 ``--threads 1`` it is steadier than wall time on a machine shared with other work (it leaves
 out the time the thread waits for a core), but it is not what a user waits.
@@ -35,8 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 from safesparse.kernels import blocks as bk
+from safesparse.kernels import native
 
-TARGETS = {0.05: (0.35, 0.30), 0.10: (0.60, 0.50), 0.25: (1.00, 0.90)}
+TARGETS = {0.05: (0.15, 0.13), 0.10: (0.22, 0.20), 0.25: (0.40, 0.36)}
 
 
 CLOCK = {"wall": time.perf_counter, "cpu": time.thread_time}
@@ -77,12 +89,14 @@ def members(dense: torch.Tensor, layout: torch.layout,
 
 
 def linear_row(label: str, layout: torch.layout, block: tuple[int, int] | None,
-               density: float, rounds: int, n: int = 1024, batch: int = 256) -> str:
-    wd = weight(n, n, block or (1, 1), density)
+               density: float, rounds: int, n: int = 1024, batch: int = 256,
+               dtype: torch.dtype = torch.float32) -> str:
+    wd = weight(n, n, block or (1, 1), density).to(dtype)
     cp, pl, v = members(wd, layout, block)
+    cache: dict[object, object] = {}  # what the operators keep with the proof (column order)
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(batch, n, generator=gen)
-    g = torch.randn(batch, n, generator=gen)
+    x = torch.randn(batch, n, generator=gen).to(dtype)
+    g = torch.randn(batch, n, generator=gen).to(dtype)
     args = (layout, cp, pl, v, n, n)
 
     def dense_fb() -> None:
@@ -91,16 +105,23 @@ def linear_row(label: str, layout: torch.layout, block: tuple[int, int] | None,
         g.T @ x
 
     def sparse_fb() -> None:
-        bk.linear(x, *args)
-        bk.linear_grad_input(g, *args)
-        bk.linear_grad_values(g, x, layout, cp, pl, v.shape, n, n)
+        bk.linear(x, *args, cache=cache)
+        bk.linear_grad_input(g, *args, cache=cache)
+        bk.linear_grad_values(g, x, layout, cp, pl, v.shape, n, n, cache=cache)
+
+    def torch_ops(f: Callable[[], object]) -> Callable[[], object]:
+        def run() -> None:
+            with native.disabled():
+                f()
+        return run
 
     fs: dict[str, Callable[[], object]] = {
-        "dense": lambda: x @ wd.T, "sparse": lambda: bk.linear(x, *args),
-        "dense_fb": dense_fb, "sparse_fb": sparse_fb}
+        "dense": lambda: x @ wd.T, "sparse": lambda: bk.linear(x, *args, cache=cache),
+        "dense_fb": dense_fb, "sparse_fb": sparse_fb,
+        "ops": torch_ops(lambda: bk.linear(x, *args)), "ops_fb": torch_ops(sparse_fb)}
     torch_w = None
-    if layout == torch.sparse_csr or (layout == torch.sparse_bsr and block
-                                      and block[0] == block[1]):
+    if dtype == torch.float32 and (layout == torch.sparse_csr or (
+            layout == torch.sparse_bsr and block and block[0] == block[1])):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch_w = wd.to_sparse(layout=layout, blocksize=block)
@@ -108,10 +129,15 @@ def linear_row(label: str, layout: torch.layout, block: tuple[int, int] | None,
     t = best_of(fs, rounds)
     mkl = f"{t['mkl'] / t['dense']:.2f}" if "mkl" in t else "-"
     fb, fw = t["sparse_fb"] / t["dense_fb"], t["sparse"] / t["dense"]
-    target = TARGETS.get(density) if label.startswith("BSR 16x16") else None
+    ops = f"{t['ops_fb'] / t['dense_fb']:.2f} / {t['ops'] / t['dense']:.2f}"
+    target = TARGETS.get(density) if label == "BSR 16x16" else None
     tgt = f"<= {target[0]:.2f} / <= {target[1]:.2f}" if target else "-"
-    return (f"| {label} | {density:.0%} | {fb:.2f} | {fw:.2f} | {mkl} | {tgt} | "
-            f"{t['dense_fb']:.2f} / {t['dense']:.2f} |")
+    if label.startswith("BSR 16x16, batch 1"):
+        tgt = "- / <= 0.40"
+    if label.startswith("BSR 16x16, bfloat16"):
+        tgt = "<= 0.50 / -"
+    return (f"| {label} | {density:.0%} | {fb:.2f} | {fw:.2f} | {ops} | {mkl} | {tgt} | "
+            f"{t['dense_fb']:.3f} / {t['dense']:.3f} |")
 
 
 def gcn_row(rounds: int, nodes: int = 10_000, edges: int = 50_000, feats: int = 64) -> str:
@@ -126,11 +152,13 @@ def gcn_row(rounds: int, nodes: int = 10_000, edges: int = 50_000, feats: int = 
     g = torch.randn(nodes, feats, generator=gen)
     at = a.mT
     args = (torch.sparse_csr, cp, pl, v, nodes, nodes)
+    cache: dict[object, object] = {}  # what the operators keep with the proof (column order)
 
     def ours() -> None:
-        bk.matmul(*args, x)
-        bk.matmul_grad_input(*args, g)
-        bk.matmul_grad_values(g, x, torch.sparse_csr, cp, pl, v.shape, nodes, nodes)
+        bk.matmul(*args, x, cache=cache)
+        bk.matmul_grad_input(*args, g, cache=cache)
+        bk.matmul_grad_values(g, x, torch.sparse_csr, cp, pl, v.shape, nodes, nodes,
+                              cache=cache)
 
     def torch_csr() -> None:
         torch.sparse.mm(a, x)
@@ -141,7 +169,75 @@ def gcn_row(rounds: int, nodes: int = 10_000, edges: int = 50_000, feats: int = 
                  "ours": ours, "torch": torch_csr}, rounds)
     return (f"| GCN A @ x vs torch CSR ({a._nnz()} nnz, {feats} cols) | - | "
             f"{t['ours'] / t['torch']:.2f} | {t['ours_f'] / t['torch_f']:.2f} | - | - | "
-            f"{t['torch']:.2f} / {t['torch_f']:.2f} |")
+            f"<= 0.90 / - | {t['torch']:.2f} / {t['torch_f']:.2f} |")
+
+
+def layer_rows(dtype: torch.dtype, batch: int, density: float, rounds: int) -> str:
+    """One row of docs/models.md's speed table (see the module docstring)."""
+    from torch import nn
+
+    from safesparse.nn import SparseLinear
+
+    torch.manual_seed(0)
+    dense = nn.Linear(1024, 1024).to(dtype)
+    layer = SparseLinear.from_dense(nn.Linear(1024, 1024), (16, 16), density).to(dtype)
+    w = layer.weight
+    plain = torch.sparse_bsr_tensor(w.crow_indices().clone(), w.col_indices().clone(),
+                                    w.values().detach().clone(), w.shape)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, 1024, generator=gen).to(dtype).requires_grad_(True)
+    gy = torch.randn(batch, 1024, generator=gen).to(dtype)
+
+    def train(m: nn.Module) -> Callable[[], object]:
+        inputs = [x, *m.parameters()]
+        return lambda: torch.autograd.grad(m(x), inputs, gy)
+
+    def infer(m: nn.Module) -> Callable[[], object]:
+        def run() -> None:
+            with torch.no_grad():
+                m(x)
+        return run
+
+    def torch_ops(f: Callable[[], object]) -> Callable[[], object]:
+        def run() -> None:
+            with native.disabled():
+                f()
+        return run
+
+    def torch_bsr() -> None:
+        with torch.no_grad():
+            torch.mm(plain, x.mT)
+
+    # one group per path, each beside nn.Linear: a path's steady state (other paths' large
+    # temporaries interleaved between its calls change what its fresh outputs cost)
+    base = {"fwd_dense": infer(dense), "fb_dense": train(dense)}
+    t = best_of({"fwd": infer(layer), "fb": train(layer), **base}, rounds)
+    r = {"fwd": t["fwd"] / t["fwd_dense"], "fb": t["fb"] / t["fb_dense"]}
+    dense_ms = (t["fwd_dense"], t["fb_dense"])
+    t = best_of({"fwd_ops": torch_ops(infer(layer)), "fb_ops": torch_ops(train(layer)),
+                 **base}, rounds)
+    r.update(fwd_ops=t["fwd_ops"] / t["fwd_dense"], fb_ops=t["fb_ops"] / t["fb_dense"])
+    bsr = "- (no kernel)"
+    try:
+        torch_bsr()
+        t = best_of({"fwd_torch": torch_bsr, "fwd_dense": base["fwd_dense"]}, rounds)
+        bsr = f"{t['fwd_torch'] / t['fwd_dense']:.2f}"
+    except (RuntimeError, NotImplementedError):
+        pass
+    name = str(dtype).replace("torch.", "")
+    return (f"| {name} | {batch} | {density:.0%} | {r['fwd']:.2f} | {r['fb']:.2f} | "
+            f"{r['fwd_ops']:.2f} / {r['fb_ops']:.2f} | {bsr} | "
+            f"{dense_ms[0]:.3f} / {dense_ms[1]:.3f} |")
+
+
+def layers_table(rounds: int) -> None:
+    print("| dtype | batch | blocks stored | forward | forward + backward | torch-op kernels "
+          "fwd / fwd+bwd | torch's BSR forward | nn.Linear ms fwd / fwd+bwd |")
+    print("|---|---|---|---|---|---|---|---|")
+    for dtype in (torch.float32, torch.bfloat16):
+        for batch in (256, 1):
+            for density in (0.05, 0.10, 0.25):
+                print(layer_rows(dtype, batch, density, rounds), flush=True)
 
 
 def main() -> None:
@@ -149,18 +245,28 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--clock", choices=sorted(CLOCK), default="wall")
+    parser.add_argument("--layers", action="store_true",
+                        help="print docs/models.md's speed table (SparseLinear / nn.Linear)")
     opts = parser.parse_args()
     global clock
     clock = CLOCK[opts.clock]
     torch.set_num_threads(opts.threads)
     print(f"torch {torch.__version__}, {opts.threads} threads, min of {opts.rounds} "
           f"interleaved rounds, {opts.clock} clock; ratios sparse / dense")
-    print("| weight | stored | fwd+bwd | fwd | MKL fwd | target fwd+bwd / fwd | "
-          "dense ms fwd+bwd / fwd |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"kernels: {native.status().describe()}")
+    if opts.layers:
+        layers_table(opts.rounds)
+        return
+    print("| weight | stored | fwd+bwd | fwd | torch ops fwd+bwd / fwd | MKL fwd | "
+          "target fwd+bwd / fwd | dense ms fwd+bwd / fwd |")
+    print("|---|---|---|---|---|---|---|---|")
     bsr, bsc, csr = torch.sparse_bsr, torch.sparse_bsc, torch.sparse_csr
     for density in (0.05, 0.10, 0.25):
         print(linear_row("BSR 16x16", bsr, (16, 16), density, opts.rounds), flush=True)
+    print(linear_row("BSR 16x16, batch 1", bsr, (16, 16), 0.10, opts.rounds, batch=1),
+          flush=True)
+    print(linear_row("BSR 16x16, bfloat16", bsr, (16, 16), 0.10, opts.rounds,
+                     dtype=torch.bfloat16), flush=True)
     print(linear_row("BSC 16x16", bsc, (16, 16), 0.10, opts.rounds), flush=True)
     print(linear_row("BSR 16x32", bsr, (16, 32), 0.10, opts.rounds), flush=True)
     print(linear_row("CSR (elements)", csr, None, 0.10, opts.rounds), flush=True)

@@ -5,7 +5,11 @@ Side by side in one process (interleaved rounds, the harness's statistic):
 * ``SparseLinear`` (BSR, 16 x 16 blocks, pruned with ``SparseLinear.from_dense`` from a random
   ``nn.Linear``) against a dense ``nn.Linear`` of the same size, 1024 x 1024, batch 256, at
   5 %, 10 % and 25 % of the blocks stored: forward + backward (gradients to the input, the
-  values and the bias), and forward alone under ``torch.no_grad()``;
+  values and the bias), and forward alone under ``torch.no_grad()``; beside them (not judged)
+  the same layer on the torch-op kernels (``native.disabled()``) and plain torch's own BSR
+  forward (``torch.mm(W, x.mT).mT`` on the plain BSR tensor); at 10 % also the batch-1
+  forward and bfloat16 forward + backward against bfloat16 ``nn.Linear`` (issue 40's figures;
+  the notes say which kernel path ran);
 * a model (Linear, ReLU, SparseLinear 10 %, ReLU, Linear; 1024 wide, batch 256) compiled with
   ``torch.compile(model, fullgraph=True)`` against the same model eager, forward + backward
   (compiled once, outside the timed region);
@@ -54,17 +58,21 @@ TARGETS = [
     ("linear.bsc_vs_dense", "BSC `W @ x` (16 x 16 blocks), forward: safesparse / dense matmul "
      "of the same matrix", 0.30, "x"),
     ("linear.fwd_bwd_five", "`SparseLinear` (BSR 16 x 16, 5 % of blocks) / `nn.Linear`, "
-     "1024 x 1024, batch 256, forward + backward", 0.35, "x"),
+     "1024 x 1024, batch 256, forward + backward", 0.15, "x"),
     ("linear.fwd_bwd_ten", "`SparseLinear` (BSR 16 x 16, 10 % of blocks) / `nn.Linear`, "
-     "1024 x 1024, batch 256, forward + backward", 0.60, "x"),
+     "1024 x 1024, batch 256, forward + backward", 0.22, "x"),
     ("linear.fwd_bwd_quarter", "`SparseLinear` (BSR 16 x 16, 25 % of blocks) / `nn.Linear`, "
-     "1024 x 1024, batch 256, forward + backward", 1.00, "x"),
+     "1024 x 1024, batch 256, forward + backward", 0.40, "x"),
     ("linear.forward_five", "`SparseLinear` (BSR 16 x 16, 5 % of blocks) / `nn.Linear`, "
-     "1024 x 1024, batch 256, forward under `no_grad`", 0.30, "x"),
+     "1024 x 1024, batch 256, forward under `no_grad`", 0.13, "x"),
     ("linear.forward_ten", "`SparseLinear` (BSR 16 x 16, 10 % of blocks) / `nn.Linear`, "
-     "1024 x 1024, batch 256, forward under `no_grad`", 0.50, "x"),
+     "1024 x 1024, batch 256, forward under `no_grad`", 0.20, "x"),
     ("linear.forward_quarter", "`SparseLinear` (BSR 16 x 16, 25 % of blocks) / `nn.Linear`, "
-     "1024 x 1024, batch 256, forward under `no_grad`", 0.90, "x"),
+     "1024 x 1024, batch 256, forward under `no_grad`", 0.36, "x"),
+    ("linear.batch_one_ten", "`SparseLinear` (BSR 16 x 16, 10 % of blocks) / `nn.Linear`, "
+     "1024 x 1024, batch 1, forward under `no_grad`", 0.40, "x"),
+    ("linear.bfloat_ten", "`SparseLinear` / `nn.Linear`, both bfloat16 (BSR 16 x 16, 10 % of "
+     "blocks), 1024 x 1024, batch 256, forward + backward", 0.50, "x"),
     ("linear.compiled_model", "model (Linear, ReLU, SparseLinear 10 %, ReLU, Linear; 1024 "
      "wide, batch 256) forward + backward: `torch.compile(model, fullgraph=True)` / eager",
      1.05, "x"),
@@ -162,19 +170,79 @@ def _densities(table: Table, cfg: Config, ss: ModuleType, width: int, rows: int,
     linear = nn.Linear(width, width)
     x = torch.randn(rows, width, generator=gen, requires_grad=True)
     gy = torch.randn(rows, width, generator=gen)
+    native = load_safesparse("kernels.native")
+    if native is not None:
+        table.notes.append(f"Kernel path: {native.status().describe()}.")
     for density, key_train, key_forward in DENSITIES:
         layer = ss.nn.SparseLinear.from_dense(nn.Linear(width, width), BLOCK, density)
         label = f"{density:.0%} of blocks"
-        tm = measure({"sparse": _fwd_bwd(layer, x, gy, list(layer.parameters())),
+        train = _fwd_bwd(layer, x, gy, list(layer.parameters()))
+        tm = measure({"sparse": train, "torch ops": _torch_ops(native, train),
                       "dense": _fwd_bwd(linear, x, gy, list(linear.parameters()))},
                      cfg, f"linear {label} fwd+bwd")
         _add(table, f"SparseLinear fwd+bwd, {label}", tm["sparse"], "nn.Linear fwd+bwd",
              tm["dense"], key_train)
+        _add(table, f"SparseLinear fwd+bwd, {label}, torch-op kernels", tm["torch ops"],
+             "nn.Linear fwd+bwd", tm["dense"], None)
+        plain = _plain_bsr(layer)
         with torch.no_grad():
-            tf = measure({"sparse": lambda m=layer: m(x), "dense": lambda: linear(x)}, cfg,
-                         f"linear {label} forward")
+            fwd = lambda m=layer: m(x)  # noqa: E731
+            tf = measure({"sparse": fwd, "torch ops": _torch_ops(native, fwd),
+                          "torch bsr": lambda w=plain: torch.mm(w, x.mT).mT,
+                          "dense": lambda: linear(x)}, cfg, f"linear {label} forward")
         _add(table, f"SparseLinear forward (no_grad), {label}", tf["sparse"],
              "nn.Linear forward", tf["dense"], key_forward)
+        _add(table, f"SparseLinear forward (no_grad), {label}, torch-op kernels",
+             tf["torch ops"], "nn.Linear forward", tf["dense"], None)
+        _add(table, f"torch's own BSR forward (`torch.mm(W, x.mT).mT`), {label}",
+             tf["torch bsr"], "nn.Linear forward", tf["dense"], None)
+        if density == 0.10:
+            _batch1_and_bf16(table, cfg, ss, native, layer, linear, width, rows, gen)
+
+
+def _torch_ops(native: ModuleType | None, fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` on the torch-op kernels (the native library off), where safesparse has both."""
+    if native is None:
+        return fn
+
+    def run() -> None:
+        with native.disabled():
+            fn()
+    return run
+
+
+def _plain_bsr(layer: nn.Module) -> torch.Tensor:
+    """The layer's weight as a plain torch BSR tensor (torch's own kernels)."""
+    w = layer.weight
+    return torch.sparse_bsr_tensor(w.crow_indices().clone(), w.col_indices().clone(),
+                                   w.values().detach().clone(), w.shape)
+
+
+def _batch1_and_bf16(table: Table, cfg: Config, ss: ModuleType, native: ModuleType | None,
+                     layer: nn.Module, linear: nn.Linear, width: int, rows: int,
+                     gen: torch.Generator) -> None:
+    """Batch-1 inference, and bfloat16 training against bfloat16 ``nn.Linear`` (10 %)."""
+    x1 = torch.randn(1, width, generator=gen)
+    plain = _plain_bsr(layer)
+    with torch.no_grad():
+        tb = measure({"sparse": lambda: layer(x1), "torch bsr": lambda: torch.mm(plain, x1.mT).mT,
+                      "dense": lambda: linear(x1)}, cfg, "linear batch 1 forward")
+    _add(table, "SparseLinear forward (no_grad), batch 1, 10 %", tb["sparse"],
+         "nn.Linear forward", tb["dense"], "linear.batch_one_ten")
+    _add(table, "torch's own BSR forward, batch 1, 10 %", tb["torch bsr"],
+         "nn.Linear forward", tb["dense"], None)
+    half = ss.nn.SparseLinear.from_dense(nn.Linear(width, width), BLOCK, 0.10).bfloat16()
+    dense = nn.Linear(width, width).bfloat16()
+    xh = torch.randn(rows, width, generator=gen).bfloat16().requires_grad_(True)
+    gh = torch.randn(rows, width, generator=gen).bfloat16()
+    train = _fwd_bwd(half, xh, gh, list(half.parameters()))
+    th = measure({"sparse": train, "torch ops": _torch_ops(native, train),
+                  "dense": _fwd_bwd(dense, xh, gh, list(dense.parameters()))}, cfg,
+                 "linear bfloat16 fwd+bwd")
+    _add(table, "SparseLinear fwd+bwd, bfloat16, 10 %", th["sparse"],
+         "nn.Linear fwd+bwd (bfloat16)", th["dense"], "linear.bfloat_ten")
+    _add(table, "SparseLinear fwd+bwd, bfloat16, 10 %, torch-op kernels", th["torch ops"],
+         "nn.Linear fwd+bwd (bfloat16)", th["dense"], None)
 
 
 def _fwd_bwd(m: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, gy: torch.Tensor,

@@ -1,4 +1,5 @@
-"""``safesparse`` command line: ``check`` vets checkpoints, ``demo`` shows it on a tampered file.
+"""``safesparse`` command line: ``check`` vets checkpoints, ``demo`` shows it on a tampered file,
+``info`` says which kernels compute the sparse products.
 
 ``python -m safesparse check PATH...`` loads each file (and each checkpoint file found in a
 directory, recursively) with ``torch.load(weights_only=True, map_location="cpu")`` through
@@ -666,7 +667,28 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep", metavar="DIR", default=None,
                       help="write checkpoint.pt into DIR and keep it (default: a temporary "
                       "directory, removed at the end)")
+    sub.add_parser(
+        "info",
+        help="say which kernels compute the sparse products on CPU, and why",
+        description="Print the versions and which kernels run the block products on CPU: "
+        "the native ones (instruction set, threads) or torch ops (and why: not built, CPU, "
+        "SAFESPARSE_NATIVE=0).",
+    )
     return parser
+
+
+def run_info(out: TextIO | None = None) -> int:
+    """``python -m safesparse info``: the versions and which kernels compute the block
+    products on CPU (native, with the instruction set and the threads, or torch ops and why)."""
+    from .kernels import native
+
+    out = sys.stdout if out is None else out
+    st = native.status()
+    out.write(f"safesparse {_version()}, torch {torch.__version__}\n")
+    out.write(f"block kernels on CPU: {st.describe()}\n")
+    out.write(f"threads: {torch.get_num_threads()} (torch.get_num_threads(); one in a forked "
+              "child)\n")
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -688,6 +710,8 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--allow-global: {exc}")  # exits with status 2
             return run_check(args.files, as_json=args.json, quiet=args.quiet,
                              allow_globals=allowed)
+        if args.command == "info":
+            return run_info()
         if args.command == "demo":
             try:
                 return run_demo(keep=args.keep)
@@ -712,5 +736,6 @@ __all__ = [
     "resolve_global",
     "run_check",
     "run_demo",
+    "run_info",
     "write_demo_checkpoint",
 ]

@@ -2,9 +2,17 @@
 
 Pure functions for trusted callers (the ``safesparse`` operators): the members are an already
 validated CSR / CSC / BSR / BSC matrix (2-D, any block shape, square or not); nothing here
-validates, caches or reads safesparse state, and no sparse tensor is ever built (every step is
-a dense torch op, so enforce mode has nothing to check and results are plain tensors).
-``linear*`` compute ``x @ W.T`` and its two gradients, ``matmul*`` ``A @ x`` and its two.
+validates or reads safesparse state, and no sparse tensor is ever built (results are plain
+tensors, so enforce mode has nothing to check). ``linear*`` compute ``x @ W.T`` and its two
+gradients, ``matmul*`` ``A @ x`` and its two. Each takes an optional ``cache``: a dict tied to
+the members' proof (the operators pass ``safesparse.state.checked.members_cache``), where the
+pattern-derived data (int64 copies, the grouping by the other dimension, block coordinates)
+is kept; None computes it per call.
+
+Where the native library runs (:mod:`safesparse.kernels.native`: CPU, float32 / float64 /
+float16 / bfloat16 operands), every product is one call into it, one parallel region; the
+torch-op kernels below are the fallback (no library, ``SAFESPARSE_NATIVE=0``, other devices)
+and give the same results. The rest of this docstring describes the torch-op kernels.
 
 Products (the variant for every layout, block shape and density): a *row-grouped bag sum*.
 A matrix ``M`` stored block row by block row (BSR order; CSR is ``r = c = 1``) times a dense
@@ -44,9 +52,17 @@ O(inputs + nnz), small beside the products.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+from typing import Any
+
 import torch
 
+from . import native
+
 T = torch.Tensor
+#: What a caller may hand in to keep pattern-derived data across calls: a dict tied to the
+#: members' proof (``safesparse.state.checked.members_cache``), or None.
+Cache = dict[Hashable, Any] | None
 _ROW_LAYOUTS = (torch.sparse_csr, torch.sparse_bsr)
 _BLOCK_LAYOUTS = (torch.sparse_bsr, torch.sparse_bsc)
 _NATIVE = (torch.float32, torch.float64)
@@ -261,23 +277,50 @@ def _apply(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int
 # Public kernels
 
 
+@native.serial_in_forked_child
 def linear(x: T, layout: torch.layout, compressed: T, plain: T, values: T,
-           out_features: int, in_features: int) -> T:
-    """``x @ W.T`` for ``x`` (N, in_features): (N, out_features), dtype of ``x``."""
+           out_features: int, in_features: int, *, cache: Cache = None,
+           bias: T | None = None) -> T:
+    """``x @ W.T`` (``+ bias``, added in the product where native) for ``x`` (N,
+    in_features): (N, out_features), dtype of ``x``."""
     return _linear_product(x, layout, compressed, plain, values, out_features, in_features,
-                           False)
+                           False, cache, bias)
 
 
+@native.serial_in_forked_child
 def linear_grad_input(g: T, layout: torch.layout, compressed: T, plain: T, values: T,
-                      out_features: int, in_features: int) -> T:
+                      out_features: int, in_features: int, *, cache: Cache = None) -> T:
     """``g @ W`` for ``g`` (N, out_features): (N, in_features), dtype of ``g``."""
     return _linear_product(g, layout, compressed, plain, values, out_features, in_features,
-                           True)
+                           True, cache)
 
 
 def _linear_product(src: T, layout: torch.layout, compressed: T, plain: T, values: T,
-                    out_features: int, in_features: int, transposed: bool) -> T:
-    """``src @ W.T`` (``transposed`` False) or ``src @ W`` (True), in ``src``'s dtype."""
+                    out_features: int, in_features: int, transposed: bool,
+                    cache: Cache = None, bias: T | None = None) -> T:
+    """``src @ W.T`` (``transposed`` False) or ``src @ W`` (True), in ``src``'s dtype, plus
+    ``bias`` (forward only)."""
+    n = src.shape[0]
+    if n == 0 or plain.numel() == 0 or not native.usable(src, values):
+        y = _torch_linear_product(src, layout, compressed, plain, values, out_features,
+                                  in_features, transposed)
+        return y if bias is None else y.add_(bias)
+    n_out = in_features if transposed else out_features
+    y = src.new_empty(n, n_out)
+    # half types: the operand converted once (the kernels read it in place, float32)
+    work = src.to(_compute_dtype(src.dtype))
+    if native.product(layout, compressed, plain, values, out_features, in_features,
+                      transposed, work, work.stride(1), work.stride(0), n, y, 1, n_out,
+                      bias=bias, cache=cache):
+        return y
+    y = _torch_linear_product(src, layout, compressed, plain, values, out_features,
+                              in_features, transposed)
+    return y if bias is None else y.add_(bias)
+
+
+def _torch_linear_product(src: T, layout: torch.layout, compressed: T, plain: T, values: T,
+                          out_features: int, in_features: int, transposed: bool) -> T:
+    """:func:`_linear_product` with torch ops."""
     n = src.shape[0]
     if n == 0 or plain.numel() == 0:
         return src.new_zeros(n, in_features if transposed else out_features)
@@ -352,37 +395,87 @@ def _values_grad(layout: torch.layout, compressed: T, plain: T,
     return grads.reshape(values_shape).to(dtype).contiguous()
 
 
+@native.serial_in_forked_child
 def linear_grad_values(g: T, x: T, layout: torch.layout, compressed: T, plain: T,
                        values_shape_or_values: T | torch.Size | tuple[int, ...],
-                       out_features: int, in_features: int) -> T:
+                       out_features: int, in_features: int, *, cache: Cache = None) -> T:
     """Gradient of ``sum(g * (x @ W.T))`` with respect to the stored values: for each stored
     block (i, j), ``g[:, rows_i].T @ x[:, cols_j]``, in the values' shape, dtype of ``g``."""
     shape = _shape_of(values_shape_or_values)
+    if plain.numel() and native.usable(g, x):
+        got = _native_values_grad(layout, compressed, plain, shape, g.t(), x.t(), g.dtype,
+                                  cache)
+        if got is not None:
+            return got
     return _values_grad(layout, compressed, plain, shape, g.t(), x, g.dtype)
 
 
+def _native_values_grad(layout: torch.layout, compressed: T, plain: T, shape: torch.Size,
+                        left: T, right_t: T, dtype: torch.dtype, cache: Cache) -> T | None:
+    """Native values gradient for ``left`` (rows of A, K) and ``right_t`` (columns of A, K),
+    any strides; operands made contiguous along K where the kernels need it."""
+    work = _compute_dtype(dtype)
+    left, right_t = left.to(work), right_t.to(work)
+    k = left.shape[1]
+    got = native.values_grad(layout, compressed, plain, shape, left, left.stride(0),
+                             left.stride(1), right_t, right_t.stride(0), right_t.stride(1), k,
+                             dtype, cache)
+    if got is None:
+        left, right_t = left.contiguous(), right_t.contiguous()
+        got = native.values_grad(layout, compressed, plain, shape, left, k, 1, right_t, k, 1,
+                                 k, dtype, cache)
+    return got
+
+
+def _native_apply(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
+                  n_cols: int, transposed: bool, src: T, cache: Cache) -> T | None:
+    """``M @ src`` natively (``M = A`` or ``A.T``), or None."""
+    n = src.shape[1]
+    if n == 0 or plain.numel() == 0 or not native.usable(src, values):
+        return None
+    m_rows = n_cols if transposed else n_rows
+    y = src.new_empty(m_rows, n)
+    if native.product(layout, compressed, plain, values, n_rows, n_cols, transposed, src,
+                      src.stride(0), src.stride(1), n, y, n, 1, cache=cache):
+        return y
+    return None
+
+
+@native.serial_in_forked_child
 def matmul(a_layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
-           n_cols: int, x: T) -> T:
+           n_cols: int, x: T, *, cache: Cache = None) -> T:
     """``A @ x`` for ``x`` (n_cols, N): (n_rows, N), dtype of ``x``."""
+    got = _native_apply(a_layout, compressed, plain, values, n_rows, n_cols, False, x, cache)
+    if got is not None:
+        return got
     work = _compute_dtype(x.dtype)
     y = _apply(a_layout, compressed, plain, values, n_rows, n_cols, False, x.to(work))
     return y.to(x.dtype)
 
 
+@native.serial_in_forked_child
 def matmul_grad_input(a_layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
-                      n_cols: int, g: T) -> T:
+                      n_cols: int, g: T, *, cache: Cache = None) -> T:
     """``A.T @ g`` for ``g`` (n_rows, N): (n_cols, N), dtype of ``g``."""
+    got = _native_apply(a_layout, compressed, plain, values, n_rows, n_cols, True, g, cache)
+    if got is not None:
+        return got
     work = _compute_dtype(g.dtype)
     y = _apply(a_layout, compressed, plain, values, n_rows, n_cols, True, g.to(work))
     return y.to(g.dtype)
 
 
+@native.serial_in_forked_child
 def matmul_grad_values(g: T, x: T, a_layout: torch.layout, compressed: T, plain: T,
                        values_shape_or_values: T | torch.Size | tuple[int, ...],
-                       n_rows: int, n_cols: int) -> T:
+                       n_rows: int, n_cols: int, *, cache: Cache = None) -> T:
     """Gradient of ``sum(g * (A @ x))`` with respect to the stored values: ``g @ x.T`` sampled
     at the pattern, in the values' shape, dtype of ``g``."""
     shape = _shape_of(values_shape_or_values)
+    if plain.numel() and native.usable(g, x):
+        got = _native_values_grad(a_layout, compressed, plain, shape, g, x, g.dtype, cache)
+        if got is not None:
+            return got
     return _values_grad(a_layout, compressed, plain, shape, g, x.t(), g.dtype)
 
 

@@ -17,6 +17,7 @@ from ..catalog.errors import InvariantError
 from .operators import (
     keyed,
     linear,
+    linear_bias,
     linear_grad_input,
     linear_grad_values,
     matmul,
@@ -102,6 +103,20 @@ def _linear_backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ..
 
 
 linear.register_autograd(_linear_backward, setup_context=_linear_setup)
+
+
+def _linear_bias_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    x, compressed, plain, values, _, layout, out_features, in_features = inputs
+    _linear_setup(ctx, (x, compressed, plain, values, layout, out_features, in_features), output)
+
+
+def _linear_bias_backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    gx, _, _, gv, *_ = _linear_backward(ctx, g)
+    gb = g.sum(0) if ctx.needs_input_grad[4] else None
+    return gx, None, None, gv, gb, None, None, None
+
+
+linear_bias.register_autograd(_linear_bias_backward, setup_context=_linear_bias_setup)
 
 
 class LinearFunction(_Function):
@@ -190,14 +205,18 @@ def linear_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
         rows = x.unsqueeze(0) if x.dim() == 1 else x.flatten(0, -2)  # (in_features=0 too)
         args = (rows, self.compressed_indices, self.plain_indices,
                 self.values, self._layout_name, self.out_features, self.in_features)
-        y: torch.Tensor = (_apply(LinearFunction, *args) if _transformed()
-                             else linear(*args))
+        y: torch.Tensor
+        if _transformed():  # torch.func: the autograd.Function, the bias added after
+            y = _apply(LinearFunction, *args)
+            if self.bias is not None:
+                y = y + self.bias.to(y.dtype)
+        elif self.bias is None:
+            y = linear(*args)
+        else:  # the bias added in the product's pass (under autocast: its dtype, as nn.Linear)
+            y = linear_bias(*args[:4], self.bias, *args[4:])
     except InvariantError as err:  # (eager: the error names the module's key)
         raise keyed(self, err) from None
-    y = y.reshape(*lead, self.out_features)
-    if self.bias is not None:
-        y = y + self.bias.to(y.dtype)  # (under autocast: the autocast dtype, as nn.Linear)
-    return y
+    return y.reshape(*lead, self.out_features)
 
 
 def matmul_forward(self: Any, x: torch.Tensor) -> torch.Tensor:

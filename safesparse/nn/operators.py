@@ -29,7 +29,6 @@ take no ``torch.layout`` argument.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,12 +37,11 @@ from torch.library import custom_op
 from ..base.debug_flag import is_debug
 from ..base.layouts import BLOCK_LAYOUTS, COMPRESSED_LAYOUTS, ROW_LAYOUTS, SHORT_NAMES
 from ..catalog.errors import InvariantError
-from ..engine.validation import fork_safe, in_forked_child
 from ..factories import sparse_compressed_tensor
 from ..kernels import blocks as blockkernels
 from ..state import checked, members_proof
 
-__all__ = ["LAYOUT_NAMES", "UnprovenMembersError", "keyed", "linear", "matmul"]
+__all__ = ["LAYOUT_NAMES", "UnprovenMembersError", "keyed", "linear", "linear_bias", "matmul"]
 
 #: The ``layout`` strings of the operators ("csr", "csc", "bsr", "bsc").
 LAYOUT_NAMES: dict[torch.layout, str] = {lay: SHORT_NAMES[lay] for lay in COMPRESSED_LAYOUTS}
@@ -69,11 +67,13 @@ def _refuse(op: str, what: str) -> UnprovenMembersError:
 
 def _geometry(op: str, layout_name: str, compressed: torch.Tensor, plain: torch.Tensor,
               values: torch.Tensor, n_rows: int, n_cols: int
-              ) -> tuple[torch.layout, torch.Tensor, torch.Tensor]:
+              ) -> tuple[torch.layout, torch.Tensor, torch.Tensor, dict[Any, Any] | None]:
     """Checks, in O(1), that the members are the proven ones for an ``n_rows x n_cols``
     matrix of ``layout_name`` and that ``values`` fits them (validates them otherwise);
-    returns the layout and the members the kernel reads (validated copies where the memory
-    is written unseen: :func:`_prove`)."""
+    returns the layout, the members the kernel reads (validated copies where the memory is
+    written unseen: :func:`_prove`) and the proof's cache for the kernels' pattern data
+    (:func:`members_proof.proof`; None in debug mode, where the members were just validated,
+    or where the state keeps none)."""
     layout = _LAYOUTS.get(layout_name)
     if layout is None:
         raise ValueError(f"safesparse::{op}: unknown layout {layout_name!r} "
@@ -97,12 +97,14 @@ def _geometry(op: str, layout_name: str, compressed: torch.Tensor, plain: torch.
                           f"{tuple(plain.shape)}, {tuple(values.shape)} do not fit a "
                           f"{n_rows} x {n_cols} {layout_name.upper()} matrix")
     geometry = checked.compressed_geometry(n_compressed, n_plain)
-    if is_debug() or not members_proof.confirm(compressed, plain, geometry):
+    proven, cache = (False, None) if is_debug() else members_proof.proof(compressed, plain,
+                                                                          geometry)
+    if not proven:
         # not proven (written by DDP's buffer broadcast, loaded with torch.export.load, in
         # shared memory, made under inference mode; debug mode trusts no remembered proof):
         # validated here, O(nnz), before any kernel reads them, and proven for the next call
         compressed, plain = _prove(op, layout, compressed, plain, values, n_rows, n_cols)
-    return layout, compressed, plain
+    return layout, compressed, plain, cache
 
 
 def _prove(op: str, layout: torch.layout, compressed: torch.Tensor, plain: torch.Tensor,
@@ -171,15 +173,6 @@ def keyed(module: torch.nn.Module, err: InvariantError) -> InvariantError:
     return err.with_context(path=member)
 
 
-def _kernel(kernel: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
-    """``kernel(*args)``; in a child started by ``fork()`` with one intra-op thread, as
-    validation runs there (a parallel region of the parent's OpenMP pool hangs in the child
-    for good: :func:`safesparse.engine.validation.fork_safe`)."""
-    if in_forked_child():
-        return fork_safe(kernel)(*args)
-    return kernel(*args)
-
-
 def _operand(op: str, x: torch.Tensor, values: torch.Tensor, shape: tuple[int, int],
              what: str) -> None:
     if x.dim() != 2 or tuple(x.shape) != shape:
@@ -199,11 +192,11 @@ def linear(x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor, value
            layout: str, out_features: int, in_features: int) -> torch.Tensor:
     """``x @ W.T`` for the proven ``out_features x in_features`` matrix ``W`` with these
     members; ``x`` of shape ``(N, in_features)``."""
-    lay, compressed, plain = _geometry("linear", layout, compressed, plain, values,
-                                       out_features, in_features)
+    lay, compressed, plain, cache = _geometry("linear", layout, compressed, plain, values,
+                                              out_features, in_features)
     _operand("linear", x, values, (x.shape[0], in_features), "x")
-    return _kernel(blockkernels.linear, x, lay, compressed, plain, values, out_features,
-                   in_features)
+    return blockkernels.linear(x, lay, compressed, plain, values, out_features, in_features,
+                               cache=cache)
 
 
 @linear.register_fake
@@ -217,11 +210,11 @@ def linear_grad_input(g: torch.Tensor, compressed: torch.Tensor, plain: torch.Te
                       values: torch.Tensor, layout: str, out_features: int,
                       in_features: int) -> torch.Tensor:
     """``g @ W``: the gradient of :func:`linear` to ``x``."""
-    lay, compressed, plain = _geometry("linear_grad_input", layout, compressed, plain, values,
-                                       out_features, in_features)
+    lay, compressed, plain, cache = _geometry("linear_grad_input", layout, compressed, plain,
+                                              values, out_features, in_features)
     _operand("linear_grad_input", g, values, (g.shape[0], out_features), "g")
-    return _kernel(blockkernels.linear_grad_input, g, lay, compressed, plain, values,
-                   out_features, in_features)
+    return blockkernels.linear_grad_input(g, lay, compressed, plain, values, out_features,
+                                          in_features, cache=cache)
 
 
 @linear_grad_input.register_fake
@@ -236,18 +229,42 @@ def linear_grad_values(g: torch.Tensor, x: torch.Tensor, compressed: torch.Tenso
                        out_features: int, in_features: int) -> torch.Tensor:
     """The gradient of :func:`linear` to ``values`` (``values``' shape)."""
     op = "linear_grad_values"
-    lay, compressed, plain = _geometry(op, layout, compressed, plain, values, out_features,
-                                       in_features)
+    lay, compressed, plain, cache = _geometry(op, layout, compressed, plain, values, out_features,
+                                              in_features)
     _operand(op, g, values, (g.shape[0], out_features), "g")
     _operand(op, x, values, (g.shape[0], in_features), "x")
-    return _kernel(blockkernels.linear_grad_values, g, x, lay, compressed, plain, values,
-                   out_features, in_features)
+    return blockkernels.linear_grad_values(g, x, lay, compressed, plain, values, out_features,
+                                           in_features, cache=cache)
 
 
 @linear_grad_values.register_fake
 def _(g: torch.Tensor, x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor,
       values: torch.Tensor, layout: str, out_features: int, in_features: int) -> torch.Tensor:
     return values.new_empty(values.shape)  # contiguous, as the kernel's (whatever values' strides)
+
+
+
+
+@custom_op("safesparse::linear_bias", mutates_args=())
+def linear_bias(x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor,
+                values: torch.Tensor, bias: torch.Tensor, layout: str, out_features: int,
+                in_features: int) -> torch.Tensor:
+    """``x @ W.T + bias``: :func:`linear` with the bias added in the same pass (the native
+    kernels start each output from it)."""
+    op = "linear_bias"
+    lay, compressed, plain, cache = _geometry(op, layout, compressed, plain, values, out_features,
+                                              in_features)
+    _operand(op, x, values, (x.shape[0], in_features), "x")
+    _operand(op, bias.view(1, -1) if bias.dim() == 1 else bias, values, (1, out_features),
+             "bias")
+    return blockkernels.linear(x, lay, compressed, plain, values, out_features, in_features,
+                               cache=cache, bias=bias)
+
+
+@linear_bias.register_fake
+def _(x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor,
+      bias: torch.Tensor, layout: str, out_features: int, in_features: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], out_features)
 
 
 
@@ -261,9 +278,10 @@ def matmul(compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor, 
            n_rows: int, n_cols: int, x: torch.Tensor) -> torch.Tensor:
     """``A @ x`` for the proven ``n_rows x n_cols`` matrix ``A`` with these members; ``x`` of
     shape ``(n_cols, N)``."""
-    lay, compressed, plain = _geometry("matmul", layout, compressed, plain, values, n_rows, n_cols)
+    lay, compressed, plain, cache = _geometry("matmul", layout, compressed, plain, values, n_rows,
+                                              n_cols)
     _operand("matmul", x, values, (n_cols, x.shape[1]), "x")
-    return _kernel(blockkernels.matmul, lay, compressed, plain, values, n_rows, n_cols, x)
+    return blockkernels.matmul(lay, compressed, plain, values, n_rows, n_cols, x, cache=cache)
 
 
 @matmul.register_fake
@@ -277,10 +295,10 @@ def matmul_grad_input(compressed: torch.Tensor, plain: torch.Tensor, values: tor
                       layout: str, n_rows: int, n_cols: int, g: torch.Tensor) -> torch.Tensor:
     """``A.T @ g``: the gradient of :func:`matmul` to ``x``."""
     op = "matmul_grad_input"
-    lay, compressed, plain = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
+    lay, compressed, plain, cache = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
     _operand(op, g, values, (n_rows, g.shape[1]), "g")
-    return _kernel(blockkernels.matmul_grad_input, lay, compressed, plain, values, n_rows,
-                   n_cols, g)
+    return blockkernels.matmul_grad_input(lay, compressed, plain, values, n_rows, n_cols, g,
+                                          cache=cache)
 
 
 @matmul_grad_input.register_fake
@@ -295,11 +313,11 @@ def matmul_grad_values(compressed: torch.Tensor, plain: torch.Tensor, values: to
                        x: torch.Tensor) -> torch.Tensor:
     """The gradient of :func:`matmul` to ``values`` (``values``' shape)."""
     op = "matmul_grad_values"
-    lay, compressed, plain = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
+    lay, compressed, plain, cache = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
     _operand(op, g, values, (n_rows, g.shape[1]), "g")
     _operand(op, x, values, (n_cols, g.shape[1]), "x")
-    return _kernel(blockkernels.matmul_grad_values, g, x, lay, compressed, plain, values,
-                   n_rows, n_cols)
+    return blockkernels.matmul_grad_values(g, x, lay, compressed, plain, values, n_rows, n_cols,
+                                           cache=cache)
 
 
 @matmul_grad_values.register_fake

@@ -90,5 +90,5 @@ def _register_autocast(op: CustomOpDef) -> None:
                  with_keyset=True)
 
 
-for _op in (ops.linear, ops.matmul):
+for _op in (ops.linear, ops.linear_bias, ops.matmul):
     _register_autocast(_op)

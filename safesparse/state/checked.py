@@ -96,7 +96,8 @@ The questions other modules ask (none reads a record's fields)
 (for a record's own tensors), :func:`vouch` (members a checked tensor handed out: a rebuild),
 :func:`confirm` (model code's operators), :func:`known` (a state already proves a view),
 :func:`proven_members` (what a proven rebuild builds on).
-*What is proven?* :func:`proven_geometry`, :func:`is_volatile`, :func:`proof_cache`.
+*What is proven?* :func:`proven_geometry`, :func:`is_volatile`, :func:`proof_cache`,
+:func:`members_cache`, :func:`record_cache`.
 *Admit index members (factories):* :mod:`safesparse.state.admission` (``admit``), which writes
 the protocols of shortcuts 4 and 5 and the registering path once, on the functions below.
 *Record a proof or a tensor:* :func:`announce` / :func:`settle` (a first validation, private),
@@ -187,12 +188,14 @@ __all__ = [
     "index_key",
     "index_members",
     "is_volatile",
+    "members_cache",
     "plain_members",
     "proof_cache",
     "proven_geometry",
     "proven_members",
     "proves",
     "record",
+    "record_cache",
     "register",
     "reset_stats",
     "share",
@@ -616,7 +619,15 @@ def proof_cache(t: torch.Tensor) -> dict[Hashable, Any] | None:
     Only what depends on the index data and the geometry may be cached (never values). In
     debug mode, which trusts no remembered state, there is no cache (None)."""
     rec = record(t)
-    if rec is None or rec.ver < 0 or not holds(rec) or is_debug():
+    if rec is None or rec.ver < 0 or not holds(rec):
+        return None
+    return _cache_of(rec)
+
+
+def _cache_of(rec: Record) -> dict[Hashable, Any] | None:
+    """The cache dict of ``rec``'s proof (made on first use), or None when the proof does not
+    hold now or in debug mode."""
+    if is_debug():
         return None
     state = share(rec)
     if state is None:
@@ -629,6 +640,22 @@ def proof_cache(t: torch.Tensor) -> dict[Hashable, Any] | None:
         if cache is None:
             cache = state.caches[proof] = {}
         return cache
+
+
+def members_cache(compressed: torch.Tensor, plain: torch.Tensor,
+                  geometry: Hashable) -> dict[Hashable, Any] | None:
+    """:func:`proof_cache` for index members a checked tensor handed out (the operators of
+    model code hold members, not the tensor): the dict of the proof that :func:`confirm`
+    finds for ``compressed`` / ``plain`` and ``geometry`` now, dropped with that proof. None
+    when they are not proven (or in debug mode): compute afresh then."""
+    rec = vouch(compressed, plain, (geometry,))
+    return None if rec is None else record_cache(rec)
+
+
+def record_cache(rec: Record) -> dict[Hashable, Any] | None:
+    """:func:`proof_cache` of the proof ``rec`` stands for (a record a proof question such as
+    :func:`vouch` or :func:`proves` just accepted), or None where it has none."""
+    return None if rec.ver < 0 else _cache_of(rec)
 
 
 def cache_size() -> int:

@@ -23,13 +23,14 @@ keyed by the member object (dropped with it, never in its ``__dict__``, which to
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import Any
 
 import torch
 
 from . import checked
 from .memory import Tags, foreign
 
-__all__ = ["confirm", "is_unwatched", "remember", "unwatched", "watchable"]
+__all__ = ["confirm", "is_unwatched", "proof", "remember", "unwatched", "watchable"]
 
 #: index member -> the checked tensor (built by the factories on that member) proving it
 _proven = Tags()
@@ -41,15 +42,25 @@ def confirm(compressed: torch.Tensor, plain: torch.Tensor, geometry: Hashable) -
     """Whether ``compressed`` / ``plain`` are proven for ``geometry`` now, in O(1): members a
     checked tensor handed out (:func:`checked.confirm`), or members :func:`remember` was told
     of whose proof still holds for them; never members marked :func:`unwatched`."""
+    return proof(compressed, plain, geometry)[0]
+
+
+def proof(compressed: torch.Tensor, plain: torch.Tensor, geometry: Hashable
+          ) -> tuple[bool, dict[Hashable, Any] | None]:
+    """``(proven, cache)``: :func:`confirm`'s answer and, where proven, the proof's cache for
+    what the pattern alone decides (:func:`checked.proof_cache`; None where it has none), in
+    one question."""
     if is_unwatched(compressed, plain):
-        return False
-    if checked.confirm(compressed, plain, geometry):
-        return True
-    kept = _proven.get(compressed)
-    if kept is None or _proven.get(plain) is not kept:
-        return False
-    rec = checked.record(kept)
-    return rec is not None and checked.proves(rec, compressed, plain, (geometry,))
+        return False, None
+    rec = checked.vouch(compressed, plain, (geometry,))
+    if rec is None:
+        kept = _proven.get(compressed)
+        if kept is None or _proven.get(plain) is not kept:
+            return False, None
+        rec = checked.record(kept)
+        if rec is None or not checked.proves(rec, compressed, plain, (geometry,)):
+            return False, None
+    return True, checked.record_cache(rec)
 
 
 def remember(proven: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor) -> bool:

@@ -6,12 +6,15 @@ float32 / float64 / float16 / bfloat16, ``linear`` is ``x @ W.T``, ``linear_grad
 of ``sum(g * (x @ W.T))`` to the stored values (all three variants), and the ``matmul`` three
 are ``A @ x``, ``A.T @ g`` and ``g @ x.T`` at the pattern; empty batches, empty patterns and
 empty block rows / columns included; the formulas pass ``gradcheck`` in float64; results are
-plain tensors, also in enforce mode.
+plain tensors, also in enforce mode. Each claim holds on both paths: the native kernels (where
+built) and the torch-op kernels (``native.disabled()``); the variants of the torch-op kernels
+are selected with the native path off.
 Members are built here from a block mask (no torch sparse kernel in the reference).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +25,10 @@ from hypothesis import strategies as st
 
 import safesparse as ss
 from safesparse.kernels import blocks as bk
+from safesparse.kernels import native
+
+#: the kernel paths this machine has (the native one where the library was built)
+PATHS = ["torch ops", *(["native"] if native.status().native else [])]
 
 LAYOUTS = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -119,14 +126,26 @@ def check_all(p: Pattern, batch: int, dtype: torch.dtype, seed: int = 1) -> None
 GRAD_VARIANTS = {"dot products": (2.0, 10**9), "batched GEMM": (2.0, 1), "dense GEMM": (0.0, 1)}
 
 
+@pytest.fixture(params=PATHS)
+def path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run a test on each kernel path."""
+    if request.param == "native":
+        yield "native"
+    else:
+        with native.disabled():
+            yield "torch ops"
+
+
 @pytest.fixture(params=list(GRAD_VARIANTS))
-def grad_variant(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test under each variant of the values gradient (chosen by stored fraction and
-    block size)."""
+def grad_variant(request: pytest.FixtureRequest,
+                 monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Run a test under each variant of the torch-op values gradient (chosen by stored
+    fraction and block size), the native path off."""
     dense_from, bmm_from = GRAD_VARIANTS[request.param]
     monkeypatch.setattr(bk, "_DENSE_GRAD_FROM", dense_from)
     monkeypatch.setattr(bk, "_BMM_FROM_BLOCK", bmm_from)
-    return str(request.param)
+    with native.disabled():
+        yield str(request.param)
 
 
 SHAPES = [(torch.sparse_csr, (1, 1)), (torch.sparse_csc, (1, 1))] + [
@@ -139,13 +158,15 @@ PRODUCT_VARIANTS = {"bag sums": (0.0, 1), "block segments": (2.0, 1)}
 
 
 @pytest.fixture(params=list(PRODUCT_VARIANTS))
-def product_variant(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test under each variant of the batch-major products (``linear``, its gradient to
-    the input)."""
+def product_variant(request: pytest.FixtureRequest,
+                    monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Run a test under each variant of the torch-op batch-major products (``linear``, its
+    gradient to the input), the native path off."""
     below, from_block = PRODUCT_VARIANTS[request.param]
     monkeypatch.setattr(bk, "_SEGMENT_BELOW", below)
     monkeypatch.setattr(bk, "_SEGMENT_FROM_BLOCK", from_block)
-    return str(request.param)
+    with native.disabled():
+        yield str(request.param)
 
 
 def mask_with_empty_lines() -> torch.Tensor:
@@ -158,7 +179,7 @@ def mask_with_empty_lines() -> torch.Tensor:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(("layout", "block"), SHAPES, ids=str)
 def test_every_kernel_matches_dense(layout: torch.layout, block: tuple[int, int],
-                                    dtype: torch.dtype) -> None:
+                                    dtype: torch.dtype, path: str) -> None:
     check_all(pattern(layout, mask_with_empty_lines(), block, dtype), batch=7, dtype=dtype)
 
 
@@ -169,7 +190,7 @@ def test_every_variant_matches_dense(layout: torch.layout, block: tuple[int, int
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
-def test_empty_batch_and_empty_pattern(layout: torch.layout) -> None:
+def test_empty_batch_and_empty_pattern(layout: torch.layout, path: str) -> None:
     block = (2, 3)
     full = pattern(layout, random_mask(3, 2, 0.6, seed=4), block)
     check_all(full, batch=0, dtype=torch.float32)
@@ -190,7 +211,7 @@ def test_batch_in_chunks(layout: torch.layout, monkeypatch: pytest.MonkeyPatch,
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
-def test_int32_indices(layout: torch.layout) -> None:
+def test_int32_indices(layout: torch.layout, path: str) -> None:
     p = pattern(layout, random_mask(4, 4, 0.5, seed=5), (2, 2), torch.float32)
     p.compressed, p.plain = p.compressed.int(), p.plain.int()
     check_all(p, batch=3, dtype=torch.float32)
@@ -249,7 +270,7 @@ def test_gradcheck_float64(layout: torch.layout, block: tuple[int, int],
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
-def test_gradients_equal_dense_autograd(layout: torch.layout) -> None:
+def test_gradients_equal_dense_autograd(layout: torch.layout, path: str) -> None:
     p = pattern(layout, random_mask(4, 3, 0.5, seed=7), (3, 2))
     x = torch.randn(5, p.n_cols, dtype=torch.float64, requires_grad=True)
     values = p.values.clone().requires_grad_(True)
@@ -270,7 +291,7 @@ def test_gradients_equal_dense_autograd(layout: torch.layout) -> None:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
-def test_plain_results_in_enforce_mode(layout: torch.layout) -> None:
+def test_plain_results_in_enforce_mode(layout: torch.layout, path: str) -> None:
     p = pattern(layout, random_mask(3, 3, 0.5, seed=8), (2, 2), torch.float32)
     with ss.enforce():
         check_all(p, batch=4, dtype=torch.float32)
@@ -291,7 +312,9 @@ def test_random_patterns(layout: torch.layout, r: int, c: int, nbr: int, nbc: in
         setattr(bk, name, value)
     try:
         p = pattern(layout, random_mask(nbr, nbc, density, seed), (r, c), seed=seed)
-        check_all(p, batch=batch, dtype=torch.float64, seed=seed + 1)
+        check_all(p, batch=batch, dtype=torch.float64, seed=seed + 1)      # native, where built
+        with native.disabled():
+            check_all(p, batch=batch, dtype=torch.float64, seed=seed + 1)
     finally:
         for name, value in zip(names, old, strict=True):
             setattr(bk, name, value)

@@ -1,0 +1,442 @@
+/* One instantiation of the micro-kernels for an instruction set and a compute type.
+ * Included by blockprod.c with these defined:
+ *   SUF        suffix of the function names (e.g. avx512_f32)
+ *   TARGET     __attribute__((target(...)))
+ *   R          the compute type (float / double)
+ *   VT, W      the vector type and its number of lanes
+ *   MT, MASK(k)              a mask of the first k lanes (k <= W)
+ *   LOADU(p), LOADM(p, m)    full / masked load
+ *   STOREU(p, v), STOREM(p, m, v)
+ *   SET1(s), ZERO(), FMA(a, b, c) (a * b + c), HSUM(v)
+ *   RT_PROD    rows of the product tile (with 2 vectors of the batch)
+ *   RT_OUT1 / RT_OUT2  rows of the values-gradient tile with 1 / 2 vectors of the block width
+ *   RT_DOT, CT_DOT     the dot-form tile
+ *   DT_SELF    the dtype code of R
+ */
+#define CAT_(a, b) a##_##b
+#define CAT(a, b) CAT_(a, b)
+#define FN(name) CAT(name, SUF)
+#define INL static inline __attribute__((always_inline)) TARGET
+
+/* -------------------------------------------------------------------------------------------
+ * Product: Y[row, n] = bias[row] + sum over M's block row of M_q[a, b] * X[col_q * c + b, n],
+ * the batch read from a feature-major tile (xt[k * ldx + n]) two vectors at a time. */
+INL void FN(prod_tile)(const prod_ctx *k, int64_t i, int64_t a0, const int RTN, const R *xt,
+                       int64_t ldx, int64_t n_abs, int64_t cnt, const int full)
+{
+    VT acc[RT_PROD][2];
+    MT m0 = MASK(cnt >= W ? W : cnt), m1 = MASK(cnt >= 2 * W ? W : (cnt > W ? cnt - W : 0));
+    const R *bias = (const R *)k->bias;
+    for (int ra = 0; ra < RTN; ra++) {
+        VT b0 = bias ? SET1(bias[i * k->r + a0 + ra]) : ZERO();
+        acc[ra][0] = b0;
+        acc[ra][1] = b0;
+    }
+    const R *vals = (const R *)k->vals;
+    const int64_t c = k->c, sa = k->sa, sb = k->sb;
+    for (int64_t q = k->crow[i]; q < k->crow[i + 1]; q++) {
+        int64_t p = k->order ? k->order[q] : q;
+        const R *w = vals + p * k->sp + a0 * sa;
+        const R *xr = xt + k->col[q] * c * ldx;
+        for (int64_t b = 0; b < c; b++, xr += ldx, w += sb) {
+            VT x0 = full ? LOADU(xr) : LOADM(xr, m0);
+            VT x1 = full ? LOADU(xr + W) : LOADM(xr + W, m1);
+            for (int ra = 0; ra < RTN; ra++) {
+                VT s = SET1(w[ra * sa]);
+                acc[ra][0] = FMA(s, x0, acc[ra][0]);
+                acc[ra][1] = FMA(s, x1, acc[ra][1]);
+            }
+        }
+    }
+    int64_t row0 = i * k->r + a0;
+    if (k->ydt == DT_SELF && k->yn == 1) {
+        for (int ra = 0; ra < RTN; ra++) {
+            R *y = (R *)k->y + (row0 + ra) * k->yi + n_abs;
+            if (cnt >= 2 * W) {
+                STOREU(y, acc[ra][0]);
+                STOREU(y + W, acc[ra][1]);
+            } else {
+                STOREM(y, m0, acc[ra][0]);
+                STOREM(y + W, m1, acc[ra][1]);
+            }
+        }
+        return;
+    }
+    R tmp[RT_PROD][2 * W];
+    for (int ra = 0; ra < RTN; ra++) {
+        STOREU(tmp[ra], acc[ra][0]);
+        STOREU(tmp[ra] + W, acc[ra][1]);
+    }
+    if (k->ydt == DT_SELF) {
+        R *y = (R *)k->y + row0 * k->yi + n_abs * k->yn;
+        for (int64_t n = 0; n < cnt; n++)
+            for (int ra = 0; ra < RTN; ra++) y[ra * k->yi + n * k->yn] = tmp[ra][n];
+        return;
+    }
+    for (int64_t n = 0; n < cnt; n++)
+        for (int ra = 0; ra < RTN; ra++)
+            put_el(k->y, k->ydt, (row0 + ra) * k->yi + (n_abs + n) * k->yn, (double)tmp[ra][n]);
+}
+
+static TARGET void FN(prod_task)(void *vctx, int64_t task, int tid)
+{
+    prod_ctx *k = (prod_ctx *)vctx;
+    int64_t chunk = task / k->n_br, i = task % k->n_br;
+    int64_t n0 = chunk * k->nt, nt = k->N - n0 < k->nt ? k->N - n0 : k->nt;
+    const R *xt;
+    int64_t ldx;
+    int full_ok;
+    if (k->direct) {
+        xt = (const R *)k->x + n0;
+        ldx = k->xk;
+        full_ok = 0;
+    } else {
+        R *buf = (R *)k->bufs[tid];
+        if (k->buf_chunk[tid] != chunk) {
+            fill_tile(buf, k->nt, k->x, k->xdt, k->xk, k->xn, k->n_in, n0, nt, DT_SELF);
+            k->buf_chunk[tid] = chunk;
+        }
+        xt = buf;
+        ldx = k->nt;
+        full_ok = 1;
+    }
+    for (int64_t a0 = 0; a0 < k->r;) {
+        int64_t left = k->r - a0;
+        int rt = left >= RT_PROD ? RT_PROD : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+        for (int64_t nn = 0; nn < nt; nn += 2 * W) {
+            int64_t cnt = nt - nn < 2 * W ? nt - nn : 2 * W;
+            int full = full_ok || cnt == 2 * W;
+            switch (rt) {
+#define PCASE(RTV) case RTV: { if (full) FN(prod_tile)(k, i, a0, RTV, xt + nn, ldx, n0 + nn, cnt, 1); \
+                             else FN(prod_tile)(k, i, a0, RTV, xt + nn, ldx, n0 + nn, cnt, 0); } break;
+            PCASE(RT_PROD)
+#if RT_PROD != 4
+            PCASE(4)
+#endif
+            PCASE(2)
+            PCASE(1)
+#undef PCASE
+            }
+        }
+        a0 += rt;
+    }
+}
+
+/* Batch-major product: Y[n, row] (yi == 1) with X[n, k] read in place (broadcasts), the
+ * output rows of a block row in vectors; block q's column b of M_q at w_q + b * wsb, its rows
+ * contiguous. NBN batch rows x VN vectors of output rows. */
+INL void FN(bm_tile)(const prod_ctx *k, const R *const *wq, int64_t wsb, int64_t nq,
+                     const int64_t *colq, int64_t i, int64_t n, const int NBN, const int VN,
+                     int64_t a0, int64_t ac)
+{
+    VT acc[BM_NB][2];
+    int fv0 = ac >= W, fv1 = ac >= 2 * W;
+    MT m0 = MASK(ac >= W ? W : ac), m1 = MASK(ac >= 2 * W ? W : (ac > W ? ac - W : 0));
+    const R *bias = (const R *)k->bias;
+    VT b0 = ZERO(), b1 = ZERO();
+    if (bias) {
+        const R *bp = bias + i * k->r + a0;
+        b0 = fv0 ? LOADU(bp) : LOADM(bp, m0);
+        if (VN == 2) b1 = fv1 ? LOADU(bp + W) : LOADM(bp + W, m1);
+    }
+    for (int nb = 0; nb < NBN; nb++) {
+        acc[nb][0] = b0;
+        if (VN == 2) acc[nb][1] = b1;
+    }
+    const R *xs = (const R *)k->x + n * k->xn;
+    const int64_t c = k->c, xn = k->xn, xk = k->xk;
+    for (int64_t qq = 0; qq < nq; qq++) {
+        const R *w = wq[qq] + a0;
+        const R *xb = xs + colq[qq] * c * xk;
+        for (int64_t b = 0; b < c; b++, w += wsb, xb += xk) {
+            VT w0 = fv0 ? LOADU(w) : LOADM(w, m0);
+            VT w1 = ZERO();
+            if (VN == 2) w1 = fv1 ? LOADU(w + W) : LOADM(w + W, m1);
+            for (int nb = 0; nb < NBN; nb++) {
+                VT s = SET1(xb[nb * xn]);
+                acc[nb][0] = FMA(s, w0, acc[nb][0]);
+                if (VN == 2) acc[nb][1] = FMA(s, w1, acc[nb][1]);
+            }
+        }
+    }
+    int64_t row0 = i * k->r + a0;
+    if (k->ydt == DT_SELF) {
+        for (int nb = 0; nb < NBN; nb++) {
+            R *y = (R *)k->y + (n + nb) * k->yn + row0;
+            if (fv0) STOREU(y, acc[nb][0]); else STOREM(y, m0, acc[nb][0]);
+            if (VN == 2) { if (fv1) STOREU(y + W, acc[nb][1]); else STOREM(y + W, m1, acc[nb][1]); }
+        }
+        return;
+    }
+#ifdef STORE_HALF
+    if (k->ydt == DT_BF16 || k->ydt == DT_F16) {
+        for (int nb = 0; nb < NBN; nb++) {
+            int64_t at = (n + nb) * k->yn + row0;
+            STORE_HALF(k->y, k->ydt, at, acc[nb][0], ac >= W ? W : ac);
+            if (VN == 2) STORE_HALF(k->y, k->ydt, at + W, acc[nb][1], ac - W);
+        }
+        return;
+    }
+#endif
+    R tmp[2 * W];
+    for (int nb = 0; nb < NBN; nb++) {
+        STOREU(tmp, acc[nb][0]);
+        if (VN == 2) STOREU(tmp + W, acc[nb][1]);
+        put_row(k->y, k->ydt, (n + nb) * k->yn + row0, tmp, ac);
+    }
+}
+
+static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
+{
+    prod_ctx *k = (prod_ctx *)vctx;
+    int64_t chunk = task / k->n_br, i = task % k->n_br;
+    int64_t n0 = chunk * k->nt, nt = k->N - n0 < k->nt ? k->N - n0 : k->nt;
+    int64_t q0 = k->crow[i], nq = k->crow[i + 1] - q0;
+    if (nq == 0) { /* an empty block row: the bias, or zeros */
+        R tmp[1];
+        for (int64_t n = n0; n < n0 + nt; n++)
+            for (int64_t a = 0; a < k->r; a++) {
+                tmp[0] = k->bias ? ((const R *)k->bias)[i * k->r + a] : (R)0;
+                put_row(k->y, k->ydt, n * k->yn + i * k->r + a, tmp, 1);
+            }
+        return;
+    }
+    const R *wq_stack[64];
+    const R **wq = nq <= 64 ? wq_stack : (const R **)k->bufs[tid];
+    const R *vals = (const R *)k->vals;
+    int64_t wsb = k->sb;
+    if (k->sa == 1) {
+        for (int64_t qq = 0; qq < nq; qq++) {
+            int64_t p = k->order ? k->order[q0 + qq] : q0 + qq;
+            wq[qq] = vals + p * k->sp;
+        }
+    } else { /* pack the row's blocks: column b of block qq at pk + qq * c * r + b * r */
+        R *pk = (R *)k->pack[tid];
+        const int64_t r = k->r, c = k->c;
+        for (int64_t qq = 0; qq < nq; qq++) {
+            int64_t p = k->order ? k->order[q0 + qq] : q0 + qq;
+            const R *src = vals + p * k->sp;
+            R *dst = pk + qq * c * r;
+            for (int64_t a = 0; a < r; a++)
+                for (int64_t b = 0; b < c; b++) dst[b * r + a] = src[a * k->sa + b * k->sb];
+            wq[qq] = dst;
+        }
+        wsb = r;
+    }
+    const int64_t *colq = k->col + q0;
+    for (int64_t a0 = 0; a0 < k->r; a0 += 2 * W) {
+        int64_t ac = k->r - a0 < 2 * W ? k->r - a0 : 2 * W;
+        int two = ac > W;
+        for (int64_t n = n0; n < n0 + nt;) {
+            int64_t left = n0 + nt - n;
+            int nb = left >= BM_NB ? BM_NB : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            switch (nb * 4 + two) {
+#define BCASE(NBV) case NBV * 4: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 1, a0, ac); break; \
+                   case NBV * 4 + 1: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 2, a0, ac); break;
+            BCASE(BM_NB) BCASE(4) BCASE(2) BCASE(1)
+#undef BCASE
+            default: break;
+            }
+            n += nb;
+        }
+    }
+}
+
+/* Row-dot product for a few batch rows (inference): Y[row, n] = sum M_q[a, b:b+W] . X[n, ...],
+ * needs M's rows and X's features contiguous (sb == 1, xk == 1). */
+INL void FN(rowdot_tile)(const prod_ctx *k, int64_t i, int64_t a0, const int RTN, int64_t n)
+{
+    VT acc[4];
+    for (int ra = 0; ra < RTN; ra++) acc[ra] = ZERO();
+    const R *vals = (const R *)k->vals;
+    const R *x = (const R *)k->x + n * k->xn;
+    const int64_t c = k->c, sa = k->sa;
+    for (int64_t q = k->crow[i]; q < k->crow[i + 1]; q++) {
+        int64_t p = k->order ? k->order[q] : q;
+        const R *w = vals + p * k->sp + a0 * sa;
+        const R *xr = x + k->col[q] * c;
+        int64_t b = 0;
+        for (; b + W <= c; b += W) {
+            VT xv = LOADU(xr + b);
+            for (int ra = 0; ra < RTN; ra++) acc[ra] = FMA(LOADU(w + ra * sa + b), xv, acc[ra]);
+        }
+        if (b < c) {
+            MT m = MASK(c - b);
+            VT xv = LOADM(xr + b, m);
+            for (int ra = 0; ra < RTN; ra++) acc[ra] = FMA(LOADM(w + ra * sa + b, m), xv, acc[ra]);
+        }
+    }
+    const R *bias = (const R *)k->bias;
+    for (int ra = 0; ra < RTN; ra++) {
+        int64_t row = i * k->r + a0 + ra;
+        R s = HSUM(acc[ra]) + (bias ? bias[row] : (R)0);
+        put_el(k->y, k->ydt, row * k->yi + n * k->yn, (double)s);
+    }
+}
+
+static TARGET void FN(rowdot_task)(void *vctx, int64_t i, int tid)
+{
+    (void)tid;
+    prod_ctx *k = (prod_ctx *)vctx;
+    for (int64_t n = 0; n < k->N; n++)
+        for (int64_t a0 = 0; a0 < k->r;) {
+            int64_t left = k->r - a0;
+            if (left >= 4) { FN(rowdot_tile)(k, i, a0, 4, n); a0 += 4; }
+            else if (left >= 2) { FN(rowdot_tile)(k, i, a0, 2, n); a0 += 2; }
+            else { FN(rowdot_tile)(k, i, a0, 1, n); a0 += 1; }
+        }
+}
+
+/* -------------------------------------------------------------------------------------------
+ * Values gradient, outer form: G_p[a, b] = sum_n L[i*r + a, n] * R[j*c + b, n] with R's block
+ * columns contiguous (ri == 1): per batch step, VN vectors of R's row, RTN broadcasts of L. */
+INL void FN(vgo_tile)(const vg_ctx *k, int64_t p, int64_t a0, int64_t b0, const int RTN,
+                      const int VN, int64_t bc)
+{
+    VT acc[RT_OUT1][2];
+    for (int ra = 0; ra < RTN; ra++)
+        for (int v = 0; v < VN; v++) acc[ra][v] = ZERO();
+    MT m0 = MASK(bc >= W ? W : bc), m1 = MASK(bc >= 2 * W ? W : (bc > W ? bc - W : 0));
+    int full0 = bc >= W, full1 = bc >= 2 * W;
+    const R *l = (const R *)k->l + (k->rows[p] * k->r + a0) * k->li;
+    const R *rr = (const R *)k->rgt + (k->cols[p] * k->c + b0);
+    for (int64_t n = 0; n < k->N; n++, l += k->ln, rr += k->rn) {
+        VT x0 = full0 ? LOADU(rr) : LOADM(rr, m0);
+        VT x1 = ZERO();
+        if (VN == 2) x1 = full1 ? LOADU(rr + W) : LOADM(rr + W, m1);
+        for (int ra = 0; ra < RTN; ra++) {
+            VT s = SET1(l[ra * k->li]);
+            acc[ra][0] = FMA(s, x0, acc[ra][0]);
+            if (VN == 2) acc[ra][1] = FMA(s, x1, acc[ra][1]);
+        }
+    }
+    R *g = (R *)k->g + p * k->r * k->c + a0 * k->c + b0;
+    for (int ra = 0; ra < RTN; ra++) {
+        if (full0) STOREU(g + ra * k->c, acc[ra][0]); else STOREM(g + ra * k->c, m0, acc[ra][0]);
+        if (VN == 2) {
+            if (full1) STOREU(g + ra * k->c + W, acc[ra][1]);
+            else STOREM(g + ra * k->c + W, m1, acc[ra][1]);
+        }
+    }
+}
+
+static TARGET void FN(vgo_task)(void *vctx, int64_t p, int tid)
+{
+    (void)tid;
+    vg_ctx *k = (vg_ctx *)vctx;
+    for (int64_t b0 = 0; b0 < k->c; b0 += 2 * W) {
+        int64_t bc = k->c - b0 < 2 * W ? k->c - b0 : 2 * W;
+        int two = bc > W;
+        for (int64_t a0 = 0; a0 < k->r;) {
+            int64_t left = k->r - a0;
+            int cap = two ? RT_OUT2 : RT_OUT1;
+            int rt = left >= cap ? cap : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            switch (rt * 4 + two) {
+#define VCASE(RTV) case RTV * 4 + 0: FN(vgo_tile)(k, p, a0, b0, RTV, 1, bc); break; \
+                   case RTV * 4 + 1: FN(vgo_tile)(k, p, a0, b0, RTV, 2, bc); break;
+            VCASE(1) VCASE(2) VCASE(4)
+#if RT_OUT2 != 4
+            VCASE(RT_OUT2)
+#endif
+#if RT_OUT1 != 4 && RT_OUT1 != RT_OUT2
+            case RT_OUT1 * 4 + 0: FN(vgo_tile)(k, p, a0, b0, RT_OUT1, 1, bc); break;
+#endif
+#undef VCASE
+            default: break;
+            }
+            a0 += rt;
+        }
+    }
+}
+
+/* Values gradient, dot form: both operands contiguous along the batch (ln == rn == 1). */
+INL void FN(vgd_tile)(const vg_ctx *k, int64_t p, int64_t a0, int64_t b0, const int RTN,
+                      const int CTN)
+{
+    VT acc[RT_DOT][CT_DOT];
+    for (int ra = 0; ra < RTN; ra++)
+        for (int cb = 0; cb < CTN; cb++) acc[ra][cb] = ZERO();
+    const R *l = (const R *)k->l + (k->rows[p] * k->r + a0) * k->li;
+    const R *rr = (const R *)k->rgt + (k->cols[p] * k->c + b0) * k->ri;
+    int64_t n = 0, N = k->N;
+    for (; n + W <= N; n += W) {
+        VT lv[RT_DOT], rv[CT_DOT];
+        for (int ra = 0; ra < RTN; ra++) lv[ra] = LOADU(l + ra * k->li + n);
+        for (int cb = 0; cb < CTN; cb++) rv[cb] = LOADU(rr + cb * k->ri + n);
+        for (int ra = 0; ra < RTN; ra++)
+            for (int cb = 0; cb < CTN; cb++) acc[ra][cb] = FMA(lv[ra], rv[cb], acc[ra][cb]);
+    }
+    if (n < N) {
+        MT m = MASK(N - n);
+        VT lv[RT_DOT], rv[CT_DOT];
+        for (int ra = 0; ra < RTN; ra++) lv[ra] = LOADM(l + ra * k->li + n, m);
+        for (int cb = 0; cb < CTN; cb++) rv[cb] = LOADM(rr + cb * k->ri + n, m);
+        for (int ra = 0; ra < RTN; ra++)
+            for (int cb = 0; cb < CTN; cb++) acc[ra][cb] = FMA(lv[ra], rv[cb], acc[ra][cb]);
+    }
+    R *g = (R *)k->g + p * k->r * k->c;
+    for (int ra = 0; ra < RTN; ra++)
+        for (int cb = 0; cb < CTN; cb++) g[(a0 + ra) * k->c + b0 + cb] = HSUM(acc[ra][cb]);
+}
+
+/* one element (CSR / CSC): four accumulators along the batch (the FMA latency) */
+INL R FN(vgd_one)(const R *l, const R *rr, int64_t N)
+{
+    VT a0 = ZERO(), a1 = ZERO(), a2 = ZERO(), a3 = ZERO();
+    int64_t n = 0;
+    for (; n + 4 * W <= N; n += 4 * W) {
+        a0 = FMA(LOADU(l + n), LOADU(rr + n), a0);
+        a1 = FMA(LOADU(l + n + W), LOADU(rr + n + W), a1);
+        a2 = FMA(LOADU(l + n + 2 * W), LOADU(rr + n + 2 * W), a2);
+        a3 = FMA(LOADU(l + n + 3 * W), LOADU(rr + n + 3 * W), a3);
+    }
+    for (; n + W <= N; n += W) a0 = FMA(LOADU(l + n), LOADU(rr + n), a0);
+    if (n < N) {
+        MT m = MASK(N - n);
+        a1 = FMA(LOADM(l + n, m), LOADM(rr + n, m), a1);
+    }
+    return HSUM(ADD(ADD(a0, a1), ADD(a2, a3)));
+}
+
+static TARGET void FN(vgd_task)(void *vctx, int64_t p, int tid)
+{
+    (void)tid;
+    vg_ctx *k = (vg_ctx *)vctx;
+    if (k->r == 1 && k->c == 1) {
+        ((R *)k->g)[p] = FN(vgd_one)((const R *)k->l + k->rows[p] * k->li,
+                                     (const R *)k->rgt + k->cols[p] * k->ri, k->N);
+        return;
+    }
+    for (int64_t a0 = 0; a0 < k->r;) {
+        int rt = k->r - a0 >= RT_DOT ? RT_DOT : k->r - a0 >= 2 ? 2 : 1;
+        for (int64_t b0 = 0; b0 < k->c;) {
+            int ct = k->c - b0 >= CT_DOT ? CT_DOT : k->c - b0 >= 2 ? 2 : 1;
+            switch (rt * 8 + ct) {
+            case RT_DOT * 8 + CT_DOT: FN(vgd_tile)(k, p, a0, b0, RT_DOT, CT_DOT); break;
+            case RT_DOT * 8 + 2: FN(vgd_tile)(k, p, a0, b0, RT_DOT, 2); break;
+            case RT_DOT * 8 + 1: FN(vgd_tile)(k, p, a0, b0, RT_DOT, 1); break;
+#if RT_DOT != 2
+            case 2 * 8 + CT_DOT: FN(vgd_tile)(k, p, a0, b0, 2, CT_DOT); break;
+            case 2 * 8 + 2: FN(vgd_tile)(k, p, a0, b0, 2, 2); break;
+            case 2 * 8 + 1: FN(vgd_tile)(k, p, a0, b0, 2, 1); break;
+#endif
+            case 1 * 8 + CT_DOT: FN(vgd_tile)(k, p, a0, b0, 1, CT_DOT); break;
+#if CT_DOT != 2
+            case 1 * 8 + 2: FN(vgd_tile)(k, p, a0, b0, 1, 2); break;
+#endif
+            case 1 * 8 + 1: FN(vgd_tile)(k, p, a0, b0, 1, 1); break;
+            default: break;
+            }
+            b0 += ct;
+        }
+        a0 += rt;
+    }
+}
+
+static const kernel_set FN(kernels) = {FN(prod_task), FN(rowdot_task), FN(vgo_task),
+                                       FN(vgd_task), FN(bm_task), W};
+
+#undef FN
+#undef INL
+#undef CAT
+#undef CAT_
