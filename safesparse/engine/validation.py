@@ -18,16 +18,11 @@ Nothing here calls a torch sparse kernel: all work is on the strided member tens
 
 from __future__ import annotations
 
-import functools
 import math
-import os
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any, TypeVar
 
 import torch
 
+from ..base.forking import in_forked_child, serial_in_forked_child
 from ..catalog.invariants import COMPRESSED_LAYOUTS
 from .diagnose import diagnose_compressed, diagnose_coo
 from .masks import (
@@ -55,66 +50,10 @@ from .metadata import (
 )
 
 # --------------------------------------------------------------------------------------------
-# Forked children
-#
-# In a process started by fork() after its parent ran a parallel region of torch's OpenMP
-# thread pool, any parallel region hangs for good (GNU OpenMP keeps the parent's pool state).
-# torch's COO checker opens one at every size, and the vectorised path's ops above torch's
-# grain size: plain torch never runs either by default, so a child that builds sparse tensors
-# would hang only because safesparse validates them. In a forked child the index stage runs
-# with torch's intra-op threads set to one (every parallel region runs inline; restored after),
-# and the factories leave their native fast path to the general one, which does so.
+# Forked children: the index stage runs with one intra-op thread there (base/forking.py), and
+# the factories leave their native fast path to the general one, which does so.
 
-_forked = False
-_serial_lock = threading.Lock()
-_serial_depth = 0
-_serial_saved = 1
-
-
-def _after_fork_in_child() -> None:
-    global _forked, _serial_lock, _serial_depth
-    _forked = True
-    _serial_lock = threading.Lock()  # (a lock held by another parent thread stays held)
-    _serial_depth = 0
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def in_forked_child() -> bool:
-    """Whether this process was started by ``fork()`` from one that imported safesparse."""
-    return _forked
-
-
-@contextmanager
-def _one_thread() -> Iterator[None]:
-    global _serial_depth, _serial_saved
-    with _serial_lock:
-        if _serial_depth == 0:
-            _serial_saved = torch.get_num_threads()
-            torch.set_num_threads(1)
-        _serial_depth += 1
-    try:
-        yield
-    finally:
-        with _serial_lock:
-            _serial_depth -= 1
-            if _serial_depth == 0:
-                torch.set_num_threads(_serial_saved)
-
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def fork_safe(fn: _F) -> _F:
-    """``fn`` (an index stage) runs single-threaded in a forked child (see above)."""
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if _forked:
-            with _one_thread():
-                return fn(*args, **kwargs)
-        return fn(*args, **kwargs)
-    return wrapper  # type: ignore[return-value]
+fork_safe = serial_in_forked_child
 
 
 # --------------------------------------------------------------------------------------------

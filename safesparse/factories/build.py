@@ -32,7 +32,7 @@ import torch
 from ..base import originals as _originals
 from ..base.compiling import bind
 from ..base.debug_flag import is_debug
-from ..engine import validation
+from ..base.forking import in_forked_child
 from ..engine.metadata import (
     CompressedMeta,
     CooMeta,
@@ -123,7 +123,7 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
     if shape is None:
         return None
     meta = _accept_compressed_metadata(c, p, v, shape, layout, None, None)
-    if meta is None or is_debug() or validation._forked:  # (a forked child: validation.py)
+    if meta is None or is_debug() or in_forked_child():  # (base/forking.py)
         return None
     geom = ("compressed", meta.n_compressed, meta.n_plain)
     build = _BUILD[layout]
@@ -181,7 +181,7 @@ def fast_coo(idx: Any, v: Any, size: Any, dtype: torch.dtype | None, device: Any
             or idx.dtype is not torch.int64 or not v.dim()):
         return None
     shape = final_size(size)
-    if shape is None or is_debug() or validation._forked:  # (a forked child: validation.py)
+    if shape is None or is_debug() or in_forked_child():  # (base/forking.py)
         return None
     meta = check_coo_metadata(idx, v, shape)
     if checked.claim(idx) is not None:

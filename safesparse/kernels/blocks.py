@@ -57,14 +57,16 @@ from typing import Any
 
 import torch
 
+from ..base.forking import serial_in_forked_child
+from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS
 from . import native
 
 T = torch.Tensor
 #: What a caller may hand in to keep pattern-derived data across calls: a dict tied to the
 #: members' proof (``safesparse.state.checked.members_cache``), or None.
 Cache = dict[Hashable, Any] | None
-_ROW_LAYOUTS = (torch.sparse_csr, torch.sparse_bsr)
-_BLOCK_LAYOUTS = (torch.sparse_bsr, torch.sparse_bsc)
+_ROW_LAYOUTS = ROW_LAYOUTS
+_BLOCK_LAYOUTS = BLOCK_LAYOUTS
 _NATIVE = (torch.float32, torch.float64)
 #: Fraction of the matrix stored from which the gradient to the values is one dense GEMM read
 #: at the pattern (measured, 16 x 16 blocks, 1024 x 1024, batch 256, one thread: the chunked
@@ -277,7 +279,7 @@ def _apply(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int
 # Public kernels
 
 
-@native.serial_in_forked_child
+@serial_in_forked_child
 def linear(x: T, layout: torch.layout, compressed: T, plain: T, values: T,
            out_features: int, in_features: int, *, cache: Cache = None,
            bias: T | None = None) -> T:
@@ -287,7 +289,7 @@ def linear(x: T, layout: torch.layout, compressed: T, plain: T, values: T,
                            False, cache, bias)
 
 
-@native.serial_in_forked_child
+@serial_in_forked_child
 def linear_grad_input(g: T, layout: torch.layout, compressed: T, plain: T, values: T,
                       out_features: int, in_features: int, *, cache: Cache = None) -> T:
     """``g @ W`` for ``g`` (N, out_features): (N, in_features), dtype of ``g``."""
@@ -395,7 +397,7 @@ def _values_grad(layout: torch.layout, compressed: T, plain: T,
     return grads.reshape(values_shape).to(dtype).contiguous()
 
 
-@native.serial_in_forked_child
+@serial_in_forked_child
 def linear_grad_values(g: T, x: T, layout: torch.layout, compressed: T, plain: T,
                        values_shape_or_values: T | torch.Size | tuple[int, ...],
                        out_features: int, in_features: int, *, cache: Cache = None) -> T:
@@ -441,7 +443,7 @@ def _native_apply(layout: torch.layout, compressed: T, plain: T, values: T, n_ro
     return None
 
 
-@native.serial_in_forked_child
+@serial_in_forked_child
 def matmul(a_layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
            n_cols: int, x: T, *, cache: Cache = None) -> T:
     """``A @ x`` for ``x`` (n_cols, N): (n_rows, N), dtype of ``x``."""
@@ -453,7 +455,7 @@ def matmul(a_layout: torch.layout, compressed: T, plain: T, values: T, n_rows: i
     return y.to(x.dtype)
 
 
-@native.serial_in_forked_child
+@serial_in_forked_child
 def matmul_grad_input(a_layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
                       n_cols: int, g: T, *, cache: Cache = None) -> T:
     """``A.T @ g`` for ``g`` (n_rows, N): (n_cols, N), dtype of ``g``."""
@@ -465,7 +467,7 @@ def matmul_grad_input(a_layout: torch.layout, compressed: T, plain: T, values: T
     return y.to(g.dtype)
 
 
-@native.serial_in_forked_child
+@serial_in_forked_child
 def matmul_grad_values(g: T, x: T, a_layout: torch.layout, compressed: T, plain: T,
                        values_shape_or_values: T | torch.Size | tuple[int, ...],
                        n_rows: int, n_cols: int, *, cache: Cache = None) -> T:

@@ -28,16 +28,17 @@ Nothing here validates: the callers hand in members that safesparse proved.
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
-import threading
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import torch
+
+from ..base.forking import in_forked_child
+from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS
 
 T = torch.Tensor
 _HERE = Path(__file__).resolve().parent
@@ -46,8 +47,8 @@ LIB_FILE = "_blockprod.native.so"
 _ABI = 1
 _DTYPES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 _ISA_NAMES = {0: "none", 1: "avx2+fma", 2: "avx512f"}
-_ROW_LAYOUTS = (torch.sparse_csr, torch.sparse_bsr)
-_BLOCK_LAYOUTS = (torch.sparse_bsr, torch.sparse_bsc)
+_ROW_LAYOUTS = ROW_LAYOUTS
+_BLOCK_LAYOUTS = BLOCK_LAYOUTS
 _OPENMP_NAMES = ("libgomp", "libiomp5", "libomp")
 
 _i64 = ctypes.c_int64
@@ -77,22 +78,8 @@ class Status:
 _lib: Any = None
 _status: Status | None = None
 _forced_off = False
-_forked = False
 
 
-_serial_lock = threading.Lock()
-_serial_depth = 0
-_serial_saved = 1
-
-
-def _after_fork_in_child() -> None:
-    global _forked, _serial_lock, _serial_depth
-    _forked = True
-    _serial_lock = threading.Lock()  # (a lock held by another parent thread stays held)
-    _serial_depth = 0
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def library_path() -> Path | None:
@@ -194,42 +181,8 @@ def disabled() -> Iterator[None]:
         _forced_off = saved
 
 
-@contextmanager
-def _one_thread() -> Iterator[None]:
-    global _serial_depth, _serial_saved
-    with _serial_lock:
-        if _serial_depth == 0:
-            _serial_saved = torch.get_num_threads()
-            torch.set_num_threads(1)
-        _serial_depth += 1
-    try:
-        yield
-    finally:
-        with _serial_lock:
-            _serial_depth -= 1
-            if _serial_depth == 0:
-                torch.set_num_threads(_serial_saved)
-
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def serial_in_forked_child(fn: Callable[_P, _R]) -> Callable[_P, _R]:
-    """``fn`` with torch's intra-op threads at one while it runs in a child started by
-    ``fork()`` (GNU OpenMP hangs there in any parallel region once the parent used its pool:
-    torch's index ops of the pattern included); unchanged elsewhere."""
-    @functools.wraps(fn)
-    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        if not _forked:
-            return fn(*args, **kwargs)
-        with _one_thread():
-            return fn(*args, **kwargs)
-    return wrapper
-
-
 def _threads() -> int:
-    return 1 if _forked else max(1, torch.get_num_threads())
+    return 1 if in_forked_child() else max(1, torch.get_num_threads())
 
 
 def usable(*tensors: T) -> bool:

@@ -32,10 +32,13 @@ def _members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def copyable(t: torch.Tensor) -> bool:
-    """Whether ``t``'s index members can be copied as they are (contiguous: a copy keeps every
-    stride, so validating it says what validating them would)."""
+    """Whether ``t``'s members can be built on as they are before validation: contiguous index
+    members (a copy keeps every stride, so validating it says what validating them would) and
+    contiguous values (values of other strides, 3.7, are validated as they are first: no torch
+    constructor is handed what the checks may refuse)."""
     with DisableTorchFunctionSubclass():
-        return all(m.is_contiguous() for m in _members(t))
+        values = t._values() if t.layout is _COO else t.values()
+        return values.is_contiguous() and all(m.is_contiguous() for m in _members(t))
 
 
 def _build(t: torch.Tensor) -> torch.Tensor:

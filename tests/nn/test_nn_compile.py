@@ -130,25 +130,25 @@ def test_trainable_sparse_matmul_values_get_gradients() -> None:
 def test_compiled_program_receives_the_module_buffers() -> None:
     """What the O(1) confirmation rests on: the operator sees the module's buffer objects
     (their claims) in compiled programs, forward and backward, and in exported ones."""
-    from safesparse.state import checked
+    from safesparse.state import members_proof
 
     m = model(CSR, None, True)
     seen: list[bool] = []
-    original = checked.confirm
+    original = members_proof.proof
 
-    def spy(c: torch.Tensor, p: torch.Tensor, geometry: object) -> bool:
+    def spy(c: torch.Tensor, p: torch.Tensor, geometry: object) -> tuple[bool, object]:
         seen.append(c is m[2].compressed_indices and p is m[2].plain_indices)
         return original(c, p, geometry)
 
     x = torch.randn(5, 8)
     dynamo.reset()
     compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
-    checked.confirm = spy  # type: ignore[assignment]
+    members_proof.proof = spy  # type: ignore[assignment]
     try:
         grads(m, compiled, x)
         grads(m, torch.export.export(m, (x,)).module(), x)
     finally:
-        checked.confirm = original
+        members_proof.proof = original
     assert len(seen) == 6 and all(seen)  # forward, grad to x, grad to values; twice
 
 
