@@ -44,6 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
+from rounds import best_of as rounds_best_of
 
 from safesparse.kernels import blocks as bk
 from safesparse.kernels import native
@@ -56,16 +57,8 @@ clock = time.perf_counter
 
 
 def best_of(fs: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Min over interleaved rounds of each function's time, ms."""
-    for f in fs.values():
-        f()
-    best = dict.fromkeys(fs, float("inf"))
-    for _ in range(rounds):
-        for k, f in fs.items():
-            t0 = clock()
-            f()
-            best[k] = min(best[k], clock() - t0)
-    return {k: v * 1e3 for k, v in best.items()}
+    """:func:`rounds.best_of` by this script's clock (``--clock``)."""
+    return rounds_best_of(fs, rounds, clock)
 
 
 def weight(n_out: int, n_in: int, block: tuple[int, int], density: float,

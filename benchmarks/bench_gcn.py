@@ -53,6 +53,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
+from rounds import best_of as rounds_best_of
 
 import safesparse as ss
 
@@ -61,16 +62,8 @@ clock = time.process_time
 
 
 def best_of(fs: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Min over interleaved rounds of each function's time, ms (one warm-up call each)."""
-    for f in fs.values():
-        f()
-    best = dict.fromkeys(fs, float("inf"))
-    for _ in range(rounds):
-        for k, f in fs.items():
-            t0 = clock()
-            f()
-            best[k] = min(best[k], clock() - t0)
-    return {k: v * 1e3 for k, v in best.items()}
+    """:func:`rounds.best_of` by this script's clock (``--clock``)."""
+    return rounds_best_of(fs, rounds, clock)
 
 
 def graphs(n: int, n_edges: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -20,7 +20,7 @@ from torch.utils import _pytree as pytree
 from ..catalog.invariants import COMPRESSED_LAYOUTS
 from ..factories import sparse_compressed_tensor
 from ..nn.operators import LAYOUT_NAMES
-from ..nn.pattern import members
+from ..nn.pattern import check_matrix, members
 from ..tensor import SafeSparseTensor, validate
 from .operand import FROM_OPERAND, SparseOperand, make, read_values
 
@@ -53,14 +53,7 @@ def as_operand(a: torch.Tensor) -> SparseOperand:
     """
     if isinstance(a, SparseOperand):
         return a
-    if not isinstance(a, torch.Tensor) or a.layout not in COMPRESSED_LAYOUTS:
-        got = a.layout if isinstance(a, torch.Tensor) else type(a).__name__
-        raise TypeError(
-            f"as_operand: a CSR, CSC, BSR or BSC tensor is needed, got {got}\n"
-            "  Convert a COO or dense one first (.to_sparse_csr(), .to_sparse_bsr(blocksize)).")
-    if a.dim() != 2 or a.dense_dim() != 0:
-        raise ValueError(f"as_operand: a 2-D matrix without dense dims is needed, got shape "
-                         f"{tuple(a.shape)} with {a.dense_dim()} dense dims")
+    check_matrix("as_operand", a)
     checked = validate(a)
     c, p = members(checked)
     # the values as a tensor of their own (not a view of the sparse tensor: compiled code

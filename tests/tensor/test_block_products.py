@@ -13,58 +13,23 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from support.block_matrices import (
+    BSC,
+    BSR,
+    PARAMS,
+    _tol,
+    assert_dense_result,
+    factory,
+    make,
+    members,
+    rand,
+)
 
 import safesparse as ss
 from safesparse.tensor import blocks
 
-BSR, BSC = torch.sparse_bsr, torch.sparse_bsc
-LAYOUTS = [BSR, BSC]
-NAMES = {BSR: "BSR", BSC: "BSC"}
 BLOCKS = [(2, 2), (2, 3), (3, 2), (1, 4), (4, 4)]
 DTYPES = [torch.float32, torch.float64]
-#: block rows x block columns of the test matrices, and their block pattern
-MASK = torch.tensor([[1, 0, 1, 1], [0, 0, 0, 0], [1, 1, 0, 1]], dtype=torch.bool)
-
-
-def _tol(dtype: torch.dtype) -> dict[str, float]:
-    return {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
-
-
-def make(layout: torch.layout, block: tuple[int, int], dtype: torch.dtype = torch.float64,
-         batch: tuple[int, ...] = (), seed: int = 0) -> tuple[ss.SafeSparseTensor, torch.Tensor]:
-    """A checked block tensor (the same block pattern in every batch) and its dense matrix."""
-    g = torch.Generator().manual_seed(seed)
-    r, c = block
-    full = MASK.repeat_interleave(r, 0).repeat_interleave(c, 1)
-    dense = torch.randn(*batch, *full.shape, generator=g, dtype=dtype) * full
-    plain = dense.to_sparse_bsr(block) if layout == BSR else dense.to_sparse_bsc(block)
-    t = ss.validate(plain)
-    assert ss.is_checked(t)
-    return t, dense
-
-
-def rand(*shape: int, dtype: torch.dtype = torch.float64, seed: int = 1) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
-
-
-def members(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if t.layout == BSR:
-        return t.crow_indices(), t.col_indices()
-    return t.ccol_indices(), t.row_indices()
-
-
-def factory(layout: torch.layout) -> Callable[..., ss.SafeSparseTensor]:
-    return ss.sparse_bsr_tensor if layout == BSR else ss.sparse_bsc_tensor
-
-
-def assert_dense_result(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
-    assert type(out) is torch.Tensor  # a plain strided tensor, never wrapped
-    assert out.layout == torch.strided
-    assert out.dtype == ref.dtype and out.shape == ref.shape
-    torch.testing.assert_close(out, ref, **_tol(dtype))
-
-
-PARAMS = pytest.mark.parametrize("layout", LAYOUTS, ids=NAMES.get)
 BLOCK_PARAMS = pytest.mark.parametrize("block", BLOCKS, ids=lambda b: f"{b[0]}x{b[1]}")
 DTYPE_PARAMS = pytest.mark.parametrize("dtype", DTYPES, ids=str)
 
