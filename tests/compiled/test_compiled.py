@@ -162,6 +162,7 @@ def test_inductor_compiles_every_product_forward_and_backward() -> None:
 
 
 def test_dynamic_shapes_compile_once_over_three_nnz() -> None:
+    dynamo.reset()  # (no cache entries or recorded failures from earlier tests)
     counter = CompileCounterWithBackend("aot_eager")
     compiled = ss.compile(lambda a, x: torch.relu(a @ x).sum(), fullgraph=True,
                           dynamic=True, backend=counter)
@@ -172,7 +173,9 @@ def test_dynamic_shapes_compile_once_over_three_nnz() -> None:
         a = a.to_sparse_csr()
         x = torch.randn(40, 5, generator=g)
         torch.testing.assert_close(compiled(a, x), torch.relu(a.to_dense() @ x).sum())
-    assert counter.frame_count == 1
+    failures = {code.co_name: reasons for code, reasons in
+                torch._dynamo.utils.guard_failures.items()}
+    assert counter.frame_count == 1, f"recompiled; guard failures: {failures}"
 
 
 def test_members_written_after_compiling_are_refused() -> None:
