@@ -113,8 +113,9 @@ class SparseOperand(torch.Tensor):
                              layout_name, outer_size)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        # (no int() of a size: traced with dynamic shapes, logging's repr would specialize it)
         return (f"SparseOperand({self.layout_name.upper()}, shape={tuple(self.shape)}, "
-                f"nnz={int(self.plain.shape[0])}, dtype={self.dtype})")
+                f"nnz={self.plain.shape[0]}, dtype={self.dtype})")
 
     @property
     def sparse_layout(self) -> torch.layout:
