@@ -326,8 +326,17 @@ def test_fallbacks_behave_as_torch() -> None:
     torch.testing.assert_close(product.to_dense(), dense @ dense.mT)
 
 
-def test_square_blocks_without_grad_use_torch_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Square BSR, CPU, no gradient: torch's MKL kernel (see benchmarks/group_blocks.py)."""
+@pytest.mark.parametrize("native_kernels", [True, False], ids=["native", "torch-ops"])
+def test_square_blocks_without_grad_use_torch_kernel(monkeypatch: pytest.MonkeyPatch,
+                                                     native_kernels: bool) -> None:
+    """Square BSR, CPU, no gradient: torch's MKL kernel where the native kernels do not run
+    (see benchmarks/group_blocks.py); the block kernels where they do (faster than MKL)."""
+    from safesparse.kernels import native
+
+    if native_kernels and not native.available():
+        pytest.skip(f"native kernels: {native.status().describe()}")
+    if not native_kernels:
+        monkeypatch.setattr(native, "_forced_off", True)  # (native.disabled(), for the test)
     a, dense = make(BSR, (2, 2))
     x = rand(dense.shape[1], 3)
     taken: list[bool] = []
@@ -339,7 +348,7 @@ def test_square_blocks_without_grad_use_torch_kernel(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(blocks, "_product", spy)
     assert_dense_result(a @ x, dense @ x, torch.float64)
-    assert not taken
+    assert bool(taken) is native_kernels
     assert_dense_result(a @ x.requires_grad_(), dense @ x, torch.float64)
     assert taken
 
