@@ -398,6 +398,13 @@ def _values_grad(layout: torch.layout, compressed: T, plain: T,
 
 
 @serial_in_forked_child
+def bias_grad(g: T) -> T:
+    """The gradient of :func:`linear`'s bias, ``g.sum(0)`` (in a forked child with one
+    thread, as every product here: a reduction of a batch is one of torch's parallel ops)."""
+    return g.sum(0)
+
+
+@serial_in_forked_child
 def linear_grad_values(g: T, x: T, layout: torch.layout, compressed: T, plain: T,
                        values_shape_or_values: T | torch.Size | tuple[int, ...],
                        out_features: int, in_features: int, *, cache: Cache = None) -> T:

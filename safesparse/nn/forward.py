@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..catalog.errors import InvariantError
+from ..kernels import blocks as blockkernels
 from .operators import (
     keyed,
     linear,
@@ -112,7 +113,7 @@ def _linear_bias_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) 
 
 def _linear_bias_backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     gx, _, _, gv, *_ = _linear_backward(ctx, g)
-    gb = g.sum(0) if ctx.needs_input_grad[4] else None
+    gb = blockkernels.bias_grad(g) if ctx.needs_input_grad[4] else None
     return gx, None, None, gv, gb, None, None, None
 
 

@@ -198,9 +198,9 @@ from safesparse.nn import SparseLinear
 torch.set_num_threads(2)
 torch.manual_seed(0)
 layer = SparseLinear.from_dense(nn.Linear(1024, 1024), (16, 16), 0.1)
-# (no bias: adding one, 256 x 1024 elements, is torch's own parallel op, which hangs in the
-# child as every large torch op does there; nn.Linear fuses it into addmm)
-layer.bias = None
+# (with its bias: added in the product's pass, its gradient by the kernels, both with one
+# thread in the child; a separate bias add, 256 x 1024 elements, is torch's own parallel op,
+# which hangs there as every large torch op does)
 x = torch.randn(256, 1024)
 want = layer(x).detach()[:2]
 grad = torch.ones(256, 1024)  # (made here: plain torch's own large ops hang in the child)
@@ -212,7 +212,7 @@ def child():
     y = layer(x)
     y.backward(grad)  # the backward products too
     assert torch.allclose(y[:2], want)
-    assert layer.values.grad is not None
+    assert layer.values.grad is not None and layer.bias.grad is not None
     sys.exit(7)
 
 p = mp.get_context("fork").Process(target=child)
