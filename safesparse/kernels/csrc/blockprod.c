@@ -334,22 +334,7 @@ __attribute__((target("avx512f"))) static inline int ss_store_half16(void *y, in
 #define DT_SELF DT_F32
 #include "kern.h"
 #undef STORE_HALF
-#undef SUF
-#undef R
-#undef VT
-#undef W
-#undef MT
-#undef MASK
-#undef LOADU
-#undef LOADM
-#undef STOREU
-#undef STOREM
-#undef SET1
-#undef ZERO
-#undef FMA
-#undef ADD
-#undef HSUM
-#undef DT_SELF
+#include "kern_dtype_end.h"
 
 /* AVX-512F, float64 */
 #define SUF avx512_f64
@@ -369,23 +354,8 @@ __attribute__((target("avx512f"))) static inline int ss_store_half16(void *y, in
 #define HSUM(v) _mm512_reduce_add_pd(v)
 #define DT_SELF DT_F64
 #include "kern.h"
-#undef SUF
+#include "kern_dtype_end.h"
 #undef TARGET
-#undef R
-#undef VT
-#undef W
-#undef MT
-#undef MASK
-#undef LOADU
-#undef LOADM
-#undef STOREU
-#undef STOREM
-#undef SET1
-#undef ZERO
-#undef FMA
-#undef ADD
-#undef HSUM
-#undef DT_SELF
 #undef RT_PROD
 #undef RT_OUT1
 #undef RT_OUT2
@@ -443,22 +413,7 @@ __attribute__((target("avx2,fma"))) static inline double ss_hsum256d(__m256d v)
 #define BM_NB 6
 #define DT_SELF DT_F32
 #include "kern.h"
-#undef SUF
-#undef R
-#undef VT
-#undef W
-#undef MT
-#undef MASK
-#undef LOADU
-#undef LOADM
-#undef STOREU
-#undef STOREM
-#undef SET1
-#undef ZERO
-#undef FMA
-#undef ADD
-#undef HSUM
-#undef DT_SELF
+#include "kern_dtype_end.h"
 
 /* AVX2 + FMA, float64 */
 #define SUF avx2_f64
