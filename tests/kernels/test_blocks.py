@@ -259,6 +259,11 @@ class _Matmul(torch.autograd.Function):
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
 def test_gradcheck_float64(layout: torch.layout, block: tuple[int, int],
                            grad_variant: str) -> None:
+    check_gradients(layout, block)
+
+
+def check_gradients(layout: torch.layout, block: tuple[int, int]) -> None:
+    """gradcheck of both products (x and the values) of a float64 matrix of ``layout``."""
     p = pattern(layout, random_mask(3, 3, 0.5, seed=6), block)
     values = p.values.clone().requires_grad_(True)
     x = torch.randn(4, p.n_cols, dtype=torch.float64, requires_grad=True)

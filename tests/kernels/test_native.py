@@ -172,16 +172,9 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> 
 @needs_native
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
 def test_gradcheck_native(layout: torch.layout) -> None:
-    from test_blocks import _Linear, _Matmul
+    from test_blocks import check_gradients
 
-    p = pattern(layout, random_mask(3, 3, 0.5, seed=6), (2, 3))
-    values = p.values.clone().requires_grad_(True)
-    x = torch.randn(4, p.n_cols, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, v: _Linear.apply(a, v, p), (x, values),
-                                    fast_mode=True)
-    xm = torch.randn(p.n_cols, 2, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, v: _Matmul.apply(a, v, p), (xm, values),
-                                    fast_mode=True)
+    check_gradients(layout, (2, 3))
 
 
 @needs_native
