@@ -7,7 +7,7 @@ their pattern as checked index buffers and their stored values as one dense ``nn
 (:mod:`safesparse.nn.operators`: ``torch.compile(fullgraph=True)`` and ``torch.export`` trace
 them), and save a state dict of dense tensors with their geometry as extra state
 (:mod:`safesparse.nn.pattern`). :mod:`safesparse.nn.optim` registers the optimizer hook for
-sparse-layout parameters.
+sparse-layout parameters. :func:`sparsify_` converts a whole model's linear layers.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from __future__ import annotations
 from . import transforms as transforms  # (torch.func, vmap and autocast registrations)
 from .linear import SparseLinear
 from .matmul import SparseMatmul
-from .operators import UnprovenMembersError
+from .operators import UninitialisedMemoryError, UnprovenMembersError
 from .optim import SparseParameterError
+from .sparsify import SparsifyWarning, sparsify_
 
-__all__ = ["SparseLinear", "SparseMatmul", "SparseParameterError", "UnprovenMembersError"]
+__all__ = ["SparseLinear", "SparseMatmul", "SparseParameterError", "SparsifyWarning",
+           "UninitialisedMemoryError", "UnprovenMembersError", "sparsify_"]

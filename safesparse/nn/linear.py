@@ -16,7 +16,7 @@ from ..factories import sparse_compressed_tensor
 from ..tensor import SafeSparseTensor
 from .forward import linear_forward
 from .operators import LAYOUT_NAMES
-from .pattern import CompressedModule
+from .pattern import CompressedModule, block_shape
 
 __all__ = ["SparseLinear"]
 
@@ -58,6 +58,9 @@ class SparseLinear(CompressedModule):
         self._init_matrix(weight, requires_grad=True)
         self.out_features, self.in_features = self._size
         self._layout_name = LAYOUT_NAMES[self.layout]
+        self._init_bias(bias)
+
+    def _init_bias(self, bias: torch.Tensor | bool | None) -> None:
         if bias is True:
             bias = torch.zeros(self.out_features, dtype=self.values.dtype,
                                device=self.values.device)
@@ -87,44 +90,69 @@ class SparseLinear(CompressedModule):
         Returns:
             A :class:`SparseLinear` whose stored blocks are the kept blocks' values (blocks
             of zeros included: the pattern is what was kept), with ``linear``'s bias copied.
+            On the meta device: a skeleton of as many blocks, with no pattern yet (meta
+            tensors hold no data), that ``load_state_dict(sd, assign=True)`` completes with
+            the checkpoint's pattern and values (validated there; any number of blocks), or
+            ``to_empty(device=...)`` followed by ``load_state_dict(sd)``.
         """
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"SparseLinear.from_dense: expected an nn.Linear, got "
                             f"{type(linear).__name__}")
+        bias = None if linear.bias is None else linear.bias.detach()
+        return cls._pruned(linear.weight.detach(), bias, blocksize, density,
+                           "SparseLinear.from_dense")
+
+    @classmethod
+    def _pruned(cls, w: torch.Tensor, bias: torch.Tensor | None,
+                blocksize: tuple[int, int] | int | None, density: float,
+                caller: str) -> SparseLinear:
+        """:meth:`from_dense` of the dense weight ``w`` (``(out, in)``) and ``bias``."""
         if not 0.0 <= float(density) <= 1.0:
-            raise ValueError(f"SparseLinear.from_dense: density must be in [0, 1], got "
-                             f"{density}")
-        w = linear.weight.detach()
+            raise ValueError(f"{caller}: density must be in [0, 1], got {density}")
         out_f, in_f = int(w.shape[0]), int(w.shape[1])
-        if isinstance(blocksize, int):  # square blocks, as to_sparse_bsr takes
-            r = c = int(blocksize)
-        else:
-            r, c = blocksize or (1, 1)
+        r, c = block_shape(blocksize)
         if r < 1 or c < 1 or out_f % r or in_f % c:
             raise ValueError(
-                f"SparseLinear.from_dense: blocksize {blocksize} does not divide the weight's "
+                f"{caller}: blocksize {blocksize} does not divide the weight's "
                 f"shape ({out_f}, {in_f})\n  Pick a block shape whose sides divide both.")
         nr, nc = out_f // r, in_f // c
-        blocks = w.reshape(nr, r, nc, c).transpose(1, 2)  # (nr, nc, r, c)
-        norms = blocks.float().pow(2).sum((2, 3)).flatten()
-        kept = round(float(density) * norms.numel())
+        kept = round(float(density) * nr * nc)
         if density > 0:
             kept = max(kept, 1)
+        layout = torch.sparse_csr if (r, c) == (1, 1) else torch.sparse_bsr
+        if w.is_meta:
+            return cls._skeleton(layout, (out_f, in_f), (r, c), kept, w.dtype,
+                                 bias is not None)
+        blocks = w.reshape(nr, r, nc, c).transpose(1, 2)  # (nr, nc, r, c)
+        norms = blocks.float().pow(2).sum((2, 3)).flatten()
         order = torch.argsort(norms, descending=True, stable=True)[:kept]
         mask = torch.zeros(nr * nc, dtype=torch.bool, device=w.device)
         mask[order] = True
         rows, cols = mask.reshape(nr, nc).nonzero(as_tuple=True)  # row-major: sorted
         crow = torch.zeros(nr + 1, dtype=torch.int64, device=w.device)
         crow[1:] = torch.bincount(rows, minlength=nr).cumsum(0)
-        if (r, c) == (1, 1):
+        if layout == torch.sparse_csr:
             weight: torch.Tensor = sparse_compressed_tensor(
                 crow, cols, blocks[rows, cols, 0, 0].clone(), (out_f, in_f),
                 layout=torch.sparse_csr)
         else:
             weight = sparse_compressed_tensor(crow, cols, blocks[rows, cols].clone(),
                                               (out_f, in_f), layout=torch.sparse_bsr)
-        bias = None if linear.bias is None else linear.bias.detach()
         return cls(weight, bias)
+
+    @classmethod
+    def _skeleton(cls, layout: torch.layout, size: tuple[int, int], blocksize: tuple[int, int],
+                  n_stored: int, dtype: torch.dtype, bias: bool) -> SparseLinear:
+        """A layer on the meta device claiming ``n_stored`` blocks, with no pattern (see
+        :meth:`from_dense`), with a (meta) bias or none."""
+        self = cls.__new__(cls)
+        CompressedModule.__init__(self)
+        self._init_skeleton(layout, size, blocksize, n_stored, dtype, requires_grad=True)
+        self.out_features, self.in_features = self._size
+        self._layout_name = LAYOUT_NAMES[self.layout]
+        self._init_bias(torch.empty(self.out_features, dtype=dtype, device="meta") if bias
+                        else None)
+        return self
 
     @property
     def weight(self) -> SafeSparseTensor:

@@ -41,7 +41,8 @@ from ..factories import sparse_compressed_tensor
 from ..kernels import blocks as blockkernels
 from ..state import checked, members_proof
 
-__all__ = ["LAYOUT_NAMES", "UnprovenMembersError", "keyed", "linear", "linear_bias", "matmul"]
+__all__ = ["LAYOUT_NAMES", "UninitialisedMemoryError", "UnprovenMembersError", "keyed", "linear",
+           "linear_bias", "matmul"]
 
 #: The ``layout`` strings of the operators ("csr", "csc", "bsr", "bsc").
 LAYOUT_NAMES: dict[torch.layout, str] = {lay: SHORT_NAMES[lay] for lay in COMPRESSED_LAYOUTS}
@@ -170,7 +171,34 @@ def keyed(module: torch.nn.Module, err: InvariantError) -> InvariantError:
     member = err.path or member_of(err)
     if key:
         member = ", ".join(f"{key}.{m}" for m in member.split(", "))
-    return err.with_context(path=member)
+    keyed_err = err.with_context(path=member)
+    if module.__dict__.get("_emptied"):  # (set by to_empty, dropped once a pattern is proven)
+        return UninitialisedMemoryError.of(
+            keyed_err, f"{type(module).__name__} {key!r}" if key else type(module).__name__)
+    return keyed_err
+
+
+class UninitialisedMemoryError(InvariantError):
+    """The index buffers of a layer moved with ``to_empty()`` (uninitialised memory) and not
+    loaded since were refused: an :class:`~safesparse.InvariantError` whose first line says
+    so and names the way that works (load a state dict first); the refusal follows."""
+
+    __module__ = "safesparse.nn"
+    layer: str = ""
+
+    @classmethod
+    def of(cls, err: InvariantError, layer: str) -> UninitialisedMemoryError:
+        out = cls(err.layout, err.invariant, err.detail, location=err.location, op=err.op,
+                  path=err.path, built_by=err.built_by, explanation=err.explanation,
+                  loaded_by=err.loaded_by)
+        out.layer = layer
+        out.args = (str(out),)
+        return out
+
+    def _message(self) -> str:
+        return (f"{self.layer or 'the layer'}: uninitialised memory (to_empty) in its index "
+                "buffers: load a state dict first (model.load_state_dict(sd))\n"
+                + super()._message())
 
 
 def _operand(op: str, x: torch.Tensor, values: torch.Tensor, shape: tuple[int, int],

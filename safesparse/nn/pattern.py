@@ -25,6 +25,8 @@ finds the triple next to it and validates it.
 
 from __future__ import annotations
 
+import logging
+import warnings
 from typing import Any
 
 import torch
@@ -45,7 +47,9 @@ from ..factories import sparse_compressed_tensor
 from ..state import checked, members_proof  # (the one place that decides whether a proof holds)
 from ..tensor import SafeSparseTensor, validate
 
-__all__ = ["CompressedModule"]
+__all__ = ["CompressedModule", "block_shape"]
+
+_log = logging.getLogger("safesparse.nn")
 
 _BLOCK = BLOCK_LAYOUTS
 _ROW = ROW_LAYOUTS
@@ -58,6 +62,21 @@ def members(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if t.layout in _ROW:
         return t.crow_indices(), t.col_indices()
     return t.ccol_indices(), t.row_indices()
+
+
+def block_shape(blocksize: tuple[int, int] | int | None) -> tuple[int, int]:
+    """``(r, c)`` of a block size given as a pair, an int (square blocks, as
+    ``to_sparse_bsr`` takes) or None (single elements)."""
+    if isinstance(blocksize, int):
+        return int(blocksize), int(blocksize)
+    r, c = blocksize or (1, 1)
+    return int(r), int(c)
+
+
+def _plain(values: torch.Tensor) -> bool:
+    """Whether ``values`` (detached) is a plain tensor: not a wrapper subclass such as the
+    ``DTensor`` shard FSDP2 puts in the values parameter's place."""
+    return type(values) is torch.Tensor
 
 
 def check_matrix(owner: str, matrix: Any) -> None:
@@ -91,6 +110,33 @@ class CompressedModule(nn.Module):
         self.values = nn.Parameter(own.values().detach().clone(), requires_grad=requires_grad)
         self._prove(own)
 
+    def _init_skeleton(self, layout: torch.layout, size: tuple[int, int],
+                       blocksize: tuple[int, int], n_stored: int, dtype: torch.dtype,
+                       requires_grad: bool) -> None:
+        """A module on the meta device claiming ``n_stored`` blocks and no pattern: meta tensors
+        hold no data, so nothing is proven; ``load_state_dict(sd, assign=True)`` (or
+        ``to_empty`` and ``load_state_dict``) gives it the checkpoint's, validated."""
+        r, c = blocksize if layout in _BLOCK else (1, 1)
+        self.layout = layout
+        self._size = size
+        shape = (n_stored, r, c) if layout in _BLOCK else (n_stored,)
+        self.values = nn.Parameter(torch.empty(shape, dtype=dtype, device="meta"),
+                                   requires_grad=requires_grad)
+        n_compressed = size[0] // r if layout in _ROW else size[1] // c
+        self._pattern = None
+        self._buffers["compressed_indices"] = torch.empty(n_compressed + 1, dtype=torch.int64,
+                                                          device="meta")
+        self._buffers["plain_indices"] = torch.empty(n_stored, dtype=torch.int64,
+                                                     device="meta")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "values" and self.__dict__.get("_pattern") is not None:
+            # another values parameter (FSDP2 swaps its shard and the gathered values in at
+            # every forward): the kept tensor would hold the old values' memory alive; the
+            # index buffers stay proven without it
+            self.__dict__["_pattern"] = None
+        super().__setattr__(name, value)
+
     # -- the proof --------------------------------------------------------------------------
 
     def _prove(self, proven: SafeSparseTensor) -> None:
@@ -98,12 +144,24 @@ class CompressedModule(nn.Module):
         this module's buffers: a checked tensor is built on them with the current values (no
         O(nnz) check) and kept, and its members, which carry its proof, become the buffers."""
         c, p = members(proven)
-        kept: SafeSparseTensor = sparse_compressed_tensor(
-            c, p, self.values.detach(), self._size, layout=self.layout)
-        self._pattern = kept
-        c, p = members(kept)
+        self.__dict__.pop("_emptied", None)
+        values = self.values.detach()
+        if _plain(values):
+            kept: SafeSparseTensor = sparse_compressed_tensor(
+                c, p, values, self._size, layout=self.layout)
+            self._pattern = kept
+            c, p = members(kept)
+        else:  # (a DTensor shard under FSDP2: the members alone, proven by ``proven``)
+            self._pattern = None
         self._buffers["compressed_indices"] = c
         self._buffers["plain_indices"] = p
+
+    def _stand_in(self, values: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """Values to validate a pattern with: ``values`` when a plain tensor, else (a DTensor
+        under FSDP2) zeros of its global shape on ``device`` (1 byte each, dropped after)."""
+        if _plain(values):
+            return values
+        return torch.zeros(values.shape, dtype=torch.uint8, device=device)
 
     def _confirmed(self) -> bool:
         c, p = self.compressed_indices, self.plain_indices
@@ -126,6 +184,33 @@ class CompressedModule(nn.Module):
             self.compressed_indices, self.plain_indices, self.values, self._size,
             layout=self.layout)
         return out
+
+    def block_mask(self) -> torch.Tensor:
+        """The kept blocks: a bool tensor ``(rows // block_rows, cols // block_cols)`` (element
+        layouts: blocks of 1 x 1), True where the pattern stores a block, from the index
+        buffers, never from the values (a stored block of zeros is True). Buffers that are not
+        proven (written since, shared memory) are validated first (``InvariantError`` when
+        invalid); a module on the meta device gives a meta tensor."""
+        r, c = self.blocksize or (1, 1)
+        shape = (self._size[0] // r, self._size[1] // c)
+        comp, plain = self.compressed_indices, self.plain_indices
+        if comp.is_meta or plain.is_meta:
+            return torch.empty(shape, dtype=torch.bool, device="meta")
+        if not self._confirmed():  # validated copies (no writer can change them under us)
+            comp, plain = comp.clone(), plain.clone()
+            sparse_compressed_tensor(comp, plain, self._stand_in(self.values.detach(),
+                                                                 comp.device),
+                                     self._size, layout=self.layout)
+        counts = (comp[1:] - comp[:-1]).to(torch.int64)
+        major = torch.repeat_interleave(
+            torch.arange(counts.shape[0], device=comp.device), counts,
+            output_size=plain.shape[0])
+        mask = torch.zeros(shape, dtype=torch.bool, device=comp.device)
+        if self.layout in _ROW:
+            mask[major, plain] = True
+        else:
+            mask[plain, major] = True
+        return mask
 
     def _set_matrix(self, matrix: torch.Tensor) -> None:
         """Replace pattern and values whole by those of ``matrix`` (same layout and size),
@@ -167,7 +252,10 @@ class CompressedModule(nn.Module):
             # buffers written or re-allocated in place (share_memory_, to_empty): nothing is
             # validated here (to_empty's memory is uninitialised); the operators validate the
             # buffers at their next call (shared memory: at every call) and refuse invalid data
+            # (after to_empty, saying so: :func:`emptied`)
             self._pattern = None
+            if getattr(fn, "__qualname__", "").startswith("Module.to_empty."):
+                self.__dict__["_emptied"] = True
             return self
         self._prove(proven)  # (also drops the kept tensor's hold on the old values)
         return self
@@ -241,8 +329,12 @@ class CompressedModule(nn.Module):
         written: an invalid pattern raises ``InvariantError`` naming its key, a damaged
         geometry ``GeometryError``, and the module is unchanged; so it is when torch refuses
         another of its keys (a bias of another shape). A valid one replaces pattern and values
-        whole (another number of stored elements included). The index buffers are always
-        the module's own copies (``assign=True`` assigns the values only)."""
+        whole (another number of stored elements included: noted, see :meth:`_note_count`).
+        The index buffers are always the module's own copies (``assign=True`` assigns the
+        values only, with their dtype and device when the module is on the meta device). A
+        module on the meta device without ``assign`` is left as torch leaves its parameters
+        there (a no-op, with torch's warning). Values sharded by FSDP2 (``DTensor``) load
+        into a layer of the same number of stored blocks."""
         keys = [prefix + n for n in _NAMES]
         extra_key = prefix + "_extra_state"
         given = [k for k in keys if k in state_dict]
@@ -251,7 +343,9 @@ class CompressedModule(nn.Module):
         else:  # (a state dict saved by 0.2.0: the module's own geometry)
             blocksize = self.blocksize
         proven: SafeSparseTensor | None = None
+        values: torch.Tensor | None = None
         assign = bool(local_metadata.get("assign_to_params_buffers", False))
+        meta = self.values.is_meta
         if given:
             c, p, v = (state_dict[k] if k in state_dict else getattr(self, n).detach()
                        for k, n in zip(keys, _NAMES, strict=True))
@@ -262,19 +356,27 @@ class CompressedModule(nn.Module):
             disagree = values_disagree(self.layout, blocksize, v)
             if disagree is not None:
                 raise disagree.with_context(path=prefix + "values", loaded_by=self._loader())
-            if v.dtype != self.values.dtype or v.device != self.values.device:
+            if not meta and (v.dtype != self.values.dtype or v.device != self.values.device):
                 v = v.to(self.values.device, self.values.dtype)
+            v = v.detach()
             # the module's own copies of the index members, made before they are validated,
             # also under assign=True: a file mapping or shared memory can change under a check,
             # and a loaded file can put another tensor, with a version counter of its own, on
             # the same bytes (ss.load's walk copies such sparse tensors; these are dense)
             c, p = (t.clone() if t.layout == torch.strided else t for t in (c, p))
             try:
-                proven = sparse_compressed_tensor(c, p, v.detach(), self._size,
-                                                  layout=self.layout)
+                proven = sparse_compressed_tensor(c, p, self._stand_in(v, c.device),
+                                                  self._size, layout=self.layout)
             except InvariantError as err:
                 raise err.with_context(path=prefix + member_of(err),
                                        loaded_by=self._loader()) from None
+            values = proven.values().detach() if _plain(v) else v
+            if not _plain(self.values.detach()) and values.shape != self.values.shape:
+                raise ValueError(
+                    f"{type(self).__name__}: the state dict stores {values.shape[0]} blocks (at "
+                    f"{prefix}values), this layer {self.values.shape[0]}, sharded by FSDP2\n"
+                    "  A sharded layer keeps its number of stored blocks: load the checkpoint "
+                    "before fully_shard, or build the layer with its density.")
         refused = self._own_keys_refused(state_dict, prefix)
         failed_before = len(error_msgs)
         own = set(keys) | {extra_key}
@@ -289,9 +391,38 @@ class CompressedModule(nn.Module):
         for k in [*held_back, *([extra_key] if given else [])]:
             while k in missing_keys:
                 missing_keys.remove(k)
-        if proven is not None and not refused and len(error_msgs) == failed_before:
-            values = proven.values().detach()
-            self._replace(proven, values if assign else values.clone(), assign)
+        if proven is None or values is None or refused or len(error_msgs) != failed_before:
+            return
+        if meta and not assign:
+            warnings.warn(
+                f"for {prefix}values: copying from a non-meta parameter in the checkpoint to a "
+                "meta parameter in the current model, which is a no-op. (Did you mean to pass "
+                "`assign=True` to assign items in the state dictionary to their corresponding "
+                "key in the module instead of copying them in place?)", stacklevel=4)
+            return
+        self._note_count(prefix, int(values.shape[0]), assign or meta)
+        self._replace(proven, values if assign or not _plain(values) else values.clone(),
+                      assign)
+
+    def _note_count(self, prefix: str, incoming: int, expected: bool) -> None:
+        """A state dict of another number of stored blocks (another density) replaces the
+        layer's pattern and values whole: the values parameter becomes a new object, so an
+        optimizer built before holds the old one. Said by a ``UserWarning``, or, where the
+        parameters are replaced anyway (``assign=True``, a meta skeleton), an info-level
+        record of the ``safesparse.nn`` logger."""
+        held = int(self.values.shape[0])
+        if incoming == held:
+            return
+        name = prefix[:-1] or type(self).__name__
+        what = ("blocks" if self.layout in _BLOCK else "elements")
+        text = (f"{name}: the state dict's pattern stores {incoming} {what}, the layer "
+                f"stored {held}: pattern and values replaced")
+        if expected:
+            _log.info(text)
+            return
+        warnings.warn(
+            f"{text}; `values` is a new parameter (an optimizer built before holds the old "
+            "one: build it after loading)", UserWarning, stacklevel=4)
 
     # -- TorchScript ----------------------------------------------------------------------------
 
