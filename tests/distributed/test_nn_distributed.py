@@ -8,6 +8,12 @@ pattern, the parameters moved, and they match a single-process run on the whole 
 starts from another pattern, replaced by rank 0's through ``safesparse.distributed.broadcast``
 and ``layer.weight = ...``. DDP's default in-place buffer broadcast trains too (the layer
 validates the written index buffers at each forward); invalid broadcast data is refused.
+
+FSDP2 (``fully_shard``, ``tests/support/fsdp_worker.py``, a session of its own): the sparse
+layer's values are sharded, its pattern replicated; two ranks train equal to one process on the
+whole batch with no validation per step, full and sharded state dicts load (the pattern
+validated), a meta-device model made sparse with ``sparsify_`` is sharded, ``to_empty``'d and
+loaded, and an invalid checkpoint is refused on every rank.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch.distributed as dist
 from support.ranks import Results, run_two_ranks
 
 WORKER = Path(__file__).resolve().parents[1] / "support" / "ddp_nn_worker.py"
+FSDP_WORKER = WORKER.with_name("fsdp_worker.py")
 SESSION_TIMEOUT = 240  # seconds: generous for a loaded 2-core machine; a run takes ~15 s
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
@@ -87,3 +94,46 @@ def test_invalid_broadcast_buffers_are_refused(session: Results) -> None:
         refused = value(session, rank, "invalid_broadcast_refused")["refused"]
         assert refused is not None and "[BSR 5.5]" in refused, rank
         assert "module.2.plain_indices" in refused, rank
+
+
+# -- FSDP2 (fully_shard) ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fsdp(tmp_path_factory: pytest.TempPathFactory) -> Results:
+    return run_two_ranks(FSDP_WORKER, tmp_path_factory.mktemp("fsdp"), SESSION_TIMEOUT)
+
+
+def test_fsdp2_trains_equal_to_one_process(fsdp: Results) -> None:
+    for rank in (0, 1):
+        got = value(fsdp, rank, "trained")
+        assert len(got["steps"]) == STEPS_RUN
+        for i, step in enumerate(got["steps"]):
+            assert step["reference_diff"] <= 1e-5, (rank, i)
+            assert step["moved"] > 1e-3, (rank, i)
+        assert got["values_sharded"] and got["local_blocks"] == 8  # 16 blocks, 2 ranks
+        assert got["same_pattern"]
+        assert got["validations"] == 0  # the replicated pattern stays proven
+        assert not got["keeps_full_values"]  # what FSDP2 sharded is freed
+    losses = [[s["loss"] for s in value(fsdp, rank, "trained")["steps"]] for rank in (0, 1)]
+    assert losses[0] != losses[1]  # each rank its own half
+
+
+def test_fsdp2_state_dicts_load_validated(fsdp: Results) -> None:
+    for rank in (0, 1):
+        got = value(fsdp, rank, "state_dicts")
+        assert got["full_equals_reference"] == 0.0
+        assert got["loaded_diff"] == 0.0 and got["sharded_diff"] == 0.0
+        assert got["full_validations"] >= 1 and got["sharded_validations"] >= 1
+
+
+def test_fsdp2_meta_skeleton_to_empty_and_load(fsdp: Results) -> None:
+    for rank in (0, 1):
+        got = value(fsdp, rank, "meta_init")
+        assert got["diff"] == 0.0 and got["same_pattern"] and got["validations"] >= 1
+
+
+def test_fsdp2_invalid_checkpoint_refused(fsdp: Results) -> None:
+    for rank in (0, 1):
+        refused = value(fsdp, rank, "invalid_refused")["refused"]
+        assert refused is not None and "[BSR 5.5]" in refused and "2.plain_indices" in refused
