@@ -169,6 +169,8 @@ class SparseLinear(CompressedModule):
     def shape(self) -> torch.Size:
         return torch.Size(self._size)
 
+    block_mask = CompressedModule.block_mask  # (documented here: SPEC 9)
+
     forward = linear_forward  # (traced by torch.compile: nn/forward.py)
 
     def extra_repr(self) -> str:

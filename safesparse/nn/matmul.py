@@ -44,6 +44,8 @@ class SparseMatmul(CompressedModule):
     def shape(self) -> torch.Size:
         return torch.Size(self._size)
 
+    block_mask = CompressedModule.block_mask  # (documented here: SPEC 9)
+
     forward = matmul_forward  # (traced by torch.compile: nn/forward.py)
 
     def extra_repr(self) -> str:

@@ -188,6 +188,8 @@ class UninitialisedMemoryError(InvariantError):
 
     @classmethod
     def of(cls, err: InvariantError, layer: str) -> UninitialisedMemoryError:
+        """``err`` (a refusal of ``layer``'s index buffers, keyed) saying first that they are
+        uninitialised memory from ``to_empty``."""
         out = cls(err.layout, err.invariant, err.detail, location=err.location, op=err.op,
                   path=err.path, built_by=err.built_by, explanation=err.explanation,
                   loaded_by=err.loaded_by)
