@@ -87,10 +87,10 @@ def sparsify_(module: nn.Module, *, density: float,
 
     Every ``nn.Linear`` and GPT-2-style ``Conv1D`` (``nf`` and a ``weight`` of shape
     ``(in, out)``) that ``filter_fn`` accepts becomes a :class:`SparseLinear` holding the
-    same ``y = x @ W.T + b`` on its kept blocks, the bias copied, with the weight's dtype and
-    device. On the meta device the new layers are skeletons (no pattern yet) that
-    ``load_state_dict(sd, assign=True)`` completes with the checkpoint's pattern, validated
-    there. Layers whose sides the block does not divide, and the projections
+    same ``y = x @ W.T + b`` on its kept blocks, the bias copied, with the weight's dtype,
+    device and ``requires_grad``. On the meta device the new layers are skeletons (no
+    pattern yet) that ``load_state_dict(sd, assign=True)`` completes with the checkpoint's
+    pattern, validated there. Layers whose sides the block does not divide, and the projections
     ``nn.MultiheadAttention`` reads as weights rather than calling them, stay dense: one
     :class:`SparsifyWarning` lists them (its ``skipped`` attribute maps their names to the
     reason); so does a call that converts nothing. Layers ``filter_fn`` refused are not
@@ -131,7 +131,12 @@ def sparsify_(module: nn.Module, *, density: float,
                             f"(out {out_f}, in {in_f})")
             return child
         converted += 1
-        return SparseLinear._pruned(w, bias, (r, c), density, "sparsify_")
+        layer = SparseLinear._pruned(w, bias, (r, c), density, "sparsify_")
+        was_bias = getattr(child, "bias", None)
+        for param, was in ((layer.values, child.weight), (layer.bias, was_bias)):
+            if param is not None and isinstance(was, torch.Tensor):
+                param.requires_grad_(was.requires_grad)  # (a frozen layer stays frozen)
+        return layer
 
     out = convert(None, "", "", module)
     if skipped or not converted:

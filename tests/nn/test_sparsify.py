@@ -384,3 +384,11 @@ def masked_dense_weights(reference: nn.Module, masks: dict[str, torch.Tensor]) -
         full = mask.repeat_interleave(16, 0).repeat_interleave(16, 1)
         target = reference.get_submodule(name)
         target.weight.mul_(full.t() if isinstance(target, Conv1D) else full)
+
+
+def test_a_frozen_layer_stays_frozen() -> None:
+    model = mlp()
+    model.fc1.requires_grad_(False)
+    sparsify_(model, density=0.5, block_size=16, filter_fn=lambda m, n: n != "head")
+    assert not model.fc1.values.requires_grad and not model.fc1.bias.requires_grad
+    assert model.proj.values.requires_grad  # type: ignore[union-attr]
