@@ -46,6 +46,7 @@ from ..catalog.module_geometry import (
 from ..factories import sparse_compressed_tensor
 from ..state import checked, members_proof  # (the one place that decides whether a proof holds)
 from ..tensor import SafeSparseTensor, validate
+from .operators import keyed
 
 __all__ = ["CompressedModule", "block_shape"]
 
@@ -198,9 +199,12 @@ class CompressedModule(nn.Module):
             return torch.empty(shape, dtype=torch.bool, device="meta")
         if not self._confirmed():  # validated copies (no writer can change them under us)
             comp, plain = comp.clone(), plain.clone()
-            sparse_compressed_tensor(comp, plain, self._stand_in(self.values.detach(),
-                                                                 comp.device),
-                                     self._size, layout=self.layout)
+            try:
+                sparse_compressed_tensor(comp, plain, self._stand_in(self.values.detach(),
+                                                                     comp.device),
+                                         self._size, layout=self.layout)
+            except InvariantError as err:
+                raise keyed(self, err.with_context(path=member_of(err))) from None
         counts = (comp[1:] - comp[:-1]).to(torch.int64)
         major = torch.repeat_interleave(
             torch.arange(counts.shape[0], device=comp.device), counts,

@@ -317,6 +317,8 @@ def test_to_empty_then_forward_says_load_a_state_dict_first() -> None:
     assert "uninitialised memory (to_empty)" in first and "load a state dict first" in first
     assert "'fc1'" in first
     assert "fc1.compressed_indices" in str(info.value)  # the refusal follows
+    with pytest.raises(ss.InvariantError, match="uninitialised memory \\(to_empty\\)"):
+        model.fc1.block_mask()  # type: ignore[operator]
     model.load_state_dict(sd)
     torch.testing.assert_close(model(X), want)
 
