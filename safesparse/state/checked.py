@@ -138,6 +138,7 @@ from .memory import (
     foreign,
     index_key,
     memory_state_count,
+    must_copy,
     overlaps_registered,
     resolve,
     spans_of,
@@ -271,14 +272,9 @@ def share(rec: Record) -> IndexState | None:
         key = index_key(members)
         _unpend(rec)
         state = register(members, key)
-        with state.lock:
-            w = state._witness(rec, rec.m0)
-            ok = ok and w.version == rec.ver
-            for x, v in rec.extra:  # a private record's other counters, at their proof
-                wx = state._witness(x, x.detach())
-                ok = ok and wx.version == v
-            if ok and state._holds():
-                state.proven.add((key, rec.geom))
+        # its own counter and a private record's other counters, at their proof
+        state.join_proof([(rec, rec.m0, rec.ver), *((x, x.detach(), v) for x, v in rec.extra)],
+                         (key, rec.geom) if ok else None)
         rec.key = key
         rec.state = state
         rec.extra = ()
@@ -435,10 +431,11 @@ def shared_record(members: tuple[torch.Tensor, torch.Tensor | None], state: Inde
 def volatile(plain: torch.Tensor) -> bool:
     """Whether the index memory of ``plain`` can be written where no counter of this process
     sees it: inference tensors (no counter), storage shared with other processes, file
-    mappings (SPEC 4)."""
+    mappings, memory torch did not allocate (SPEC 4; :func:`memory.must_copy`)."""
     with DisableTorchFunctionSubclass():
         m0, m1 = plain_members(plain)
-    return foreign((m0,) if m1 is None else (m0, m1))
+    ms = (m0,) if m1 is None else (m0, m1)
+    return foreign(ms) or must_copy(ms)
 
 
 def join(t: torch.Tensor, ver: int = UNCHECKED, geom: Hashable = None) -> Record:
@@ -509,6 +506,14 @@ def snapshot(rec: Record) -> tuple[Snapshot, int]:
     return (state.snapshot() if state is not None else {}), ver
 
 
+def moved(rec: Record, snap: Snapshot, ver: int) -> bool:
+    """Whether a counter of :func:`snapshot`'s ``(snap, ver)`` moved since it was taken."""
+    if ver == VOLATILE:
+        return False
+    state = state_of(rec)
+    return rec.m0._version != ver or (state is not None and state.moved(snap))
+
+
 def mark_derived(rec: Record, geometry: Hashable) -> bool:
     """``rec``'s tensor was made by a known op from tensors checked before and after it ran,
     and has ``geometry``: checked without validation, while its state holds."""
@@ -549,14 +554,32 @@ def mark_copied(rec: Record, geometry: Hashable, snap: Snapshot) -> bool:
     state = state_of(rec)
     if state is None:
         return False  # (volatile) validated when asked
-    with state.lock:
-        mine = state._watch_of(rec)
-        if mine is not None:
-            snap = {**snap, id(mine): mine.alias._version}
-    ok = state.prove((rec.key, geometry), snap)
+    ok = state.prove((rec.key, geometry), state.counters_with(rec, snap))
     if ok:
         rec.set_checked(rec.m0._version, geometry)
     return ok
+
+
+def before_copy(dst: torch.Tensor) -> Snapshot:
+    """The counters of ``dst``'s index memory before ``dst.copy_(src)`` writes it (pass to
+    :func:`copied`)."""
+    return snapshot(current(dst))[0]
+
+
+def copied(dst: torch.Tensor, before: Snapshot) -> bool:
+    """``dst.copy_(src)`` just wrote ``dst``'s index data from a checked ``src`` of the same
+    layout and shape (``before``: :func:`before_copy`): checked if no other counter moved
+    (:func:`mark_copied`)."""
+    return mark_copied(current(dst), geometry_of(dst), before)
+
+
+def replaced(t: torch.Tensor, derived: bool) -> None:
+    """``t``'s members were replaced in place (``t.data = new``): a new record on them, checked
+    without validation when ``derived`` (``new`` was checked before and after, and ``t``'s
+    metadata passed)."""
+    rec = renew(t)
+    if derived:
+        mark_derived(rec, geometry_of(t))
 
 
 def same_index_data(a: Record, b: Record) -> bool:
@@ -634,7 +657,7 @@ def _cache_of(rec: Record) -> dict[Hashable, Any] | None:
         return None
     proof = (rec.key, rec.geom)
     with state.lock:
-        if proof not in state.proven or not state._holds():
+        if not state.proves_now(proof):
             return None
         cache = state.caches.get(proof)
         if cache is None:
@@ -674,6 +697,5 @@ def clear_cache() -> None:
     """
     bump_generation()  # sole records (in no state) proven before now are not trusted
     for state in all_states():
-        with state.lock:
-            state._void()
+        state.void()
 

@@ -224,7 +224,7 @@ def _shared_holds(r: Record, st: IndexState) -> bool:
         return True
     except RuntimeError:  # a watch dict changed size while we read it
         with st.lock:
-            return (r.key, r.geom) in st.proven and st._holds()
+            return st.proves_now((r.key, r.geom))
 
 
 def is_volatile(r: Record) -> bool:
