@@ -281,6 +281,8 @@ def fresh(t: torch.Tensor) -> Record:
 
 
 def attach(t: torch.Tensor, rec: Record) -> Record:
+    """``t`` carries ``rec`` (``state/`` only; the layers above call
+    :func:`safesparse.state.admission.give`)."""
     t.__dict__["_ss"] = rec
     return rec
 
