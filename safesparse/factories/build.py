@@ -156,9 +156,12 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
     # check_invariants=True: it sets torch's process-wide invariant-check flag for the call and
     # restores what it saw, so two threads in it at once can leave the flag on for good
     # (every later torch factory validating, torch.load's post-load check enabled)
-    if not native_accepts_contiguous(meta, c, p, v):
-        check_compressed_indices(meta, c, p)  # raises, located; or accepts what torch refused
-    checked.count("validations")
+    def check() -> None:
+        if not native_accepts_contiguous(meta, c, p, v):
+            check_compressed_indices(meta, c, p)  # raises, located; or accepts what torch refused
+
+    if not first.passes(check):  # (failed while another thread wrote: the general path)
+        return compressed(c, p, v, meta)
     cd = c.detach()
     pd = p.detach()
     # (own_alias inlined: the factories' hot path)
@@ -195,10 +198,13 @@ def fast_coo(idx: Any, v: Any, size: Any, dtype: torch.dtype | None, device: Any
     if first is None:
         return coo(idx, v, meta, is_coalesced)
     coalesced = bool(is_coalesced)
-    if not (native_coo_ok(meta, idx, v, is_coalesced=coalesced)
-            and _native_coo_accepts(meta, idx, v, is_coalesced=coalesced)):
-        check_coo_indices(meta, idx, is_coalesced=coalesced)  # the vectorised path: located
-    checked.count("validations")
+    def check() -> None:
+        if not (native_coo_ok(meta, idx, v, is_coalesced=coalesced)
+                and _native_coo_accepts(meta, idx, v, is_coalesced=coalesced)):
+            check_coo_indices(meta, idx, is_coalesced=coalesced)  # the vectorised path: located
+
+    if not first.passes(check):  # (failed while another thread wrote: the general path)
+        return coo(idx, v, meta, is_coalesced)
     plain = _originals.sparse_coo_tensor(idx.detach(), own_alias(v), shape, check_invariants=False,
                                          is_coalesced=is_coalesced)
     # the coalesced flag torch gave it: the validated one, or (nnz <= 1) trivially true

@@ -294,6 +294,13 @@ class First:
     def unchanged(self) -> bool:
         return self.versions == _versions(self.members)
 
+    def passes(self, check: Callable[[], object]) -> bool:
+        """The caller's own validation of the members (the factories' fast path), one attempt
+        under :func:`steady`'s rule: True when it passed (counted); False when it failed while
+        a counter moved since :func:`opened` (a racing write: the caller takes the general
+        path, which tries again); else its error (an internal assertion as RuntimeError)."""
+        return steady(check, _never, _ok, lambda _: not self.unchanged(), 1) is not None
+
     def close(self, plain: torch.Tensor, geom: Hashable,
               aliases: tuple[torch.Tensor, ...] | None = None,
               members: tuple[torch.Tensor, torch.Tensor | None] | None = None,
