@@ -3,7 +3,7 @@
 :mod:`safesparse.factories` converts the arguments and runs the O(1) metadata stage; what is
 left is here. Trust is asked for once, :func:`safesparse.state.admission.admit` on the caller's
 index members, and the admission finishes the job (the protocol is written there, in
-``state/``; this module builds tensors and retypes them, never attaches a record):
+``state/``; this module builds tensors, and the admission gives them their record and type):
 
 * **rebuild** on members a checked tensor handed out (``ss.sparse_csr_tensor(t.crow_indices(),
   t.col_indices(), v, t.shape)``): proven through the record the members carry (checked.py,
@@ -46,9 +46,9 @@ from ..engine.validation import (
     native_accepts_contiguous,
     native_coo_ok,
 )
-from ..state import checked
-from ..state.admission import Admission, Validation, admit, opened, proven
+from ..state import checked, writers
 from ..state.memory import watchable_spans
+from ..state.writers import Admission, Validation, admit, opened, proven
 from ..tensor.core import SafeSparseTensor, retype
 
 __all__ = ["compressed", "coo", "fast_compressed", "fast_coo", "final_size", "own_alias",
@@ -60,6 +60,10 @@ _BUILD: Final[dict[torch.layout, Callable[..., torch.Tensor]]] = {
     torch.sparse_bsr: _originals.sparse_bsr_tensor,
     torch.sparse_bsc: _originals.sparse_bsc_tensor,
 }
+
+
+#: The fast path's rebuilds, typed SafeSparseTensor.
+_FAST = Admission((), SafeSparseTensor)
 
 
 def _extra(requires_grad: bool, pin_memory: bool) -> dict[str, Any]:
@@ -139,10 +143,9 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
         built = build(own0, own1, v.view_as(v) if v.requires_grad else v.detach(), shape,
                       check_invariants=False)
         m0 = built.crow_indices() if meta.info.row_compressed else built.ccol_indices()
-        Admission.rebuilt(built, r, members=(m0, own1))
-        built.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
-        return built  # type: ignore[return-value]
-    spans = watchable_spans((c, p))
+        # (typed SafeSparseTensor there: torch just made it, nobody else holds it)
+        return _FAST.rebuilt(built, r, members=(m0, own1))  # type: ignore[return-value]
+    spans = watchable_spans((c, p), True)  # (memory torch did not allocate: compressed())
     if not spans:  # (no memory at all: a state per view key; or memory never cached)
         return compressed(c, p, v, meta)
     first = opened(spans, (c, p))
@@ -153,9 +156,12 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
     # check_invariants=True: it sets torch's process-wide invariant-check flag for the call and
     # restores what it saw, so two threads in it at once can leave the flag on for good
     # (every later torch factory validating, torch.load's post-load check enabled)
-    if not native_accepts_contiguous(meta, c, p, v):
-        check_compressed_indices(meta, c, p)  # raises, located; or accepts what torch refused
-    checked.count("validations")
+    def check() -> None:
+        if not native_accepts_contiguous(meta, c, p, v):
+            check_compressed_indices(meta, c, p)  # raises, located; or accepts what torch refused
+
+    if not first.passes(check):  # (failed while another thread wrote: the general path)
+        return compressed(c, p, v, meta)
     cd = c.detach()
     pd = p.detach()
     # (own_alias inlined: the factories' hot path)
@@ -165,10 +171,9 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
     # detached alias of the caller's, sharing its counter), whose data pointer tells a move;
     # the caller's counters are watched through the detached aliases
     m0 = plain.crow_indices() if meta.info.row_compressed else plain.ccol_indices()
-    if not first.close(plain, geom, (cd, pd), (m0, pd)):
+    if not first.close(plain, geom, (cd, pd), (m0, pd), SafeSparseTensor):
         return compressed(c, p, v, meta)  # written meanwhile, or a racing registration
-    plain.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
-    return plain  # type: ignore[return-value]
+    return plain  # type: ignore[return-value]  # (typed by close)
 
 
 def fast_coo(idx: Any, v: Any, size: Any, dtype: torch.dtype | None, device: Any,
@@ -186,17 +191,20 @@ def fast_coo(idx: Any, v: Any, size: Any, dtype: torch.dtype | None, device: Any
     meta = check_coo_metadata(idx, v, shape)
     if checked.claim(idx) is not None:
         return coo(idx, v, meta, is_coalesced)
-    spans = watchable_spans((idx,))
+    spans = watchable_spans((idx,), True)
     if not spans:
         return coo(idx, v, meta, is_coalesced)
     first = opened(spans, (idx,))
     if first is None:
         return coo(idx, v, meta, is_coalesced)
     coalesced = bool(is_coalesced)
-    if not (native_coo_ok(meta, idx, v, is_coalesced=coalesced)
-            and _native_coo_accepts(meta, idx, v, is_coalesced=coalesced)):
-        check_coo_indices(meta, idx, is_coalesced=coalesced)  # the vectorised path: located
-    checked.count("validations")
+    def check() -> None:
+        if not (native_coo_ok(meta, idx, v, is_coalesced=coalesced)
+                and _native_coo_accepts(meta, idx, v, is_coalesced=coalesced)):
+            check_coo_indices(meta, idx, is_coalesced=coalesced)  # the vectorised path: located
+
+    if not first.passes(check):  # (failed while another thread wrote: the general path)
+        return coo(idx, v, meta, is_coalesced)
     plain = _originals.sparse_coo_tensor(idx.detach(), own_alias(v), shape, check_invariants=False,
                                          is_coalesced=is_coalesced)
     # the coalesced flag torch gave it: the validated one, or (nnz <= 1) trivially true
@@ -204,10 +212,9 @@ def fast_coo(idx: Any, v: Any, size: Any, dtype: torch.dtype | None, device: Any
     if flag and not coalesced and meta.nnz > 1:
         return unchecked(plain, (idx,))
     if not first.close(plain, ("coo", shape[: meta.sparse_dim], flag), (idx.detach(),),
-                       (plain._indices(), None)):
+                       (plain._indices(), None), SafeSparseTensor):
         return coo(idx, v, meta, is_coalesced)  # written meanwhile, or a racing registration
-    plain.__class__ = SafeSparseTensor  # (torch just made it: nobody else holds it)
-    return plain  # type: ignore[return-value]
+    return plain  # type: ignore[return-value]  # (typed by close)
 
 
 # the factories call build.fast_* by attribute: bound here, never traced by torch.compile
@@ -223,14 +230,14 @@ def compressed(c: torch.Tensor, p: torch.Tensor, v: torch.Tensor, meta: Compress
     extra = _extra(requires_grad, pin_memory)
     build = _BUILD[meta.info.layout]
     debug = is_debug()
-    adm = admit((c, p))
+    adm = admit((c, p), SafeSparseTensor)
     if not estimate and not debug:
         geom = checked.compressed_geometry(meta.n_compressed, meta.n_plain)
         r = adm.proven((geom,))
         if r is not None:
             own0, own1 = adm.proven_members(r)
-            return retype(adm.rebuilt(build(own0, own1, own_alias(v), meta.size,
-                                            check_invariants=False, **extra), r))
+            return adm.rebuilt(build(own0, own1, own_alias(v), meta.size,  # type: ignore[return-value]
+                                     check_invariants=False, **extra), r)
     vd = own_alias(v)
 
     def check(ms: tuple[torch.Tensor, ...], m: CompressedMeta, est: bool) -> CompressedMeta:
@@ -247,8 +254,8 @@ def compressed(c: torch.Tensor, p: torch.Tensor, v: torch.Tensor, meta: Compress
 
     how = Validation(check, make, geometry, lambda _, m: geometry(m),
                      lambda m: (geometry(m),))
-    plain, _ = adm.validate(how, meta, estimate=estimate, debug=debug)
-    return retype(plain)
+    out, _ = adm.validate(how, meta, estimate=estimate, debug=debug)
+    return out  # type: ignore[return-value]  # (typed by the admission)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,14 +276,15 @@ def coo(idx: torch.Tensor, v: torch.Tensor, meta: CooMeta, is_coalesced: bool | 
         return _originals.sparse_coo_tensor(own_idx, own_v, size, check_invariants=False,
                                             is_coalesced=is_coalesced, **extra)
 
-    adm = admit((idx,))
+    adm = admit((idx,), SafeSparseTensor)
     if not estimate and not debug:
         sparse = tuple(meta.size[: meta.sparse_dim])
         r = adm.proven((checked.coo_geometry(sparse, coalesced),
                         checked.coo_geometry(sparse, True)))
         if r is not None:
             plain = build(meta.size, adm.proven_members(r)[0])
-            return retype(adm.rebuilt(plain, r, checked.geometry_of(plain), meta.nnz))
+            return adm.rebuilt(plain, r, checked.geometry_of(plain),  # type: ignore[return-value]
+                               meta.nnz)
 
     def check(ms: tuple[torch.Tensor, ...], m: CooMeta, est: bool) -> CooMeta:
         return check_coo_indices(m, ms[0], is_coalesced=coalesced, estimate=est, values=v)
@@ -295,8 +303,8 @@ def coo(idx: torch.Tensor, v: torch.Tensor, meta: CooMeta, is_coalesced: bool | 
     how = Validation(check, lambda ms, m: build(m.size, ms[0].detach()),
                      lambda m: checked.coo_geometry(m.size[: m.sparse_dim], coalesced),
                      final, known)
-    plain, ok = adm.validate(how, meta, estimate=estimate, debug=debug)
-    return retype(plain) if ok else unchecked(plain, adm.members)
+    out, ok = adm.validate(how, meta, estimate=estimate, debug=debug)
+    return out if ok else unchecked(out, adm.members)  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,10 +316,10 @@ def unchecked(plain: torch.Tensor, members: Sequence[torch.Tensor]) -> SafeSpars
     the state of its index memory, unchecked; the caller's members that it shares are watched
     there (they can write it)."""
     out = retype(plain)
-    rec = checked.join(out)
+    rec = writers.join(out)
     ptrs = {m.data_ptr() for m in rec.members()}
     for x in members:
         if isinstance(x, torch.Tensor) and not isinstance(x, SafeSparseTensor) \
                 and x.numel() and x.data_ptr() in ptrs and not x.is_inference():
-            checked.watch(rec, x)
+            writers.watch(rec, x)
     return out

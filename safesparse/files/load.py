@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..catalog.errors import source_name
+from ..state.memory import torch_loader
 from . import safetensors as _safetensors
 from .atomic import is_path
 from .modules import module_matrices
@@ -72,7 +73,7 @@ def load_and_validate(
         # containers the walk reaches, and the function mode validates it before any use.
         watch = (_BuildWatch(session) if kwargs.get("weights_only") is not True
                  else contextlib.nullcontext())
-        with _LoadMode(session), watch:
+        with _LoadMode(session), watch, torch_loader():
             obj = _torch_load(f, **kwargs)
     except Exception as exc:
         if session.rejected:

@@ -103,7 +103,10 @@ the protocols of shortcuts 4 and 5 and the registering path once, on the functio
 *Record a proof or a tensor:* :func:`announce` / :func:`settle` (a first validation, private),
 :func:`register` + :func:`shared_record` (on a state), :func:`rebuilt` (a proven rebuild),
 :func:`born` (a fresh result), :func:`implied_coo`, the ``mark_*`` functions, :func:`join`,
-:func:`renew`, :func:`share`, :func:`hand_out`, :func:`watch`.
+:func:`renew`, :func:`share`, :func:`hand_out`, :func:`watch`, :func:`before_copy` /
+:func:`copied`, :func:`replaced`. The layers above reach the writers through
+:mod:`safesparse.state.writers` (one list) and give a tensor its record through
+:func:`safesparse.state.admission.give` (``attach`` is called in ``state/`` only).
 
 Limits: writes that bypass version counters are not seen (NumPy views of the memory, raw
 pointers, a storage object's own ``fill_`` / ``copy_`` and a ``resize_`` back to the same size
@@ -132,12 +135,12 @@ from .memory import (
     IndexState,
     Snapshot,
     Spans,
-    Tags,
     all_states,
     claims,
     foreign,
     index_key,
     memory_state_count,
+    must_copy,
     overlaps_registered,
     resolve,
     spans_of,
@@ -151,58 +154,69 @@ from .records import (
     born,
     bump_generation,
     confirm,
-    fresh,
     holds,
     is_volatile,
     proven_geometry,
     proven_members,
     proves,
     record,
-    sole_record,
     state_of,
     vouch,
 )
 
+#: Every name used outside this module (the questions, and the writers state/writers.py lists
+#: for the layers above).
 __all__ = [
-    "UNCHECKED",
     "VOLATILE",
-    "IndexKey",
     "IndexState",
     "Record",
-    "Snapshot",
     "Stats",
-    "Tags",
-    "attach",
+    "announce",
+    "before_copy",
     "born",
     "cache_size",
-    "claims",
+    "claim",
     "clear_cache",
     "compressed_geometry",
     "confirm",
     "coo_geometry",
+    "copied",
     "count",
-    "foreign",
-    "fresh",
+    "current",
     "geometry_of",
+    "hand_out",
     "holds",
-    "index_key",
+    "implied_coo",
     "index_members",
     "is_volatile",
+    "join",
+    "known",
+    "mark_derived",
+    "mark_known",
+    "mark_validated",
     "members_cache",
-    "plain_members",
+    "moved",
     "proof_cache",
     "proven_geometry",
     "proven_members",
     "proves",
+    "rearm",
+    "rebuilt",
     "record",
     "record_cache",
     "register",
+    "renew",
+    "replaced",
     "reset_stats",
+    "same_index_data",
+    "settle",
     "share",
-    "sole_record",
+    "shared_record",
+    "snapshot",
     "state_of",
     "stats",
     "vouch",
+    "watch",
 ]
 
 _share_lock = threading.RLock()  # (sharing one record may share the pending ones it meets)
@@ -271,14 +285,9 @@ def share(rec: Record) -> IndexState | None:
         key = index_key(members)
         _unpend(rec)
         state = register(members, key)
-        with state.lock:
-            w = state._witness(rec, rec.m0)
-            ok = ok and w.version == rec.ver
-            for x, v in rec.extra:  # a private record's other counters, at their proof
-                wx = state._witness(x, x.detach())
-                ok = ok and wx.version == v
-            if ok and state._holds():
-                state.proven.add((key, rec.geom))
+        # its own counter and a private record's other counters, at their proof
+        state.join_proof([(rec, rec.m0, rec.ver), *((x, x.detach(), v) for x, v in rec.extra)],
+                         (key, rec.geom) if ok else None)
         rec.key = key
         rec.state = state
         rec.extra = ()
@@ -435,10 +444,11 @@ def shared_record(members: tuple[torch.Tensor, torch.Tensor | None], state: Inde
 def volatile(plain: torch.Tensor) -> bool:
     """Whether the index memory of ``plain`` can be written where no counter of this process
     sees it: inference tensors (no counter), storage shared with other processes, file
-    mappings (SPEC 4)."""
+    mappings, memory torch did not allocate (SPEC 4; :func:`memory.must_copy`)."""
     with DisableTorchFunctionSubclass():
         m0, m1 = plain_members(plain)
-    return foreign((m0,) if m1 is None else (m0, m1))
+    ms = (m0,) if m1 is None else (m0, m1)
+    return foreign(ms) or must_copy(ms)
 
 
 def join(t: torch.Tensor, ver: int = UNCHECKED, geom: Hashable = None) -> Record:
@@ -509,6 +519,14 @@ def snapshot(rec: Record) -> tuple[Snapshot, int]:
     return (state.snapshot() if state is not None else {}), ver
 
 
+def moved(rec: Record, snap: Snapshot, ver: int) -> bool:
+    """Whether a counter of :func:`snapshot`'s ``(snap, ver)`` moved since it was taken."""
+    if ver == VOLATILE:
+        return False
+    state = state_of(rec)
+    return rec.m0._version != ver or (state is not None and state.moved(snap))
+
+
 def mark_derived(rec: Record, geometry: Hashable) -> bool:
     """``rec``'s tensor was made by a known op from tensors checked before and after it ran,
     and has ``geometry``: checked without validation, while its state holds."""
@@ -549,14 +567,32 @@ def mark_copied(rec: Record, geometry: Hashable, snap: Snapshot) -> bool:
     state = state_of(rec)
     if state is None:
         return False  # (volatile) validated when asked
-    with state.lock:
-        mine = state._watch_of(rec)
-        if mine is not None:
-            snap = {**snap, id(mine): mine.alias._version}
-    ok = state.prove((rec.key, geometry), snap)
+    ok = state.prove((rec.key, geometry), state.counters_with(rec, snap))
     if ok:
         rec.set_checked(rec.m0._version, geometry)
     return ok
+
+
+def before_copy(dst: torch.Tensor) -> Snapshot:
+    """The counters of ``dst``'s index memory before ``dst.copy_(src)`` writes it (pass to
+    :func:`copied`)."""
+    return snapshot(current(dst))[0]
+
+
+def copied(dst: torch.Tensor, before: Snapshot) -> bool:
+    """``dst.copy_(src)`` just wrote ``dst``'s index data from a checked ``src`` of the same
+    layout and shape (``before``: :func:`before_copy`): checked if no other counter moved
+    (:func:`mark_copied`)."""
+    return mark_copied(current(dst), geometry_of(dst), before)
+
+
+def replaced(t: torch.Tensor, derived: bool) -> None:
+    """``t``'s members were replaced in place (``t.data = new``): a new record on them, checked
+    without validation when ``derived`` (``new`` was checked before and after, and ``t``'s
+    metadata passed)."""
+    rec = renew(t)
+    if derived:
+        mark_derived(rec, geometry_of(t))
 
 
 def same_index_data(a: Record, b: Record) -> bool:
@@ -634,7 +670,7 @@ def _cache_of(rec: Record) -> dict[Hashable, Any] | None:
         return None
     proof = (rec.key, rec.geom)
     with state.lock:
-        if proof not in state.proven or not state._holds():
+        if not state.proves_now(proof):
             return None
         cache = state.caches.get(proof)
         if cache is None:
@@ -674,6 +710,5 @@ def clear_cache() -> None:
     """
     bump_generation()  # sole records (in no state) proven before now are not trusted
     for state in all_states():
-        with state.lock:
-            state._void()
+        state.void()
 

@@ -16,8 +16,12 @@ Memory that cannot be watched (inference tensors, shared memory, file mappings) 
 remembered: a checked tensor over it is volatile (:func:`checked.is_volatile`), its proof
 never holds, and the operator validates it at each use (:func:`watchable` tells the caller).
 
-The tensor remembered for a member is kept in a :class:`~safesparse.state.memory.Tags` entry
+The record remembered for a member is kept in a :class:`~safesparse.state.memory.Tags` entry
 keyed by the member object (dropped with it, never in its ``__dict__``, which torch pickles).
+Members in memory torch did not allocate (a program's constants loaded with
+``torch.export.load``) are validated on a copy by the factories; they are remembered on their
+own memory when they still hold the validated data (:func:`admission.proven_copy`), watched
+through their counters (docs/ops.md, limits: their owner is torch's loader).
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ from typing import Any
 import torch
 
 from . import checked
+from .admission import proven_copy
 from .memory import Tags, foreign
 
 __all__ = ["confirm", "is_unwatched", "proof", "remember", "unwatched", "watchable"]
 
-#: index member -> the checked tensor (built by the factories on that member) proving it
+#: index member -> the record proving it (of a checked tensor the factories built on it, or
+#: :func:`admission.proven_copy`'s where they built on a copy)
 _proven = Tags()
 #: index members something writes without moving a counter (see :func:`unwatched`)
 _unwatched = Tags()
@@ -54,11 +60,9 @@ def proof(compressed: torch.Tensor, plain: torch.Tensor, geometry: Hashable
         return False, None
     rec = checked.vouch(compressed, plain, (geometry,))
     if rec is None:
-        kept = _proven.get(compressed)
-        if kept is None or _proven.get(plain) is not kept:
-            return False, None
-        rec = checked.record(kept)
-        if rec is None or not checked.proves(rec, compressed, plain, (geometry,)):
+        rec = _proven.get(compressed)
+        if (rec is None or _proven.get(plain) is not rec
+                or not checked.proves(rec, compressed, plain, (geometry,))):
             return False, None
     return True, checked.record_cache(rec)
 
@@ -72,8 +76,13 @@ def remember(proven: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor
     if (rec is None or checked.is_volatile(rec) or not watchable(compressed, plain)
             or is_unwatched(compressed, plain)):
         return False
-    _proven.set(compressed, proven)
-    _proven.set(plain, proven)
+    # (built on a copy where their memory is not torch's allocation: proven on their own
+    # memory if they still hold the validated data)
+    rec = proven_copy(rec, compressed, plain)
+    if rec is None:
+        return False
+    _proven.set(compressed, rec)
+    _proven.set(plain, rec)
     return True
 
 

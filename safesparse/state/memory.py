@@ -17,11 +17,12 @@ needs.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 import os
 import threading
 import weakref
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -41,10 +42,13 @@ __all__ = [
     "foreign",
     "index_key",
     "memory_state_count",
+    "must_copy",
     "overlaps_registered",
     "register",
     "resolve",
     "spans_of",
+    "torch_loader",
+    "unowned",
     "watchable_spans",
 ]
 
@@ -205,6 +209,40 @@ class IndexState:
         with self.lock:
             return self._holds()
 
+    def watching(self, owner: object) -> bool:
+        """Whether ``owner``'s counter is watched here."""
+        with self.lock:
+            return self._watch_of(owner) is not None
+
+    def proves_now(self, proof: Hashable) -> bool:
+        """:meth:`is_proven` for a caller already holding ``self.lock``."""
+        return proof in self.proven and self._holds()
+
+    def join_proof(self, watched: Sequence[tuple[object, torch.Tensor, int]],
+                   proof: Hashable | None) -> None:
+        """Watch each ``(owner, alias, version)`` (a record and its member alias, a caller's
+        tensor and a detached alias) and, if ``proof`` is given and every counter is at the
+        version its proof was made at (a private record's proof joining this state), add
+        ``proof``. ``self.lock`` is taken here."""
+        with self.lock:
+            ok = proof is not None
+            for owner, alias, version in watched:
+                w = self._witness(owner, alias)
+                ok = ok and w.version == version
+            if ok and self._holds():
+                self.proven.add(proof)
+
+    def counters_with(self, owner: object, snap: Snapshot) -> Snapshot:
+        """``snap`` with ``owner``'s counter taken as it is now (its own write is known)."""
+        with self.lock:
+            mine = self._watch_of(owner)
+            return snap if mine is None else {**snap, id(mine): mine.alias._version}
+
+    def void(self) -> None:
+        """Forget every proof of this state (and what was derived from them)."""
+        with self.lock:
+            self._void()
+
     def is_proven(self, proof: Hashable) -> bool:
         with self.lock:
             return proof in self.proven and self._holds()
@@ -213,6 +251,11 @@ class IndexState:
         """The counters now: pass to :meth:`prove` once validation has read the data."""
         with self.lock:
             return {id(w): w.alias._version for w in self._all()}
+
+    def moved(self, snap: Snapshot) -> bool:
+        """Whether a counter of ``snap`` moved since it was taken."""
+        with self.lock:
+            return any(snap.get(id(w), w.version) != w.alias._version for w in self._all())
 
     def prove(self, proof: Hashable, snap: Snapshot) -> bool:
         """Validation passed for ``proof`` on the data as it was at ``snap``. Proven only if no
@@ -546,15 +589,21 @@ def memory_state_count() -> int:
         return len(_registry.states())
 
 
-def watchable_spans(members: Sequence[torch.Tensor]) -> tuple[Span, ...] | None:
+def watchable_spans(members: Sequence[torch.Tensor],
+                    allocated: bool = False) -> tuple[Span, ...] | None:
     """:func:`spans_of` ``members``, or None when their memory cannot be watched (an inference
-    tensor, shared memory, a file mapping: see :func:`foreign`)."""
+    tensor, shared memory, a file mapping: see :func:`foreign`) or, with ``allocated``, is
+    not torch's allocation (:func:`unowned`: the factories' fast path leaves it to the
+    admission)."""
     out = []
     for m in members:
         if m.is_inference():
             return None
         st = m.untyped_storage()
-        if _foreign_storage(st):
+        if st.resizable():
+            if st.is_shared():
+                return None
+        elif allocated or _foreign_storage(st):
             return None
         span = _span(m, st)
         if span is not None:
@@ -653,6 +702,47 @@ def file_mapped(tensors: Iterable[torch.Tensor]) -> bool:
         if not st.is_shared() and _mapped_storage(st):
             return True
     return False
+
+
+def unowned(tensors: Iterable[torch.Tensor]) -> bool:
+    """Whether the memory of one of ``tensors`` is not torch's own allocation and not shared
+    memory a process set up (:func:`foreign` says that): a file mapping, or memory another
+    owner can write without moving any counter (``torch.frombuffer`` over a ``bytearray`` or
+    an ``mmap``, ``torch.from_numpy``, DLPack imports, a program's constants loaded with
+    ``torch.export.load``). One C call per member on the hot path (torch's allocations are
+    resizable). Where safesparse admits such index members it works on its own copy of them
+    (SPEC 4, docs/ops.md)."""
+    for x in tensors:
+        st = x.untyped_storage()
+        if not st.resizable() and not st.is_shared() and st.data_ptr():
+            return True
+    return False
+
+
+_loader = threading.local()
+
+
+@contextlib.contextmanager
+def torch_loader() -> Iterator[None]:
+    """While this block runs (in this thread), storages that are not torch's allocation are
+    taken to be torch's own loader's (``torch.load``'s zip reader: only the loaded objects
+    reach them): index members on them are admitted in place (:func:`must_copy`). For
+    :func:`safesparse.load`, which copies members that alias other loaded tensors itself;
+    file mappings are copied all the same."""
+    depth = getattr(_loader, "depth", 0)
+    _loader.depth = depth + 1
+    try:
+        yield
+    finally:
+        _loader.depth = depth
+
+
+def must_copy(members: Sequence[torch.Tensor]) -> bool:
+    """Whether index ``members`` are admitted on a copy: memory torch did not allocate
+    (:func:`unowned`; inside :func:`torch_loader`, file mappings only)."""
+    if not unowned(members):
+        return False
+    return not getattr(_loader, "depth", 0) or file_mapped(members)
 
 
 def _foreign(m: torch.Tensor) -> bool:

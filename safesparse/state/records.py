@@ -224,7 +224,7 @@ def _shared_holds(r: Record, st: IndexState) -> bool:
         return True
     except RuntimeError:  # a watch dict changed size while we read it
         with st.lock:
-            return (r.key, r.geom) in st.proven and st._holds()
+            return st.proves_now((r.key, r.geom))
 
 
 def is_volatile(r: Record) -> bool:
@@ -281,6 +281,8 @@ def fresh(t: torch.Tensor) -> Record:
 
 
 def attach(t: torch.Tensor, rec: Record) -> Record:
+    """``t`` carries ``rec`` (``state/`` only; the layers above call
+    :func:`safesparse.state.admission.give`)."""
     t.__dict__["_ss"] = rec
     return rec
 

@@ -31,7 +31,7 @@ from ..base.debug_flag import is_debug
 from ..catalog.errors import InvariantError
 from ..catalog.invariants import SPARSE_LAYOUTS
 from ..engine.validation import validate_tensor
-from ..state import checked
+from ..state import checked, writers
 from ..state.checked import Record, holds
 from .adopt import copyable, own_indices
 from .fastpath import FAST, MISS
@@ -66,7 +66,7 @@ def _for_modes(args: Sequence[Any]) -> tuple[Any, ...]:
     for a in args:
         if isinstance(a, SafeSparseTensor):
             alias = torch.Tensor._make_subclass(torch.Tensor, a, False)
-            checked.hand_out(a, alias)  # shares a's counter and carries its record
+            writers.hand_out(a, alias)  # shares a's counter and carries its record
             a = alias
         out.append(a)
     return tuple(out)
@@ -185,7 +185,7 @@ class SafeSparseTensor(torch.Tensor):
                 # Metadata and member accessors: no sparse result, no kernel over index data.
                 ret = _inspect(func, args, kwargs or {})
                 if func in INDEX_ACCESSORS and isinstance(args[0], SafeSparseTensor):
-                    checked.hand_out(args[0], ret)  # it shares args[0]'s counter
+                    writers.hand_out(args[0], ret)  # it shares args[0]'s counter
                 return ret
             return general(cls._OPS.get(func), func, tuple(args), kwargs or {})
         except Exception as err:  # (no cost unless raised: a frame skip while dynamo probes)
@@ -302,7 +302,7 @@ def general(entry: OpEntry | None, func: Callable[..., Any], args: tuple[Any, ..
             # x's index memory: x's record must be found by memory range from now on
             rec = checked.record(x)
             if rec is not None:
-                checked.share(rec)
+                writers.share(rec)
         if entry is not None and entry.impl is not None:
             return entry.impl(func, args, kwargs)
         kind = entry.kind_for(args, kwargs) if entry is not None else OpKind.UNKNOWN
@@ -318,7 +318,7 @@ def _fast_fallback(func: Callable[..., Any], args: tuple[Any, ...], ret: Any) ->
     with DisableTorchFunctionSubclass():
         rec = checked.record(args[0])
         if rec is not None:
-            checked.share(rec)  # the result may share its memory
+            writers.share(rec)  # the result may share its memory
         entry = SafeSparseTensor._OPS.get(func)
         kind = entry.kind_for(args, {}) if entry is not None else OpKind.UNKNOWN
         return wrap_results(func, kind, args, {}, ret, before=True)
@@ -381,7 +381,7 @@ def wrap(plain: torch.Tensor, *, leaf_requires_grad: bool = False,
     else:
         out = torch.Tensor._make_subclass(SafeSparseTensor, plain, leaf_requires_grad)
     assert isinstance(out, SafeSparseTensor)
-    checked.join(out)
+    writers.join(out)
     return out
 
 
@@ -410,16 +410,15 @@ def unwrap(t: torch.Tensor) -> torch.Tensor:
         out = torch.Tensor._make_subclass(torch.Tensor, t, False)
     # shared first (the plain tensor can build tensors with counters of their own); it shares
     # t's counter, and carries t's record to keep the watch alive
-    checked.hand_out(t, out)
+    writers.hand_out(t, out)
     return out
 
 
 def _revalidates(t: torch.Tensor) -> bool:
     """A full validation of a tensor whose index data cannot be watched (volatile)."""
-    checked.count("validations")
     try:
-        validate_tensor(t)
-    except InvariantError:
+        writers.validated_now(lambda: validate_tensor(t))
+    except (InvariantError, RuntimeError):  # (RuntimeError: it changed while it was read)
         return False
     return True
 
@@ -455,10 +454,6 @@ def is_checked(t: torch.Tensor) -> TypeGuard[SafeSparseTensor]:
         ``True`` if ``t`` is checked, else ``False``.
     """
     return _is_checked(t)
-
-
-#: Attempts to validate index data that another thread keeps writing, before giving up.
-_ATTEMPTS = 3
 
 
 @not_traced
@@ -518,46 +513,30 @@ def validate(t: torch.Tensor, *, copy_indices: bool = True) -> SafeSparseTensor:
         elif copy_indices and copyable(t):
             # index members of its own (SPEC 4): only out's counter can write them
             out, watched = retype(own_indices(t)), True
-            checked.fresh(out)
+            writers.fresh(out)
         else:
             if copy_indices:  # (members torch's checker refuses as laid out: validated as
                 validate_into(wrap(t), debug, watched=False)  # they are, then copied)
                 out = retype(own_indices(t))
                 watched = True
-                checked.fresh(out)
+                writers.fresh(out)
             else:
                 out, watched = wrap(t), False
-                checked.hand_out(out, t)  # t shares out's counter, and may outlive it
+                writers.hand_out(out, t)  # t shares out's counter, and may outlive it
         validate_into(out, debug, watched=watched)
     return out
 
 
 def validate_into(out: SafeSparseTensor, debug: bool = False, op: str | None = None, *,
                   watched: bool = True) -> None:
-    """Validate ``out`` and record it as checked; ``op`` names the op in the error.
-    ``watched=False``: ``out`` was only just wrapped, so writes through its counter before
-    that went unseen."""
-    old = checked.record(out)
-    rec = checked.current(out)
-    watched = watched and rec is old  # a record made just now saw no earlier write
-    geometry = geometry_of(out)
-    if not debug and checked.known(rec, geometry, watched):
-        # Proven index data, and no write through out's own counter that the proof missed.
-        validate_tensor(out, check_indices=False)  # metadata is O(1)
-        checked.count("skipped")
-        if checked.mark_known(rec, geometry):
-            return
-    for _ in range(_ATTEMPTS):
-        snap, ver = checked.snapshot(rec)
-        try:
-            validate_tensor(out)
-        except InvariantError as err:
-            raise (err if op is None else err.with_context(op=op)) from None
-        checked.count("validations")
-        if checked.mark_validated(rec, geometry, snap, ver):
-            return
-    raise RuntimeError("safesparse: the index data kept changing while it was validated "
-                       "(another thread writes it); the tensor is left unchecked")
+    """Validate ``out`` and record it as checked (:func:`safesparse.state.admission.revalidate`);
+    ``op`` names the op in the error. ``watched=False``: ``out`` was only just wrapped, so
+    writes through its counter before that went unseen."""
+    try:
+        writers.revalidate(out, lambda full: validate_tensor(out, check_indices=full),
+                           debug=debug, watched=watched)
+    except InvariantError as err:
+        raise (err if op is None else err.with_context(op=op)) from None
 
 
 def _is_sparse(x: Any) -> bool:
@@ -633,10 +612,9 @@ def _guard_plain(func: Callable[..., Any], name: str, x: torch.Tensor) -> None:
     nothing safesparse can see, so no earlier validation of ``x`` can be trusted (SPEC 4,
     ``ss.validate``). Adopt it (``ss.validate``, the safe factories) to validate it once."""
     try:
-        validate_tensor(x)
+        writers.validated_now(lambda: validate_tensor(x))
     except InvariantError as err:
         raise err.with_context(op=f"{op_name(func)}, argument {name}") from None
-    checked.count("validations")
 
 
 def _inputs_checked(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -653,10 +631,9 @@ def _validate_inputs(func: Callable[..., Any], args: tuple[Any, ...],
             validate_into(t, True, op_name(func))  # and it is checked from now on
             continue
         try:
-            validate_tensor(t)
+            writers.validated_now(lambda t=t: validate_tensor(t))  # type: ignore[misc]
         except InvariantError as err:
             raise err.with_context(op=op_name(func)) from None
-        checked.count("validations")
 
 
 def wrap_results(
@@ -728,13 +705,13 @@ def _wrap_one(
         out = cast(SafeSparseTensor, ret)
     else:
         out = retype(ret, inputs)
-    rec = checked.join(out)
+    rec = writers.join(out)
     if debug or kind is OpKind.NEW_INDICES:
         # torch built the index data from inputs the guard passed (plain ones included):
         # validated, repaired or refused here rather than at its first use
         return _validated_result(func, out, debug)
     if trusted and kind is OpKind.PRESERVING and _metadata_kept(args, out):
-        checked.mark_derived(rec, _geometry(args, out) if geometry is None else geometry)
+        writers.mark_derived(rec, _geometry(args, out) if geometry is None else geometry)
     return out
 
 
@@ -744,9 +721,9 @@ def after_inplace(t: torch.Tensor, keeps_indices: bool) -> None:
     other gives ``t`` a new, unchecked record on its current members (the op may have replaced
     them; views sharing the old record are left to its counter)."""
     rec = checked.record(t)
-    if keeps_indices and rec is not None and rec is checked.current(t) and checked.rearm(rec):
+    if keeps_indices and rec is not None and rec is writers.current(t) and writers.rearm(rec):
         return
-    checked.renew(t)
+    writers.renew(t)
 
 
 def _geometry(args: tuple[Any, ...], out: torch.Tensor) -> Hashable:
@@ -791,7 +768,7 @@ def _validated_result(func: Callable[..., Any], out: SafeSparseTensor,
             raise err.with_context(
                 op=f"{op_name(func)}: torch built this result; it is not returned") from None
         out = retype(fixed)
-        checked.join(out)
+        writers.join(out)
         validate_into(out, debug, op_name(func))
     return out
 

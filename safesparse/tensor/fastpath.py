@@ -37,7 +37,8 @@ from ..base.layouts import BLOCK_LAYOUTS as _BLOCKED
 from ..base.layouts import ROW_LAYOUTS as _ROW
 from ..base.layouts import SWAPPED as _SWAPPED
 from ..engine.metadata import _UNSUPPORTED_VALUE_DTYPES, SUPPORTED_DEVICE_TYPES
-from ..state.checked import Record, attach, born, holds
+from ..state.admission import give
+from ..state.checked import Record, born, holds
 from .optable import VALUES_ONLY
 
 __all__ = ["FAST", "MISS", "Fallback", "Handler"]
@@ -103,9 +104,7 @@ def _born(cls: type, a: Any, r: Record, ret: Any, move: bool, func: Callable[...
     rec = born(r, m0, m1, coalesced)
     if rec is None:
         return fallback(func, args, ret)
-    ret.__class__ = cls
-    attach(ret, rec)
-    return ret
+    return give(ret, rec, cls)
 
 
 def _fresh(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ...],
@@ -179,9 +178,7 @@ def _view(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ...]
     # a layout swapped by torch's own view of a: the sparse dims of a non-hybrid tensor
     if type(ret) is not T or ret.layout is not _SWAPPED[lay] or ret._base is not a:
         return MISS
-    ret.__class__ = cls
-    attach(ret, r)
-    return ret
+    return give(ret, r, cls)
 
 
 def _detach(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ...],
@@ -196,9 +193,7 @@ def _detach(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ..
     ret = _run(func, types, args, {})
     if type(ret) is not T:
         return fallback(func, args, ret)
-    ret.__class__ = cls
-    attach(ret, r)
-    return ret
+    return give(ret, r, cls)
 
 
 def _product(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ...],

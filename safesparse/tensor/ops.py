@@ -28,7 +28,7 @@ from ..catalog.errors import InvariantError
 from ..catalog.invariants import COMPRESSED_LAYOUTS
 from ..engine.metadata import compressed_members, values_of
 from ..engine.validation import validate_tensor
-from ..state import checked
+from ..state import checked, writers
 from . import blocks
 from .binding import Product, bind
 from .core import (
@@ -381,10 +381,9 @@ def _copy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     before = _inputs_checked(args, kwargs)
     same = (before and isinstance(src, SafeSparseTensor) and src.layout == dst.layout
             and src.shape == dst.shape)
-    snap = checked.snapshot(checked.current(dst))[0] if same else {}
+    snap = writers.before_copy(dst) if same else {}
     ret = func(*args, **kwargs)
-    if same and ret is dst and _is_checked(src) and checked.mark_copied(
-            checked.current(dst), checked.geometry_of(dst), snap):
+    if same and ret is dst and _is_checked(src) and writers.copied(dst, snap):
         return dst
     return wrap_results(func, NEW_INDICES, args, kwargs, ret, before=before)
 
@@ -400,9 +399,8 @@ def _set_data(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if _swap_instead(t, new):
         return
     func(*args, **kwargs)
-    rec = checked.renew(t)  # its members were replaced: a record on the new ones
-    if was_checked and _is_checked(new) and _metadata_ok(t):
-        checked.mark_derived(rec, checked.geometry_of(t))
+    # its members were replaced: a record on the new ones, checked when new was
+    writers.replaced(t, was_checked and _is_checked(new) and _metadata_ok(t))
 
 
 def _swap_instead(t: torch.Tensor, new: Any) -> bool:

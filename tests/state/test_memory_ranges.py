@@ -30,28 +30,39 @@ def _csr_on(crow: torch.Tensor, col: torch.Tensor) -> ss.SafeSparseTensor:
 # Two storages over one memory
 
 
-def test_two_from_numpy_storages_share_one_state() -> None:
+def test_from_numpy_members_are_copied() -> None:
+    """Memory torch did not allocate (NumPy's) can be written by its owner without moving a
+    counter (issue 47): each tensor is built on a copy of its own, so neither the array's
+    writes nor one tensor's reach the other."""
     indptr = np.array([0, 1, 2, 3])
     indices = np.array([0, 1, 2])
     a = _csr_on(torch.from_numpy(indptr), torch.from_numpy(indices))
     b = _csr_on(torch.from_numpy(indptr), torch.from_numpy(indices))  # new storages, same memory
-    assert torch.from_numpy(indices).untyped_storage()._cdata != \
-        torch.from_numpy(indices).untyped_storage()._cdata
+    assert a.col_indices().data_ptr() != torch.from_numpy(indices).data_ptr()
     member = a.col_indices()  # handed out by the first tensor
-    member[0] = 2  # row 0 now has column 2 ...
-    member[1] = 0  # ... and row 1 column 0: still sorted per row, but not what b was proven on
     member[2] = 99  # out of range for 3 columns
     assert not ss.is_checked(a)
-    assert not ss.is_checked(b)  # the same memory: the second tensor is unchecked too
+    indices[2] = 99  # the array's owner writes: no counter moves
+    assert ss.is_checked(b)  # b is on its own copy, still valid
+    assert b.col_indices().tolist() == [0, 1, 2]
+    torch.testing.assert_close(b @ torch.ones(3, 1), torch.ones(3, 1))
     with pytest.raises(ss.InvariantError) as info:
-        b @ torch.ones(3, 1)
+        a @ torch.ones(3, 1)
     assert info.value.invariant == "5.5"
 
 
+def _over(x: torch.Tensor, offset: int = 0, size: Any = None, stride: Any = None
+          ) -> torch.Tensor:
+    """A new tensor (a version counter of its own) over ``x``'s storage (``set_``)."""
+    out = torch.empty(0, dtype=x.dtype)
+    return out.set_(x.untyped_storage(), offset, x.shape if size is None else size,
+                    x.stride() if stride is None else stride)
+
+
 def test_a_slice_at_another_start_is_found() -> None:
-    edges = np.array([[0, 1, 2, 2], [1, 2, 0, 1]])
-    whole = ss.sparse_coo_tensor(torch.from_numpy(edges), torch.ones(4), (3, 3))
-    tail = ss.sparse_coo_tensor(torch.from_numpy(edges[:, 2:]), torch.ones(2), (3, 3))
+    edges = torch.tensor([[0, 1, 2, 2], [1, 2, 0, 1]])
+    whole = ss.sparse_coo_tensor(_over(edges), torch.ones(4), (3, 3))
+    tail = ss.sparse_coo_tensor(_over(edges, 2, (2, 2), (4, 1)), torch.ones(2), (3, 3))
     assert ss.is_checked(whole) and ss.is_checked(tail)
     whole._indices()[1, 3] = 7  # a write through the first tensor's member, inside the tail
     assert not ss.is_checked(tail)
@@ -59,28 +70,33 @@ def test_a_slice_at_another_start_is_found() -> None:
         tail.coalesce()
 
 
-def test_frombuffer_and_set_share_the_state() -> None:
+def test_frombuffer_members_are_copied_and_set_shares_the_state() -> None:
     buf = bytearray(np.array([0, 1, 2, 3, 0, 1, 2], dtype=np.int64).tobytes())
     flat = torch.frombuffer(buf, dtype=torch.int64)
-    t = _csr_on(flat[:4], flat[4:])
+    t = _csr_on(flat[:4], flat[4:])  # on a copy of the buffer's bytes (issue 47)
     again = torch.frombuffer(buf, dtype=torch.int64)  # another storage over the same bytes
     u = _csr_on(again[:4], again[4:])
     reset = torch.empty(0, dtype=torch.int64)
-    reset.set_(t.col_indices().untyped_storage(), 4, (3,))  # a tensor set_ on that storage
+    reset.set_(t.col_indices().untyped_storage(), 0, (3,))  # a tensor set_ on t's storage
     v = _csr_on(again[:4].clone(), reset)
     assert ss.is_checked(t) and ss.is_checked(u) and ss.is_checked(v)
-    u.col_indices()[0] = 5
+    buf[32:40] = (5).to_bytes(8, "little")  # the buffer's owner writes: nothing sees it ...
+    assert ss.is_checked(t) and ss.is_checked(u)  # ... and nothing built reads it
+    t.col_indices()[0] = 5  # a write through t's member, on the storage v was set_ on
     assert not ss.is_checked(t) and not ss.is_checked(v)
+    assert ss.is_checked(u)
 
 
-def test_from_dlpack_shares_the_state() -> None:
+def test_from_dlpack_members_are_copied() -> None:
     crow, col = torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 2])
     t = _csr_on(crow, col)
     other = torch.from_dlpack(col)  # a new tensor (own counter) over the same memory
-    u = _csr_on(crow, other)
+    u = _csr_on(crow, other)  # on a copy: memory torch's allocator did not hand out to it
+    assert u.col_indices().data_ptr() != col.data_ptr()
     assert ss.is_checked(t) and ss.is_checked(u)
     u.col_indices()[2] = 9
-    assert not ss.is_checked(t)
+    assert ss.is_checked(t) and not ss.is_checked(u)
+    assert col.tolist() == [0, 1, 2]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,9 +345,9 @@ def test_a_build_racing_with_a_first_validation_on_the_same_memory(
     validates: the first must not stay checked once the second tensor's index tensor writes.
     (The first used to look for states before it validated and list itself after: neither saw
     the other.)"""
-    crow = np.array([0, 1, 2, 3])
-    col = np.array([0, 1, 2])
-    c2, p2 = torch.from_numpy(crow), torch.from_numpy(col)  # the second thread's tensors
+    crow = torch.tensor([0, 1, 2, 3])
+    col = torch.tensor([0, 1, 2])
+    c2, p2 = _over(crow), _over(col)  # the second thread's tensors (counters of their own)
     other: list[ss.SafeSparseTensor] = []
 
     def build_second() -> None:
@@ -342,7 +358,7 @@ def test_a_build_racing_with_a_first_validation_on_the_same_memory(
             other.append(ss.validate(plain, copy_indices=False))
 
     errors = _while_validating(monkeypatch, build_second)
-    first = _csr_on(torch.from_numpy(crow), torch.from_numpy(col))
+    first = _csr_on(_over(crow), _over(col))
     assert not errors
     (second_t,) = other
     assert ss.is_checked(second_t)
@@ -360,12 +376,12 @@ def test_a_coo_build_racing_with_a_first_validation_on_the_same_memory(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The same race for COO's first validation (torch's COO checker)."""
-    edges = np.array([[0, 1, 2], [1, 2, 0]])
-    idx2 = torch.from_numpy(edges)
+    edges = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    idx2 = _over(edges)
     other: list[ss.SafeSparseTensor] = []
     errors = _while_validating(
         monkeypatch, lambda: other.append(ss.sparse_coo_tensor(idx2, torch.ones(3), (3, 3))))
-    first = ss.sparse_coo_tensor(torch.from_numpy(edges), torch.ones(3), (3, 3))
+    first = ss.sparse_coo_tensor(_over(edges), torch.ones(3), (3, 3))
     assert not errors
     (second_t,) = other
     idx2[1, 2] = 9  # a write through the index tensor the second call built from
