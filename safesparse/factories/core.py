@@ -25,7 +25,7 @@ import torch
 from ..base import originals as _originals
 from ..base.compiling import not_traced
 from ..base.debug_flag import is_debug
-from ..base.layouts import COMPRESSED_LAYOUTS, INDEX_MEMBERS
+from ..base.layouts import INDEX_MEMBERS
 from ..catalog import doctext
 from ..engine.convert import _as_index, _as_size, _coo_index
 from ..engine.indices import per_batch_contiguous
@@ -299,7 +299,6 @@ def sparse_coo_tensor(
 
 
 __all__ = [
-    "COMPRESSED_LAYOUTS",
     "sparse_bsc_tensor",
     "sparse_bsr_tensor",
     "sparse_compressed_tensor",

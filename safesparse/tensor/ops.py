@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
+from ..base.layouts import COMPRESSED_LAYOUTS, compressed_members
 from ..catalog.errors import InvariantError
-from ..catalog.invariants import COMPRESSED_LAYOUTS
-from ..engine.metadata import compressed_members, values_of
+from ..engine.metadata import values_of
 from ..engine.validation import validate_tensor
 from ..state import checked
 from . import blocks

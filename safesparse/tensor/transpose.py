@@ -23,8 +23,8 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 
 from ..base import originals as _originals
-from ..base.layouts import SWAPPED
-from ..engine.metadata import LAYOUTS, compressed_members
+from ..base.layouts import SWAPPED, compressed_members
+from ..engine.metadata import LAYOUTS
 from ..state import checked
 from .core import OpKind, SafeSparseTensor, wrap_results
 
