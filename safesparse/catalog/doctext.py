@@ -28,7 +28,7 @@ CHECK_INVARIANTS: Final = (
 
 
 #: The docstring of the four compressed factories (``ss.sparse_csr_tensor`` ...), filled per
-#: layout by :func:`compressed_factory`.
+#: layout by :func:`factory`.
 _COMPRESSED_FACTORY: Final = (
     "Validated ``torch.{factory}``: every invariant is checked before torch sees the data."
     """
@@ -64,7 +64,7 @@ _COMPRESSED_FACTORY: Final = (
         TypeError: an argument is not sparse data at all, with the exception type torch
             raises for it (e.g. a non-integral ``size``).
     """)
-#: The docstring of ``ss.sparse_compressed_tensor`` (:func:`compressed_factory` of None).
+#: The docstring of ``ss.sparse_compressed_tensor`` (:func:`factory` of None).
 _GENERAL: Final = (
     "Validated ``torch.sparse_compressed_tensor``: any compressed layout, chosen by ``layout``."
     """
@@ -99,7 +99,47 @@ _GENERAL: Final = (
             raises for it (e.g. a non-integral ``size``).
     """
 )
-#: The keyword arguments every compressed factory takes (filled into both texts).
+#: The docstring of ``ss.sparse_coo_tensor`` (:func:`factory` of ``torch.sparse_coo``).
+_COO: Final = (
+    "Validated ``torch.sparse_coo_tensor``: every invariant is checked before torch sees the data."
+    """
+
+    Same signature, overloads, accepted inputs, defaults and result as
+    ``torch.sparse_coo_tensor``, with one difference: index data that breaks an invariant of
+    the catalog raises :class:`InvariantError` instead of building a tensor that a later kernel
+    may read out of bounds. Also ``sparse_coo_tensor(size, *, dtype=None, device=None,
+    requires_grad=False)``: an empty tensor of that size.
+
+    Index tensors already validated (the same tensor, unmodified, the same sparse sizes) are not
+    checked again, so rebuilding with new values costs only O(1) metadata checks.
+
+    Example::
+
+        t = ss.sparse_coo_tensor([[0, 1, 1], [2, 0, 2]], [3.0, 4.0, 5.0], (2, 3))
+
+    Args:
+        indices: ``(sparse_dim, nnz)`` indices; integer, bool and floating point indices are
+            converted to int64 as torch does (a tensor, nested list or NumPy array).
+        values: ``(nnz,) + size[sparse_dim:]``; a scalar is one specified element.
+        size: the full shape; ``None`` estimates the sparse sizes as ``max index + 1`` per
+            sparse dim.
+{options}
+        is_coalesced: ``True`` marks the result coalesced, which is verified (5.3: indices
+            sorted lexicographically, no duplicates); ``None``/``False``: torch's default.
+
+    Returns:
+        A checked :class:`SafeSparseTensor` of layout ``torch.sparse_coo`` (unchecked if
+        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
+
+    Raises:
+        InvariantError: an invariant is broken, e.g. ``[COO 5.2]`` for an index past its size,
+            with the position and value; ``[COO 5.3]`` for ``is_coalesced=True`` on unsorted
+            or duplicate indices. Nothing is built.
+        TypeError: an argument is not sparse data at all, with the exception type torch
+            raises for it (e.g. a non-integral ``size``).
+    """
+)
+#: The keyword arguments every factory takes (filled into every factory's text).
 _OPTIONS: Final = """\
         dtype: the values dtype; default: that of ``values`` (torch's default dtype for
             Python floats). ``values`` are converted when it differs.
@@ -129,15 +169,17 @@ _BLOCK_VALUES: Final = """        values: ``batch + (nnz, b0, b1) + dense``: one
             blocks), as torch does."""
 
 
-def compressed_factory(layout: torch.layout | None) -> str:
+def factory(layout: torch.layout | None) -> str:
     """The docstring of ``layout``'s safe factory (``ss.sparse_csr_tensor`` ...): one text for
     the four compressed layouts, their names and members from :mod:`safesparse.base.layouts`;
-    for None, ``ss.sparse_compressed_tensor``'s."""
+    for None, ``ss.sparse_compressed_tensor``'s; for COO, ``ss.sparse_coo_tensor``'s."""
     options = _OPTIONS + "\n" + textwrap.fill(
         "check_invariants: " + CHECK_INVARIANTS, width=96, initial_indent=" " * 8,
         subsequent_indent=" " * 12, break_on_hyphens=False, break_long_words=False)
     if layout is None:
         return _GENERAL.format(options=options)
+    if layout is torch.sparse_coo:
+        return _COO.format(options=options)
     name = LAYOUT_NAMES[layout]
     blocked = layout in BLOCK_LAYOUTS
     by_rows = layout in ROW_LAYOUTS
@@ -161,4 +203,4 @@ def normalized(text: str) -> str:
     return " ".join(text.split())
 
 
-__all__ = ["CHECK_INVARIANTS", "compressed_factory", "markdown", "normalized"]
+__all__ = ["CHECK_INVARIANTS", "factory", "markdown", "normalized"]

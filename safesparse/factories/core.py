@@ -111,17 +111,17 @@ def _compressed(c: Any, p: Any, v: Any, size: SizeLike, layout: torch.layout | N
                             pin_memory=pin_memory, estimate=shape is None)
 
 
-sparse_compressed_tensor.__doc__ = doctext.compressed_factory(None)
+sparse_compressed_tensor.__doc__ = doctext.factory(None)
 
 
 def _compressed_factory(layout: torch.layout) -> Callable[[_F], _F]:
     """The four compressed factories are one template: each is :func:`_compressed` for its
     layout, with its parameter names (:data:`safesparse.base.layouts.INDEX_MEMBERS`) and the
-    docstring :func:`safesparse.catalog.doctext.compressed_factory` writes for it."""
+    docstring :func:`safesparse.catalog.doctext.factory` writes for it."""
 
     def made(factory: _F) -> _F:
         assert factory.__code__.co_varnames[:2] == INDEX_MEMBERS[layout]
-        factory.__doc__ = doctext.compressed_factory(layout)
+        factory.__doc__ = doctext.factory(layout)
         return factory
 
     return made
@@ -226,55 +226,6 @@ def sparse_coo_tensor(
     check_invariants: bool | None = None,
     is_coalesced: bool | None = None,
 ) -> SafeSparseTensor:
-    """Validated ``torch.sparse_coo_tensor``: every invariant is checked before torch sees the data.
-
-    Same signature, overloads, accepted inputs, defaults and result as
-    ``torch.sparse_coo_tensor``, with one difference: index data that breaks an invariant of
-    the catalog raises :class:`InvariantError` instead of building a tensor that a later kernel
-    may read out of bounds. Also ``sparse_coo_tensor(size, *, dtype=None, device=None,
-    requires_grad=False)``: an empty tensor of that size.
-
-    Index tensors already validated (the same tensor, unmodified, the same sparse sizes) are not
-    checked again, so rebuilding with new values costs only O(1) metadata checks.
-
-    Example::
-
-        t = ss.sparse_coo_tensor([[0, 1, 1], [2, 0, 2]], [3.0, 4.0, 5.0], (2, 3))
-
-    Args:
-        indices: ``(sparse_dim, nnz)`` indices; integer, bool and floating point indices are
-            converted to int64 as torch does (a tensor, nested list or NumPy array).
-        values: ``(nnz,) + size[sparse_dim:]``; a scalar is one specified element.
-        size: the full shape; ``None`` estimates the sparse sizes as ``max index + 1`` per
-            sparse dim.
-        dtype: the values dtype; default: that of ``values`` (torch's default dtype for
-            Python floats). ``values`` are converted when it differs.
-        device: the device of the result; default: that of ``values`` (the CPU for lists and
-            NumPy arrays). Members on another device are moved.
-        pin_memory: build the result in pinned memory (CPU only), as torch does.
-        requires_grad: make the result an autograd leaf that requires grad (``.grad`` is
-            filled by ``backward()``). Values that already require grad keep their graph
-            connected instead.
-        check_invariants: ``None`` (default) or ``True``: validate every invariant first.
-            ``False`` keeps torch's meaning: the tensor is built *without* validation and is
-            unchecked (``ss.is_checked(t) is False``); its first operation validates it (the
-            guard: no torch kernel reads unchecked sparse data), and ``ss.validate(t)``
-            validates it at once. Debug mode validates regardless. Enforce mode ignores
-            ``False`` when torch's own factory is called.
-        is_coalesced: ``True`` marks the result coalesced, which is verified (5.3: indices
-            sorted lexicographically, no duplicates); ``None``/``False``: torch's default.
-
-    Returns:
-        A checked :class:`SafeSparseTensor` of layout ``torch.sparse_coo`` (unchecked if
-        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
-
-    Raises:
-        InvariantError: an invariant is broken, e.g. ``[COO 5.2]`` for an index past its size,
-            with the position and value; ``[COO 5.3]`` for ``is_coalesced=True`` on unsorted
-            or duplicate indices. Nothing is built.
-        TypeError: an argument is not sparse data at all, with the exception type torch
-            raises for it (e.g. a non-integral ``size``).
-    """
     out = build.fast_coo(indices, values, size, dtype, device, pin_memory, requires_grad,
                          check_invariants, is_coalesced)
     if out is not None:  # the common case: int64 indices, values and a size, checks on
@@ -296,6 +247,9 @@ def sparse_coo_tensor(
     meta = check_coo_metadata(idx, vals, shape, dtype=dtype, device=dev)
     return build.coo(idx, vals, meta, is_coalesced, requires_grad=requires_grad,
                      pin_memory=pin_memory, estimate=shape is None)
+
+
+sparse_coo_tensor.__doc__ = doctext.factory(torch.sparse_coo)
 
 
 __all__ = [

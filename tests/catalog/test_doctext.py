@@ -101,7 +101,7 @@ def test_the_text_says_what_the_code_does() -> None:
 def test_markdown_and_normalized() -> None:
     assert markdown("``a`` and ``b c``") == "`a` and `b c`"
     assert normalized(" a\n   b\tc ") == "a b c"
-    assert _doctext.__all__ == ["CHECK_INVARIANTS", "compressed_factory", "markdown", "normalized"]
+    assert _doctext.__all__ == ["CHECK_INVARIANTS", "factory", "markdown", "normalized"]
 
 
 @pytest.mark.parametrize("layout", [torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr,
@@ -112,7 +112,7 @@ def test_one_docstring_for_the_four_compressed_factories(layout: torch.layout) -
     name = {torch.sparse_csr: "csr", torch.sparse_csc: "csc", torch.sparse_bsr: "bsr",
             torch.sparse_bsc: "bsc"}[layout]
     factory = getattr(ss, f"sparse_{name}_tensor")
-    assert factory.__doc__ == _doctext.compressed_factory(layout)
+    assert factory.__doc__ == _doctext.factory(layout)
     doc = inspect.getdoc(factory)
     assert doc is not None
     members = list(inspect.signature(factory).parameters)[:2]
