@@ -79,20 +79,20 @@ def sparse_compressed_tensor(
     requires_grad: bool = False,
     check_invariants: bool | None = None,
 ) -> SafeSparseTensor:
-    return _compressed(compressed_indices, plain_indices, values, size, layout, dtype, device,
-                       pin_memory, requires_grad, check_invariants)
+    out = build.fast_compressed(compressed_indices, plain_indices, values, size, layout, dtype,
+                                device, pin_memory, requires_grad, check_invariants)
+    return out if out is not None else _converted(
+        compressed_indices, plain_indices, values, size, layout, dtype, device, pin_memory,
+        requires_grad, check_invariants)
 
 
 @not_traced
-def _compressed(c: Any, p: Any, v: Any, size: SizeLike, layout: torch.layout | None,
-                dtype: torch.dtype | None, device: DeviceLike, pin_memory: bool,
-                requires_grad: bool, check_invariants: bool | None) -> SafeSparseTensor:
-    """Every compressed factory: the straight path (:func:`build.fast_compressed`) once, and on
-    a miss the arguments converted as torch converts them, then validated and built."""
-    out = build.fast_compressed(c, p, v, size, layout, dtype, device, pin_memory, requires_grad,
-                                check_invariants)
-    if out is not None:  # the common case: members in their final form, a size, checks on
-        return out
+def _converted(c: Any, p: Any, v: Any, size: SizeLike, layout: torch.layout | None,
+               dtype: torch.dtype | None, device: DeviceLike, pin_memory: bool,
+               requires_grad: bool, check_invariants: bool | None) -> SafeSparseTensor:
+    """Every compressed factory after the straight path (:func:`build.fast_compressed`, asked
+    once, by the factory itself: the common case, members in their final form, a size, checks
+    on) missed: the arguments converted as torch converts them, then validated and built."""
     shape = _as_size(size)
     dev = _device(device)
     compressed, plain, vals, lay = _compressed_args(c, p, v, dtype, layout, dev)
@@ -115,9 +115,10 @@ sparse_compressed_tensor.__doc__ = doctext.factory(None)
 
 
 def _compressed_factory(layout: torch.layout) -> Callable[[_F], _F]:
-    """The four compressed factories are one template: each is :func:`_compressed` for its
-    layout, with its parameter names (:data:`safesparse.base.layouts.INDEX_MEMBERS`) and the
-    docstring :func:`safesparse.catalog.doctext.factory` writes for it."""
+    """The four compressed factories are one template: each asks the straight path
+    (:func:`build.fast_compressed`) once and, on a miss, :func:`_converted`, for its layout,
+    with its parameter names (:data:`safesparse.base.layouts.INDEX_MEMBERS`) and the docstring
+    :func:`safesparse.catalog.doctext.factory` writes for it."""
 
     def made(factory: _F) -> _F:
         assert factory.__code__.co_varnames[:2] == INDEX_MEMBERS[layout]
@@ -132,8 +133,11 @@ def sparse_csr_tensor(crow_indices: Any, col_indices: Any, values: Any, size: Si
                       *, dtype: torch.dtype | None = None, device: DeviceLike = None,
                       pin_memory: bool = False, requires_grad: bool = False,
                       check_invariants: bool | None = None) -> SafeSparseTensor:
-    return _compressed(crow_indices, col_indices, values, size, torch.sparse_csr, dtype, device,
-                       pin_memory, requires_grad, check_invariants)
+    out = build.fast_compressed(crow_indices, col_indices, values, size, torch.sparse_csr,
+                                dtype, device, pin_memory, requires_grad, check_invariants)
+    return out if out is not None else _converted(
+        crow_indices, col_indices, values, size, torch.sparse_csr, dtype, device, pin_memory,
+        requires_grad, check_invariants)
 
 
 @_compressed_factory(torch.sparse_csc)
@@ -141,8 +145,11 @@ def sparse_csc_tensor(ccol_indices: Any, row_indices: Any, values: Any, size: Si
                       *, dtype: torch.dtype | None = None, device: DeviceLike = None,
                       pin_memory: bool = False, requires_grad: bool = False,
                       check_invariants: bool | None = None) -> SafeSparseTensor:
-    return _compressed(ccol_indices, row_indices, values, size, torch.sparse_csc, dtype, device,
-                       pin_memory, requires_grad, check_invariants)
+    out = build.fast_compressed(ccol_indices, row_indices, values, size, torch.sparse_csc,
+                                dtype, device, pin_memory, requires_grad, check_invariants)
+    return out if out is not None else _converted(
+        ccol_indices, row_indices, values, size, torch.sparse_csc, dtype, device, pin_memory,
+        requires_grad, check_invariants)
 
 
 @_compressed_factory(torch.sparse_bsr)
@@ -150,8 +157,11 @@ def sparse_bsr_tensor(crow_indices: Any, col_indices: Any, values: Any, size: Si
                       *, dtype: torch.dtype | None = None, device: DeviceLike = None,
                       pin_memory: bool = False, requires_grad: bool = False,
                       check_invariants: bool | None = None) -> SafeSparseTensor:
-    return _compressed(crow_indices, col_indices, values, size, torch.sparse_bsr, dtype, device,
-                       pin_memory, requires_grad, check_invariants)
+    out = build.fast_compressed(crow_indices, col_indices, values, size, torch.sparse_bsr,
+                                dtype, device, pin_memory, requires_grad, check_invariants)
+    return out if out is not None else _converted(
+        crow_indices, col_indices, values, size, torch.sparse_bsr, dtype, device, pin_memory,
+        requires_grad, check_invariants)
 
 
 @_compressed_factory(torch.sparse_bsc)
@@ -159,8 +169,11 @@ def sparse_bsc_tensor(ccol_indices: Any, row_indices: Any, values: Any, size: Si
                       *, dtype: torch.dtype | None = None, device: DeviceLike = None,
                       pin_memory: bool = False, requires_grad: bool = False,
                       check_invariants: bool | None = None) -> SafeSparseTensor:
-    return _compressed(ccol_indices, row_indices, values, size, torch.sparse_bsc, dtype, device,
-                       pin_memory, requires_grad, check_invariants)
+    out = build.fast_compressed(ccol_indices, row_indices, values, size, torch.sparse_bsc,
+                                dtype, device, pin_memory, requires_grad, check_invariants)
+    return out if out is not None else _converted(
+        ccol_indices, row_indices, values, size, torch.sparse_bsc, dtype, device, pin_memory,
+        requires_grad, check_invariants)
 
 
 def _compressed_args(
