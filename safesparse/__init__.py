@@ -48,13 +48,11 @@ from .factories.core import (
 from .factories.interop import from_scipy, to_scipy
 from .files import load, save, unwrap_all  # also registers SafeSparseTensor's pickling
 from .state.checked import Stats, clear_cache, reset_stats, stats
-from .tensor import blocks as _blocks  # noqa: F401  (BSR / BSC products: mm, matmul, @, addmm)
 from .tensor import debug_mode as _debug_mode  # noqa: F401  (debug mode sees plain tensors)
-from .tensor import ops as _ops  # noqa: F401  (fills the op table)
-from .tensor import transpose as _transpose  # noqa: F401  (zero-copy transposes)
 from .tensor.core import OpKind, SafeSparseTensor, is_checked, unwrap, validate
+from .tensor.ops import register_builtin_ops as _register_builtin_ops
 
-SafeSparseTensor._freeze_fast_path()  # the op table is complete: the fast path may apply
+_register_builtin_ops(SafeSparseTensor)  # safesparse's own op table (tensor/ops.py's rows)
 _install_tracebacks()  # uncaught InvariantErrors are shown without safesparse's own frames
 
 __version__ = "0.2.0"

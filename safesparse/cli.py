@@ -38,8 +38,8 @@ from typing import Any, TextIO
 import torch
 
 from .base import originals as _originals
+from .base.layouts import layout_name
 from .catalog.errors import source_name
-from .catalog.invariants import layout_name
 from .files import Found, LoadResult, SparseRecord, load_and_validate
 from .files.export_archive import is_export_archive, read_export_archive
 from .files.results import ModuleMatrix

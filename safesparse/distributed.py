@@ -41,9 +41,9 @@ import torch
 import torch.distributed as dist
 from torch._C import DisableTorchFunctionSubclass
 
-from .base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS, SPARSE_LAYOUTS
+from .base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS, SPARSE_LAYOUTS, compressed_members
 from .catalog.errors import InvariantError
-from .engine.metadata import compressed_members, members
+from .engine.metadata import members
 from .factories.core import sparse_compressed_tensor, sparse_coo_tensor
 from .tensor.core import SafeSparseTensor, validate
 

@@ -22,6 +22,8 @@ __all__ = [
     "SPARSE_LAYOUTS",
     "SWAPPED",
     "TORCH_NAMES",
+    "compressed_members",
+    "index_members",
     "layout_name",
 ]
 
@@ -84,3 +86,21 @@ BY_TORCH_NAME: Final[dict[str, torch.layout]] = {name: lay for lay, name in TORC
 def layout_name(layout: torch.layout) -> str:
     """``layout``'s name in messages ("CSR", ...; torch's spelling for any other)."""
     return LAYOUT_NAMES.get(layout, str(layout))
+
+
+def index_members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The index members of a sparse tensor, as its accessors hand them out: ``(indices,)`` for
+    COO (``_indices()``: coalesced or not), ``(compressed, plain)`` for the compressed layouts
+    (:data:`INDEX_MEMBERS`). The one place that picks the accessors by layout."""
+    lay = t.layout
+    if lay is torch.sparse_coo:
+        return (t._indices(),)
+    if lay in ROW_LAYOUTS:
+        return t.crow_indices(), t.col_indices()
+    return t.ccol_indices(), t.row_indices()
+
+
+def compressed_members(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`index_members` of a compressed tensor: ``(compressed, plain)``."""
+    compressed, plain = index_members(t)
+    return compressed, plain

@@ -8,7 +8,8 @@ from typing import Any, Final
 
 import torch
 
-from .invariants import hint_for, layout_name, lookup
+from ..base.layouts import layout_name
+from .invariants import hint_for, lookup
 
 
 class InvariantError(ValueError, RuntimeError):

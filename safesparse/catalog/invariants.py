@@ -17,7 +17,7 @@ from typing import Final, Literal
 
 import torch
 
-from ..base.layouts import COMPRESSED_LAYOUTS, LAYOUT_NAMES, SPARSE_LAYOUTS, layout_name
+from ..base.layouts import COMPRESSED_LAYOUTS
 
 Family = Literal["compressed", "coo"]
 
@@ -394,17 +394,13 @@ _EXAMPLES: Final[dict[tuple[Family, str, str], dict[str, object]]] = {
 __all__ = [
     "CATALOG",
     "COMPRESSED",
-    "COMPRESSED_LAYOUTS",
     "COO",
-    "LAYOUT_NAMES",
-    "SPARSE_LAYOUTS",
     "STATE_DICT_LOADER",
     "Catalog",
     "Invariant",
     "explain",
     "family_of",
     "hint_for",
-    "layout_name",
     "lookup",
     "render_markdown",
 ]

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from ..catalog.invariants import COMPRESSED_LAYOUTS
+from ..base.layouts import COMPRESSED_LAYOUTS
 from ..factories import sparse_compressed_tensor
 from ..nn.operators import LAYOUT_NAMES
 from ..nn.pattern import check_matrix, members

@@ -63,9 +63,9 @@ from ..base.layouts import (
     INDEX_MEMBERS,
     ROW_LAYOUTS,
     SHORT_NAMES,
+    SPARSE_LAYOUTS,
 )
 from ..catalog.errors import InvariantError
-from ..catalog.invariants import SPARSE_LAYOUTS
 from ..engine.indices import check_compressed_indices, check_coo_indices
 from ..factories import core as factories
 from ..files.session import _LoadMode

@@ -3,7 +3,8 @@
 Dtypes, layouts, dims, shapes, devices and strides of the member tensors (catalog ids 1.x-4.x,
 and 3.x of COO), in catalog order: the first violated id is raised at once, before anything
 reads the index data. Also the vocabulary every other module uses to take a sparse tensor
-apart (:data:`LAYOUTS`, :func:`members`, :func:`compressed_members`, :func:`values_of`).
+apart (:data:`LAYOUTS`, :func:`members`, :func:`values_of`; the members by layout:
+:func:`safesparse.base.layouts.index_members`).
 
 The O(nnz) index stage is :mod:`safesparse.engine.validation`; the location of a violation is found
 by :mod:`safesparse.engine.diagnose`.
@@ -17,9 +18,8 @@ from typing import Final, NamedTuple
 
 import torch
 
-from ..base.layouts import ROW_LAYOUTS
+from ..base.layouts import compressed_members, layout_name
 from ..catalog.errors import InvariantError
-from ..catalog.invariants import layout_name
 
 INDEX_DTYPES: Final = (torch.int32, torch.int64)
 SUPPORTED_DEVICE_TYPES: Final = ("cpu", "cuda")
@@ -90,13 +90,6 @@ LAYOUTS: Final[dict[torch.layout, LayoutInfo]] = {
         torch.sparse_bsc, "ccol_indices", "row_indices", "block column", True, False
     ),
 }
-
-
-def compressed_members(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (compressed, plain) index members of a torch compressed sparse tensor."""
-    if t.layout in ROW_LAYOUTS:
-        return t.crow_indices(), t.col_indices()
-    return t.ccol_indices(), t.row_indices()
 
 
 def values_of(t: torch.Tensor) -> torch.Tensor:
@@ -239,7 +232,7 @@ def _accept_compressed_metadata(
     """The common case of :func:`check_compressed_metadata` in few operations: the meta when
     every 1.x-4.x invariant visibly holds (explicit size, non-empty blocks, fully contiguous
     members on the CPU or CUDA), else None, and the id-ordered stages decide. It accepts
-    nothing they would reject and returns the same meta (tests/tensor/test_fast_path.py compares the
+    nothing they would reject and returns the same meta (tests/engine/test_fast_path.py compares the
     two). Written for speed: every factory call on members in their final form runs it."""
     info = LAYOUTS.get(layout)
     if info is None:
@@ -561,7 +554,6 @@ __all__ = [
     "check_coo_metadata",
     "check_coo_size",
     "check_index_capacity",
-    "compressed_members",
     "fail",
     "index_contiguous",
     "members",

@@ -23,7 +23,7 @@ import math
 import torch
 
 from ..base.forking import in_forked_child, serial_in_forked_child
-from ..catalog.invariants import COMPRESSED_LAYOUTS
+from ..base.layouts import COMPRESSED_LAYOUTS, compressed_members
 from .diagnose import diagnose_compressed, diagnose_coo
 from .masks import (
     any_set,
@@ -44,7 +44,6 @@ from .metadata import (
     check_coo_metadata,
     check_coo_size,
     check_index_capacity,
-    compressed_members,
     fail,
     numel_overflows,
 )

@@ -17,15 +17,16 @@ again: only the O(1) metadata checks run (see :mod:`safesparse.state.checked`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 
 from ..base import originals as _originals
 from ..base.compiling import not_traced
 from ..base.debug_flag import is_debug
-from ..catalog.invariants import COMPRESSED_LAYOUTS
+from ..base.layouts import INDEX_MEMBERS
+from ..catalog import doctext
 from ..engine.convert import _as_index, _as_size, _coo_index
 from ..engine.indices import per_batch_contiguous
 from ..engine.metadata import (
@@ -37,6 +38,7 @@ from ..engine.metadata import (
 from ..tensor.core import SafeSparseTensor
 from . import build
 
+_F = TypeVar("_F", bound=Callable[..., Any])
 DeviceLike = torch.device | str | int | None
 SizeLike = Sequence[int] | torch.Size | None
 
@@ -61,8 +63,6 @@ def _wants_check(check_invariants: bool | None) -> bool:
     return check_invariants is None or bool(check_invariants) or is_debug()
 
 
-#: Values a factory takes as they are on its fast path (a Parameter: a layer's weights).
-_VALUE_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 @not_traced
@@ -79,58 +79,23 @@ def sparse_compressed_tensor(
     requires_grad: bool = False,
     check_invariants: bool | None = None,
 ) -> SafeSparseTensor:
-    """Validated ``torch.sparse_compressed_tensor``: any compressed layout, chosen by ``layout``.
-
-    The general form of :func:`sparse_csr_tensor`, :func:`sparse_csc_tensor`,
-    :func:`sparse_bsr_tensor` and :func:`sparse_bsc_tensor` (which call it): the same inputs,
-    defaults and result as torch's, every invariant of the catalog checked before torch sees
-    the data, and index tensors already validated together not checked again.
-
-    Args:
-        compressed_indices: ``crow_indices`` (CSR, BSR) or ``ccol_indices`` (CSC, BSC), shape
-            ``batch + (n_compressed + 1,)``, int32 or int64.
-        plain_indices: ``col_indices`` (CSR, BSR) or ``row_indices`` (CSC, BSC), shape
-            ``batch + (nnz,)``, the same dtype.
-        values: ``batch + (nnz,) + dense`` (CSR, CSC) or ``batch + (nnz, b0, b1) + dense``
-            (BSR, BSC); copied when not contiguous (or, BSR/BSC, not contiguous after
-            swapping the two block dims: 3.7), where torch keeps them strided.
-        size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the members.
-        layout: ``torch.sparse_csr``, ``sparse_csc``, ``sparse_bsr`` or ``sparse_bsc``;
-            required, as in torch (any other layout is invariant 2.4).
-        dtype: the values dtype; default: that of ``values`` (torch's default dtype for
-            Python floats). ``values`` are converted when it differs.
-        device: the device of the result; default: that of ``values`` (the CPU for lists and
-            NumPy arrays). Members on another device are moved.
-        pin_memory: build the result in pinned memory (CPU only), as torch does.
-        requires_grad: make the result an autograd leaf that requires grad (``.grad`` is
-            filled by ``backward()``). Values that already require grad keep their graph
-            connected instead.
-        check_invariants: ``None`` (default) or ``True``: validate every invariant first.
-            ``False`` keeps torch's meaning: the tensor is built *without* validation and is
-            unchecked (``ss.is_checked(t) is False``); its first operation validates it (the
-            guard: no torch kernel reads unchecked sparse data), and ``ss.validate(t)``
-            validates it at once. Debug mode validates regardless. Enforce mode ignores
-            ``False`` when torch's own factory is called.
-
-    Returns:
-        A checked :class:`SafeSparseTensor` of the requested layout (unchecked if
-        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
-
-    Raises:
-        InvariantError: an invariant is broken (``[CSR 5.6]``, ``[BSC 3.1]`` ...), with the
-            location of the first violation; nothing is built. A missing or non-compressed
-            ``layout`` is ``[<LAYOUT> 2.4]``.
-        TypeError: an argument is not sparse data at all, with the exception type torch
-            raises for it (e.g. a non-integral ``size``).
-    """
     out = build.fast_compressed(compressed_indices, plain_indices, values, size, layout, dtype,
                                 device, pin_memory, requires_grad, check_invariants)
-    if out is not None:  # the common case: members in their final form, a size, checks on
-        return out
+    return out if out is not None else _converted(
+        compressed_indices, plain_indices, values, size, layout, dtype, device, pin_memory,
+        requires_grad, check_invariants)
+
+
+@not_traced
+def _converted(c: Any, p: Any, v: Any, size: SizeLike, layout: torch.layout | None,
+               dtype: torch.dtype | None, device: DeviceLike, pin_memory: bool,
+               requires_grad: bool, check_invariants: bool | None) -> SafeSparseTensor:
+    """Every compressed factory after the straight path (:func:`build.fast_compressed`, asked
+    once, by the factory itself: the common case, members in their final form, a size, checks
+    on) missed: the arguments converted as torch converts them, then validated and built."""
     shape = _as_size(size)
     dev = _device(device)
-    compressed, plain, vals, lay = _compressed_args(
-        compressed_indices, plain_indices, values, dtype, layout, dev)
+    compressed, plain, vals, lay = _compressed_args(c, p, v, dtype, layout, dev)
     if not _wants_check(check_invariants):
         sized = () if shape is None else (shape,)  # torch takes no explicit size=None
         plain_t = _originals.sparse_compressed_tensor(  # (on aliases of its own: build.own_alias)
@@ -146,305 +111,69 @@ def sparse_compressed_tensor(
                             pin_memory=pin_memory, estimate=shape is None)
 
 
-def sparse_csr_tensor(
-    crow_indices: Any,
-    col_indices: Any,
-    values: Any,
-    size: SizeLike = None,
-    *,
-    dtype: torch.dtype | None = None,
-    device: DeviceLike = None,
-    pin_memory: bool = False,
-    requires_grad: bool = False,
-    check_invariants: bool | None = None,
-) -> SafeSparseTensor:
-    """Validated ``torch.sparse_csr_tensor``: every invariant is checked before torch sees the data.
-
-    Same signature, inputs, defaults and result as ``torch.sparse_csr_tensor``, with
-    one difference: index data that breaks an invariant of the catalog (``ss.CATALOG``,
-    ``docs/invariants.md``) raises :class:`InvariantError` instead of building a malformed
-    tensor that a later kernel may read out of bounds. The result is built by torch's own
-    factory (with ``check_invariants=False``: no second validation, no warning).
-
-    Example::
-
-        a = ss.sparse_csr_tensor([0, 2, 3], [0, 2, 1], [1.0, 2.0, 3.0], size=(2, 3))
-        ss.sparse_csr_tensor([0, 2, 3], [2, 0, 1], [1.0, 2.0, 3.0], size=(2, 3))  # [CSR 5.6]
-
-    Index tensors already validated together (the same tensors, unmodified, the same shape)
-    are not checked again: rebuilding with new values in a training loop, e.g.
-    ``ss.sparse_csr_tensor(t.crow_indices(), t.col_indices(), new_values, t.shape)``,
-    costs only O(1) metadata checks.
-
-    Args:
-        crow_indices: the compressed indices, ``batch + (n_rows + 1,)``:
-            where each row starts in ``col_indices``; int32 or int64 (a tensor, nested
-            list or NumPy array; any strides).
-        col_indices: the column index of each specified element, ``batch + (nnz,)``,
-            sorted within each row; the same dtype.
-        values: ``batch + (nnz,) + dense``
-            (a tensor, nested list, NumPy array or scalar); copied when not contiguous
-            (3.7), where torch keeps them strided.
-        size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the
-            members, as torch does.
-        dtype: the values dtype; default: that of ``values`` (torch's default dtype for
-            Python floats). ``values`` are converted when it differs.
-        device: the device of the result; default: that of ``values`` (the CPU for lists and
-            NumPy arrays). Members on another device are moved.
-        pin_memory: build the result in pinned memory (CPU only), as torch does.
-        requires_grad: make the result an autograd leaf that requires grad (``.grad`` is
-            filled by ``backward()``). Values that already require grad keep their graph
-            connected instead.
-        check_invariants: ``None`` (default) or ``True``: validate every invariant first.
-            ``False`` keeps torch's meaning: the tensor is built *without* validation and is
-            unchecked (``ss.is_checked(t) is False``); its first operation validates it (the
-            guard: no torch kernel reads unchecked sparse data), and ``ss.validate(t)``
-            validates it at once. Debug mode validates regardless. Enforce mode ignores
-            ``False`` when torch's own factory is called.
-
-    Returns:
-        A checked :class:`SafeSparseTensor` of layout ``torch.sparse_csr`` (unchecked if
-        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
-
-    Raises:
-        InvariantError: an invariant of the catalog is broken; ``str(err)`` starts with
-            ``[CSR <id>]`` and names the first violation's location (batch, row,
-            position, value). Nothing is built and no torch kernel has read the data.
-        TypeError: an argument is not sparse data at all, with the exception type torch
-            raises for it (e.g. a non-integral ``size``).
-    """
-    out = build.fast_compressed(crow_indices, col_indices, values, size, torch.sparse_csr, dtype,
-                                device, pin_memory, requires_grad, check_invariants)
-    if out is not None:
-        return out
-    return sparse_compressed_tensor(
-        crow_indices, col_indices, values, size, dtype=dtype, layout=torch.sparse_csr,
-        device=device, pin_memory=pin_memory, requires_grad=requires_grad,
-        check_invariants=check_invariants,
-    )
+sparse_compressed_tensor.__doc__ = doctext.factory(None)
 
 
-def sparse_csc_tensor(
-    ccol_indices: Any,
-    row_indices: Any,
-    values: Any,
-    size: SizeLike = None,
-    *,
-    dtype: torch.dtype | None = None,
-    device: DeviceLike = None,
-    pin_memory: bool = False,
-    requires_grad: bool = False,
-    check_invariants: bool | None = None,
-) -> SafeSparseTensor:
-    """Validated ``torch.sparse_csc_tensor``: every invariant is checked before torch sees the data.
+def _compressed_factory(layout: torch.layout) -> Callable[[_F], _F]:
+    """The four compressed factories are one template: each asks the straight path
+    (:func:`build.fast_compressed`) once and, on a miss, :func:`_converted`, for its layout,
+    with its parameter names (:data:`safesparse.base.layouts.INDEX_MEMBERS`) and the docstring
+    :func:`safesparse.catalog.doctext.factory` writes for it."""
 
-    Same signature, inputs, defaults and result as ``torch.sparse_csc_tensor``, with
-    one difference: index data that breaks an invariant of the catalog (``ss.CATALOG``,
-    ``docs/invariants.md``) raises :class:`InvariantError` instead of building a malformed
-    tensor that a later kernel may read out of bounds. The result is built by torch's own
-    factory (with ``check_invariants=False``: no second validation, no warning).
+    def made(factory: _F) -> _F:
+        assert factory.__code__.co_varnames[:2] == INDEX_MEMBERS[layout]
+        factory.__doc__ = doctext.factory(layout)
+        return factory
 
-    Index tensors already validated together (the same tensors, unmodified, the same shape)
-    are not checked again: rebuilding with new values in a training loop, e.g.
-    ``ss.sparse_csc_tensor(t.ccol_indices(), t.row_indices(), new_values, t.shape)``,
-    costs only O(1) metadata checks.
-
-    Args:
-        ccol_indices: the compressed indices, ``batch + (n_columns + 1,)``:
-            where each column starts in ``row_indices``; int32 or int64 (a tensor, nested
-            list or NumPy array; any strides).
-        row_indices: the row index of each specified element, ``batch + (nnz,)``,
-            sorted within each column; the same dtype.
-        values: ``batch + (nnz,) + dense``
-            (a tensor, nested list, NumPy array or scalar); copied when not contiguous
-            (3.7), where torch keeps them strided.
-        size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the
-            members, as torch does.
-        dtype: the values dtype; default: that of ``values`` (torch's default dtype for
-            Python floats). ``values`` are converted when it differs.
-        device: the device of the result; default: that of ``values`` (the CPU for lists and
-            NumPy arrays). Members on another device are moved.
-        pin_memory: build the result in pinned memory (CPU only), as torch does.
-        requires_grad: make the result an autograd leaf that requires grad (``.grad`` is
-            filled by ``backward()``). Values that already require grad keep their graph
-            connected instead.
-        check_invariants: ``None`` (default) or ``True``: validate every invariant first.
-            ``False`` keeps torch's meaning: the tensor is built *without* validation and is
-            unchecked (``ss.is_checked(t) is False``); its first operation validates it (the
-            guard: no torch kernel reads unchecked sparse data), and ``ss.validate(t)``
-            validates it at once. Debug mode validates regardless. Enforce mode ignores
-            ``False`` when torch's own factory is called.
-
-    Returns:
-        A checked :class:`SafeSparseTensor` of layout ``torch.sparse_csc`` (unchecked if
-        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
-
-    Raises:
-        InvariantError: an invariant of the catalog is broken; ``str(err)`` starts with
-            ``[CSC <id>]`` and names the first violation's location (batch, column,
-            position, value). Nothing is built and no torch kernel has read the data.
-        TypeError: an argument is not sparse data at all, with the exception type torch
-            raises for it (e.g. a non-integral ``size``).
-    """
-    out = build.fast_compressed(ccol_indices, row_indices, values, size, torch.sparse_csc, dtype,
-                                device, pin_memory, requires_grad, check_invariants)
-    if out is not None:
-        return out
-    return sparse_compressed_tensor(
-        ccol_indices, row_indices, values, size, dtype=dtype, layout=torch.sparse_csc,
-        device=device, pin_memory=pin_memory, requires_grad=requires_grad,
-        check_invariants=check_invariants,
-    )
+    return made
 
 
-def sparse_bsr_tensor(
-    crow_indices: Any,
-    col_indices: Any,
-    values: Any,
-    size: SizeLike = None,
-    *,
-    dtype: torch.dtype | None = None,
-    device: DeviceLike = None,
-    pin_memory: bool = False,
-    requires_grad: bool = False,
-    check_invariants: bool | None = None,
-) -> SafeSparseTensor:
-    """Validated ``torch.sparse_bsr_tensor``: every invariant is checked before torch sees the data.
-
-    Same signature, inputs, defaults and result as ``torch.sparse_bsr_tensor``, with
-    one difference: index data that breaks an invariant of the catalog (``ss.CATALOG``,
-    ``docs/invariants.md``) raises :class:`InvariantError` instead of building a malformed
-    tensor that a later kernel may read out of bounds. The result is built by torch's own
-    factory (with ``check_invariants=False``: no second validation, no warning).
-
-    Index tensors already validated together (the same tensors, unmodified, the same shape)
-    are not checked again: rebuilding with new values in a training loop, e.g.
-    ``ss.sparse_bsr_tensor(t.crow_indices(), t.col_indices(), new_values, t.shape)``,
-    costs only O(1) metadata checks.
-
-    Args:
-        crow_indices: the compressed indices, ``batch + (n_block_rows + 1,)``:
-            where each block row starts in ``col_indices``; int32 or int64 (a tensor, nested
-            list or NumPy array; any strides).
-        col_indices: the column index of each specified block, ``batch + (nnz,)``,
-            sorted within each block row; the same dtype.
-        values: ``batch + (nnz, b0, b1) + dense``: one dense block per
-            specified block; the blocksize ``(b0, b1)`` is read off its shape
-            (a tensor, nested list, NumPy array or scalar); copied unless contiguous,
-            or contiguous after swapping the two block dims (3.7); torch keeps them strided.
-        size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the members (for BSR,
-            ncols = max(col_indices.max() + 1, crow_indices.diff(dim=-1).max())
-            blocks), as torch does.
-        dtype: the values dtype; default: that of ``values`` (torch's default dtype for
-            Python floats). ``values`` are converted when it differs.
-        device: the device of the result; default: that of ``values`` (the CPU for lists and
-            NumPy arrays). Members on another device are moved.
-        pin_memory: build the result in pinned memory (CPU only), as torch does.
-        requires_grad: make the result an autograd leaf that requires grad (``.grad`` is
-            filled by ``backward()``). Values that already require grad keep their graph
-            connected instead.
-        check_invariants: ``None`` (default) or ``True``: validate every invariant first.
-            ``False`` keeps torch's meaning: the tensor is built *without* validation and is
-            unchecked (``ss.is_checked(t) is False``); its first operation validates it (the
-            guard: no torch kernel reads unchecked sparse data), and ``ss.validate(t)``
-            validates it at once. Debug mode validates regardless. Enforce mode ignores
-            ``False`` when torch's own factory is called.
-
-    Returns:
-        A checked :class:`SafeSparseTensor` of layout ``torch.sparse_bsr`` (unchecked if
-        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
-
-    Raises:
-        InvariantError: an invariant of the catalog is broken; ``str(err)`` starts with
-            ``[BSR <id>]`` and names the first violation's location (batch, block row,
-            position, value). Nothing is built and no torch kernel has read the data.
-        TypeError: an argument is not sparse data at all, with the exception type torch
-            raises for it (e.g. a non-integral ``size``).
-    """
-    out = build.fast_compressed(crow_indices, col_indices, values, size, torch.sparse_bsr, dtype,
-                                device, pin_memory, requires_grad, check_invariants)
-    if out is not None:
-        return out
-    return sparse_compressed_tensor(
-        crow_indices, col_indices, values, size, dtype=dtype, layout=torch.sparse_bsr,
-        device=device, pin_memory=pin_memory, requires_grad=requires_grad,
-        check_invariants=check_invariants,
-    )
+@_compressed_factory(torch.sparse_csr)
+def sparse_csr_tensor(crow_indices: Any, col_indices: Any, values: Any, size: SizeLike = None,
+                      *, dtype: torch.dtype | None = None, device: DeviceLike = None,
+                      pin_memory: bool = False, requires_grad: bool = False,
+                      check_invariants: bool | None = None) -> SafeSparseTensor:
+    out = build.fast_compressed(crow_indices, col_indices, values, size, torch.sparse_csr,
+                                dtype, device, pin_memory, requires_grad, check_invariants)
+    return out if out is not None else _converted(
+        crow_indices, col_indices, values, size, torch.sparse_csr, dtype, device, pin_memory,
+        requires_grad, check_invariants)
 
 
-def sparse_bsc_tensor(
-    ccol_indices: Any,
-    row_indices: Any,
-    values: Any,
-    size: SizeLike = None,
-    *,
-    dtype: torch.dtype | None = None,
-    device: DeviceLike = None,
-    pin_memory: bool = False,
-    requires_grad: bool = False,
-    check_invariants: bool | None = None,
-) -> SafeSparseTensor:
-    """Validated ``torch.sparse_bsc_tensor``: every invariant is checked before torch sees the data.
+@_compressed_factory(torch.sparse_csc)
+def sparse_csc_tensor(ccol_indices: Any, row_indices: Any, values: Any, size: SizeLike = None,
+                      *, dtype: torch.dtype | None = None, device: DeviceLike = None,
+                      pin_memory: bool = False, requires_grad: bool = False,
+                      check_invariants: bool | None = None) -> SafeSparseTensor:
+    out = build.fast_compressed(ccol_indices, row_indices, values, size, torch.sparse_csc,
+                                dtype, device, pin_memory, requires_grad, check_invariants)
+    return out if out is not None else _converted(
+        ccol_indices, row_indices, values, size, torch.sparse_csc, dtype, device, pin_memory,
+        requires_grad, check_invariants)
 
-    Same signature, inputs, defaults and result as ``torch.sparse_bsc_tensor``, with
-    one difference: index data that breaks an invariant of the catalog (``ss.CATALOG``,
-    ``docs/invariants.md``) raises :class:`InvariantError` instead of building a malformed
-    tensor that a later kernel may read out of bounds. The result is built by torch's own
-    factory (with ``check_invariants=False``: no second validation, no warning).
 
-    Index tensors already validated together (the same tensors, unmodified, the same shape)
-    are not checked again: rebuilding with new values in a training loop, e.g.
-    ``ss.sparse_bsc_tensor(t.ccol_indices(), t.row_indices(), new_values, t.shape)``,
-    costs only O(1) metadata checks.
+@_compressed_factory(torch.sparse_bsr)
+def sparse_bsr_tensor(crow_indices: Any, col_indices: Any, values: Any, size: SizeLike = None,
+                      *, dtype: torch.dtype | None = None, device: DeviceLike = None,
+                      pin_memory: bool = False, requires_grad: bool = False,
+                      check_invariants: bool | None = None) -> SafeSparseTensor:
+    out = build.fast_compressed(crow_indices, col_indices, values, size, torch.sparse_bsr,
+                                dtype, device, pin_memory, requires_grad, check_invariants)
+    return out if out is not None else _converted(
+        crow_indices, col_indices, values, size, torch.sparse_bsr, dtype, device, pin_memory,
+        requires_grad, check_invariants)
 
-    Args:
-        ccol_indices: the compressed indices, ``batch + (n_block_columns + 1,)``:
-            where each block column starts in ``row_indices``; int32 or int64 (a tensor, nested
-            list or NumPy array; any strides).
-        row_indices: the row index of each specified block, ``batch + (nnz,)``,
-            sorted within each block column; the same dtype.
-        values: ``batch + (nnz, b0, b1) + dense``: one dense block per
-            specified block; the blocksize ``(b0, b1)`` is read off its shape
-            (a tensor, nested list, NumPy array or scalar); copied unless contiguous,
-            or contiguous after swapping the two block dims (3.7); torch keeps them strided.
-        size: ``batch + (rows, cols) + dense``; ``None`` estimates it from the members (for BSR,
-            ncols = max(col_indices.max() + 1, crow_indices.diff(dim=-1).max())
-            blocks), as torch does.
-        dtype: the values dtype; default: that of ``values`` (torch's default dtype for
-            Python floats). ``values`` are converted when it differs.
-        device: the device of the result; default: that of ``values`` (the CPU for lists and
-            NumPy arrays). Members on another device are moved.
-        pin_memory: build the result in pinned memory (CPU only), as torch does.
-        requires_grad: make the result an autograd leaf that requires grad (``.grad`` is
-            filled by ``backward()``). Values that already require grad keep their graph
-            connected instead.
-        check_invariants: ``None`` (default) or ``True``: validate every invariant first.
-            ``False`` keeps torch's meaning: the tensor is built *without* validation and is
-            unchecked (``ss.is_checked(t) is False``); its first operation validates it (the
-            guard: no torch kernel reads unchecked sparse data), and ``ss.validate(t)``
-            validates it at once. Debug mode validates regardless. Enforce mode ignores
-            ``False`` when torch's own factory is called.
 
-    Returns:
-        A checked :class:`SafeSparseTensor` of layout ``torch.sparse_bsc`` (unchecked if
-        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
-
-    Raises:
-        InvariantError: an invariant of the catalog is broken; ``str(err)`` starts with
-            ``[BSC <id>]`` and names the first violation's location (batch, block column,
-            position, value). Nothing is built and no torch kernel has read the data.
-        TypeError: an argument is not sparse data at all, with the exception type torch
-            raises for it (e.g. a non-integral ``size``).
-    """
-    out = build.fast_compressed(ccol_indices, row_indices, values, size, torch.sparse_bsc, dtype,
-                                device, pin_memory, requires_grad, check_invariants)
-    if out is not None:
-        return out
-    return sparse_compressed_tensor(
-        ccol_indices, row_indices, values, size, dtype=dtype, layout=torch.sparse_bsc,
-        device=device, pin_memory=pin_memory, requires_grad=requires_grad,
-        check_invariants=check_invariants,
-    )
+@_compressed_factory(torch.sparse_bsc)
+def sparse_bsc_tensor(ccol_indices: Any, row_indices: Any, values: Any, size: SizeLike = None,
+                      *, dtype: torch.dtype | None = None, device: DeviceLike = None,
+                      pin_memory: bool = False, requires_grad: bool = False,
+                      check_invariants: bool | None = None) -> SafeSparseTensor:
+    out = build.fast_compressed(ccol_indices, row_indices, values, size, torch.sparse_bsc,
+                                dtype, device, pin_memory, requires_grad, check_invariants)
+    return out if out is not None else _converted(
+        ccol_indices, row_indices, values, size, torch.sparse_bsc, dtype, device, pin_memory,
+        requires_grad, check_invariants)
 
 
 def _compressed_args(
@@ -510,55 +239,6 @@ def sparse_coo_tensor(
     check_invariants: bool | None = None,
     is_coalesced: bool | None = None,
 ) -> SafeSparseTensor:
-    """Validated ``torch.sparse_coo_tensor``: every invariant is checked before torch sees the data.
-
-    Same signature, overloads, accepted inputs, defaults and result as
-    ``torch.sparse_coo_tensor``, with one difference: index data that breaks an invariant of
-    the catalog raises :class:`InvariantError` instead of building a tensor that a later kernel
-    may read out of bounds. Also ``sparse_coo_tensor(size, *, dtype=None, device=None,
-    requires_grad=False)``: an empty tensor of that size.
-
-    Index tensors already validated (the same tensor, unmodified, the same sparse sizes) are not
-    checked again, so rebuilding with new values costs only O(1) metadata checks.
-
-    Example::
-
-        t = ss.sparse_coo_tensor([[0, 1, 1], [2, 0, 2]], [3.0, 4.0, 5.0], (2, 3))
-
-    Args:
-        indices: ``(sparse_dim, nnz)`` indices; integer, bool and floating point indices are
-            converted to int64 as torch does (a tensor, nested list or NumPy array).
-        values: ``(nnz,) + size[sparse_dim:]``; a scalar is one specified element.
-        size: the full shape; ``None`` estimates the sparse sizes as ``max index + 1`` per
-            sparse dim.
-        dtype: the values dtype; default: that of ``values`` (torch's default dtype for
-            Python floats). ``values`` are converted when it differs.
-        device: the device of the result; default: that of ``values`` (the CPU for lists and
-            NumPy arrays). Members on another device are moved.
-        pin_memory: build the result in pinned memory (CPU only), as torch does.
-        requires_grad: make the result an autograd leaf that requires grad (``.grad`` is
-            filled by ``backward()``). Values that already require grad keep their graph
-            connected instead.
-        check_invariants: ``None`` (default) or ``True``: validate every invariant first.
-            ``False`` keeps torch's meaning: the tensor is built *without* validation and is
-            unchecked (``ss.is_checked(t) is False``); its first operation validates it (the
-            guard: no torch kernel reads unchecked sparse data), and ``ss.validate(t)``
-            validates it at once. Debug mode validates regardless. Enforce mode ignores
-            ``False`` when torch's own factory is called.
-        is_coalesced: ``True`` marks the result coalesced, which is verified (5.3: indices
-            sorted lexicographically, no duplicates); ``None``/``False``: torch's default.
-
-    Returns:
-        A checked :class:`SafeSparseTensor` of layout ``torch.sparse_coo`` (unchecked if
-        ``check_invariants=False``) whose ``to_dense()`` equals torch's.
-
-    Raises:
-        InvariantError: an invariant is broken, e.g. ``[COO 5.2]`` for an index past its size,
-            with the position and value; ``[COO 5.3]`` for ``is_coalesced=True`` on unsorted
-            or duplicate indices. Nothing is built.
-        TypeError: an argument is not sparse data at all, with the exception type torch
-            raises for it (e.g. a non-integral ``size``).
-    """
     out = build.fast_coo(indices, values, size, dtype, device, pin_memory, requires_grad,
                          check_invariants, is_coalesced)
     if out is not None:  # the common case: int64 indices, values and a size, checks on
@@ -582,8 +262,10 @@ def sparse_coo_tensor(
                      pin_memory=pin_memory, estimate=shape is None)
 
 
+sparse_coo_tensor.__doc__ = doctext.factory(torch.sparse_coo)
+
+
 __all__ = [
-    "COMPRESSED_LAYOUTS",
     "sparse_bsc_tensor",
     "sparse_bsr_tensor",
     "sparse_compressed_tensor",

@@ -17,8 +17,7 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from ..base.layouts import ROW_LAYOUTS, SHORT_NAMES
-from ..catalog.invariants import layout_name
+from ..base.layouts import SHORT_NAMES, compressed_members, layout_name
 from ..tensor.core import SafeSparseTensor, unwrap, validate
 from .core import (
     DeviceLike,
@@ -210,10 +209,7 @@ def to_scipy(t: torch.Tensor, *, matrix: bool = False) -> Any:
             return out
         if plain.dim() != 2:
             raise ValueError(f"a batched {name} tensor (batch dims) has no SciPy equivalent")
-        if layout in ROW_LAYOUTS:
-            compressed, plain_idx = plain.crow_indices(), plain.col_indices()
-        else:
-            compressed, plain_idx = plain.ccol_indices(), plain.row_indices()
+        compressed, plain_idx = compressed_members(plain)
         fmt = SHORT_NAMES[layout]
         cls = getattr(sparse, f"{fmt}_{kind}")
         return cls(

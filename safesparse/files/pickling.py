@@ -24,8 +24,7 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from ..catalog.invariants import COMPRESSED_LAYOUTS
-from ..engine.metadata import compressed_members
+from ..base.layouts import COMPRESSED_LAYOUTS, compressed_members
 from ..factories.core import sparse_compressed_tensor, sparse_coo_tensor
 from ..tensor.core import SafeSparseTensor
 from .session import (

@@ -22,8 +22,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..base import originals as _originals
+from ..base.layouts import SPARSE_LAYOUTS
 from ..catalog.errors import InvariantError
-from ..catalog.invariants import SPARSE_LAYOUTS
 from ..engine.metadata import members
 from ..factories.core import (
     sparse_bsc_tensor,

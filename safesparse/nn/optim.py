@@ -24,8 +24,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from ..base.layouts import BLOCK_LAYOUTS
-from ..catalog.invariants import COMPRESSED_LAYOUTS
+from ..base.layouts import BLOCK_LAYOUTS, COMPRESSED_LAYOUTS
 from ..tensor import SafeSparseTensor, ops
 
 __all__ = ["SparseParameterError"]

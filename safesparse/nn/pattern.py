@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS
+from ..base.layouts import BLOCK_LAYOUTS, COMPRESSED_LAYOUTS, ROW_LAYOUTS
 from ..catalog.errors import InvariantError
-from ..catalog.invariants import COMPRESSED_LAYOUTS, STATE_DICT_LOADER
+from ..catalog.invariants import STATE_DICT_LOADER
 from ..catalog.module_geometry import (
     MEMBER_NAMES,
     GeometryError,

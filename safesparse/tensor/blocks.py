@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ..base import originals as _originals
 from ..base.layouts import BLOCK_LAYOUTS
@@ -167,13 +166,6 @@ class BlockCall:
     @property
     def sparse_left(self) -> bool:
         return self.form == "left"
-
-
-_MM = (torch.mm, T.mm)
-_MATMUL = (torch.matmul, T.matmul, T.__matmul__)
-_ADDMM = (torch.addmm, T.addmm)
-FUNCS = (*_MM, *_MATMUL, T.__rmatmul__, *_ADDMM, T.addmm_, torch.sparse.mm,
-         torch.sparse.addmm, F.linear)
 
 
 def _is_block(t: Any) -> bool:
@@ -594,7 +586,6 @@ def _kernel_matmul(a: torch.Tensor, x: torch.Tensor, sparse_left: bool) -> torch
 
 __all__ = [
     "BLOCK_LAYOUTS",
-    "FUNCS",
     "BlockCall",
     "block_call",
     "block_product",

@@ -28,8 +28,8 @@ from torch._C import DisableTorchFunctionSubclass
 
 from ..base.compiling import bind, not_traced, surface
 from ..base.debug_flag import is_debug
+from ..base.layouts import SPARSE_LAYOUTS
 from ..catalog.errors import InvariantError
-from ..catalog.invariants import SPARSE_LAYOUTS
 from ..engine.validation import validate_tensor
 from ..state import checked, writers
 from ..state.checked import Record, holds

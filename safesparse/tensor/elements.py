@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..base import originals as _originals
-from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS
+from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS, compressed_members
 from ..state import checked
 
 # ---------------------------------------------------------------------------------------------
@@ -145,8 +145,7 @@ def _coordinates(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]
     stored order: its block row and block column within its batch (int64, flat over the
     batches, new tensors), the number of batches and the stored blocks per batch."""
     row = t.layout in ROW_LAYOUTS
-    compressed = t.crow_indices() if row else t.ccol_indices()
-    plain = t.col_indices() if row else t.row_indices()
+    compressed, plain = compressed_members(t)
     n_batch = compressed.numel() // compressed.shape[-1]
     compressed, plain = compressed.reshape(n_batch, -1), plain.reshape(n_batch, -1)
     nnz = plain.shape[1]

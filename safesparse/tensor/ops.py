@@ -11,25 +11,30 @@ Three kinds (:class:`OpKind`):
 * ``UNKNOWN`` - everything not listed: the result is a SafeSparseTensor, but unchecked.
 
 Whatever the kind, a sparse input that is not a checked SafeSparseTensor (a plain torch tensor
-included) leaves the result unchecked. Strided results are never wrapped. Extend the table
-with ``SafeSparseTensor.classify([funcs], kind)`` or
-``@SafeSparseTensor.implements([funcs], kind)``.
+included) leaves the result unchecked. Strided results are never wrapped.
+
+safesparse's own rows are declared in one place, :func:`builtin_rows` (an op's kind, its
+implementation, its fast-path handler and, for products, the kind of the product route's
+result: one row per op), and registered by one explicit call, :func:`register_builtin_ops`,
+which the package makes once when it is imported. Users extend the table with
+``SafeSparseTensor.classify([funcs], kind)`` or ``@SafeSparseTensor.implements([funcs], kind)``.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Final
 
 import torch
+import torch.nn.functional as F
 from torch._C import DisableTorchFunctionSubclass
 
+from ..base.layouts import COMPRESSED_LAYOUTS, compressed_members
 from ..catalog.errors import InvariantError
-from ..catalog.invariants import COMPRESSED_LAYOUTS
-from ..engine.metadata import compressed_members, values_of
+from ..engine.metadata import values_of
 from ..engine.validation import validate_tensor
 from ..state import checked, writers
-from . import blocks
+from . import blocks, fastpath, transpose
 from .binding import Product, bind
 from .core import (
     REPAIRS,
@@ -42,7 +47,7 @@ from .core import (
     op_name,
     wrap_results,
 )
-from .optable import VALUES_ONLY
+from .optable import VALUES_ONLY, OpEntry
 
 T = torch.Tensor
 PRESERVING, NEW_INDICES = OpKind.PRESERVING, OpKind.NEW_INDICES
@@ -67,35 +72,6 @@ def scalar_else_new(args: tuple[Any, ...], kwargs: dict[str, Any]) -> OpKind:
     return PRESERVING if _is_scalar(other) else NEW_INDICES
 
 
-def _forms(names: tuple[str, ...]) -> list[Any]:
-    """``torch.name``, ``Tensor.name`` and ``Tensor.name_`` for each name, where torch has them."""
-    return [f for name in names
-            for f in (getattr(torch, name, None), getattr(T, name, None),
-                      getattr(T, name + "_", None))
-            if f is not None]
-
-
-SafeSparseTensor.classify([
-    # copies and views of the whole tensor
-    T.clone, torch.clone, T.detach, torch.detach, T.detach_, T.requires_grad_,
-    T.to, T.cpu, T.cuda, T.float, T.double, T.half, T.bfloat16, T.int, T.long, T.bool,
-    T.type, T.pin_memory, T.__neg__, T.__pos__, T.__abs__,
-    # elementwise ops on values only
-    *_forms(VALUES_ONLY),
-], PRESERVING)
-SafeSparseTensor.classify([T.pow, torch.pow, T.__pow__, T.pow_, T.__ipow__], positive_power)
-SafeSparseTensor.classify([
-    T.mul, torch.mul, T.__mul__, T.__rmul__, T.div, torch.div, T.__truediv__,
-    T.mul_, T.__imul__, T.div_, T.__itruediv__,
-], scalar_else_new)
-SafeSparseTensor.classify([
-    T.coalesce, T.add, torch.add, T.__add__, T.__radd__, T.sub, torch.sub, T.__sub__,
-    T.to_sparse, T.to_sparse_coo, T.to_sparse_csr, T.to_sparse_csc, T.to_sparse_bsr,
-    T.to_sparse_bsc,
-], NEW_INDICES)
-
-
-@SafeSparseTensor.implements([T.contiguous], PRESERVING)
 def _contiguous(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """torch refuses ``contiguous()`` on sparse tensors; here it means row-contiguous members.
 
@@ -181,17 +157,15 @@ def _csc_repair(func: Any, p: Product) -> torch.Tensor | None:
     return None
 
 
-#: The functions of the product route, each with the kind of its sparse result.
-_PRODUCTS: dict[Any, OpKind] = {f: NEW_INDICES for f in blocks.FUNCS}
-_PRODUCTS[T.__rmatmul__] = OpKind.UNKNOWN
 #: The out-of-place function that computes each bound operation.
 _OUT_OF_PLACE = {"mm": torch.mm, "matmul": torch.matmul, "addmm": torch.addmm}
 
 
 def _product_route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Every product function (:data:`safesparse.tensor.blocks.FUNCS`: ``mm``, ``matmul``, ``@``,
-    ``addmm`` and ``addmm_``, ``torch.sparse.mm`` / ``addmm``, ``F.linear``), its arguments
-    bound by name (:func:`safesparse.tensor.binding.bind`), whatever form the call has.
+    """Every product function (the rows of :func:`builtin_rows` with a ``product`` kind:
+    ``mm``, ``matmul``, ``@``, ``addmm`` and ``addmm_``, ``torch.sparse.mm`` / ``addmm``,
+    ``F.linear``), its arguments bound by name (:func:`safesparse.tensor.binding.bind`),
+    whatever form the call has.
 
     * a sparse ``out=`` / in-place target: :func:`_into_sparse` (before any kernel runs);
     * a BSR / BSC factor with a dense one: the block route (:func:`safesparse.tensor.blocks.route`),
@@ -226,10 +200,9 @@ def _product_route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
                 return wrap_results(func, NEW_INDICES, args, kwargs, repaired, before=before)
     before = _inputs_checked(args, kwargs)
     ret = func(*args, **kwargs)
-    return wrap_results(func, _PRODUCTS[func], args, kwargs, ret, before=before)
+    return wrap_results(func, _PRODUCT_KINDS[func], args, kwargs, ret, before=before)
 
 
-SafeSparseTensor.implements(list(_PRODUCTS), NEW_INDICES)(_product_route)
 _SPARSE_FORMS = {torch.sparse.mm: torch.mm, torch.sparse.addmm: torch.addmm}
 
 
@@ -345,7 +318,6 @@ def _dense_on_pattern(t: Any, other: Any) -> bool:
             and t.layout in COMPRESSED_LAYOUTS and t.dense_dim() == 0)
 
 
-@SafeSparseTensor.implements([T.add_, T.__iadd__, T.sub_, T.__isub__], NEW_INDICES)
 def _add_inplace(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``t.add_(g)`` where ``g`` has the same checked index data as ``t`` (an optimizer step
     with a gradient built on the parameter's indices) is a values-only update: ``t`` stays
@@ -372,7 +344,6 @@ def _add_inplace(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     return wrap_results(func, NEW_INDICES, args, kwargs, ret, before=before)
 
 
-@SafeSparseTensor.implements([T.copy_], NEW_INDICES)
 def _copy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``dst.copy_(src)`` from a checked tensor of the same layout and shape (e.g.
     ``load_state_dict``) leaves ``dst`` holding ``src``'s valid index data: checked without
@@ -388,7 +359,6 @@ def _copy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return wrap_results(func, NEW_INDICES, args, kwargs, ret, before=before)
 
 
-@SafeSparseTensor.implements([T.data.__set__], PRESERVING)  # type: ignore[attr-defined]
 def _set_data(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``t.data = new`` (``nn.Module._apply`` does this, e.g. ``module.to(dtype)``): ``t`` now
     holds ``new``'s data and is checked exactly when ``new`` was."""
@@ -445,8 +415,93 @@ def _metadata_ok(t: torch.Tensor) -> bool:
     return True
 
 
+# ---------------------------------------------------------------------------------------------
+# The rows: every op safesparse knows, in one place
+
+
+def _forms(names: tuple[str, ...], inplace: bool = True) -> list[Any]:
+    """``torch.name``, ``Tensor.name`` and (``inplace``) ``Tensor.name_`` for each name, where
+    torch has them."""
+    return [f for name in names
+            for f in (getattr(torch, name, None), getattr(T, name, None),
+                      getattr(T, name + "_", None) if inplace else None)
+            if f is not None]
+
+
+def builtin_rows() -> dict[Any, OpEntry]:
+    """safesparse's own op table: torch function -> its row (kind, implementation, fast-path
+    handler, product kind). The one place an op is added."""
+    rows: dict[Any, OpEntry] = {}
+
+    def row(funcs: list[Any], kind: Any, impl: Any = None, fast: Any = None,
+            product: OpKind | None = None) -> None:
+        for f in funcs:
+            rows[f] = OpEntry(kind, impl, fast, product)
+
+    fresh, scalar, power, move = fastpath._fresh, fastpath._scalar, fastpath._power, fastpath._move
+    # copies and views of the whole tensor
+    row([T.clone, torch.clone, T.__neg__, T.__pos__, T.__abs__], PRESERVING, fast=fresh)
+    row([T.detach, torch.detach], PRESERVING, fast=fastpath._detach)
+    row([T.detach_, T.requires_grad_, T.pin_memory], PRESERVING)
+    row([T.to, T.cpu, T.cuda, T.float, T.double, T.half, T.bfloat16, T.int, T.long, T.bool,
+         T.type], PRESERVING, fast=move)
+    # elementwise ops on values only (the in-place forms on the general path)
+    row(_forms(VALUES_ONLY, inplace=False), PRESERVING, fast=fresh)
+    row([getattr(T, n + "_") for n in VALUES_ONLY if hasattr(T, n + "_")], PRESERVING)
+    row([T.pow, torch.pow, T.__pow__], positive_power, fast=power)
+    row([T.pow_, T.__ipow__], positive_power)
+    row([T.mul, torch.mul, T.__mul__, T.__rmul__, T.div, torch.div, T.__truediv__],
+        scalar_else_new, fast=scalar)
+    row([T.mul_, T.__imul__, T.div_, T.__itruediv__], scalar_else_new)
+    # torch builds new index data
+    row([T.coalesce, T.add, torch.add, T.__add__, T.__radd__, T.sub, torch.sub, T.__sub__,
+         T.to_sparse, T.to_sparse_coo, T.to_sparse_csr, T.to_sparse_csc, T.to_sparse_bsr,
+         T.to_sparse_bsc], NEW_INDICES)
+    row([T.add_, T.__iadd__, T.sub_, T.__isub__], NEW_INDICES, _add_inplace)
+    row([T.copy_], NEW_INDICES, _copy)
+    row([T.data.__set__], PRESERVING, _set_data)  # type: ignore[attr-defined]
+    row([T.contiguous], PRESERVING, _contiguous)
+    # the zero-copy transposes (transpose.py); torch's own views on the fast path
+    view = fastpath._view
+    row([T.transpose, torch.transpose], PRESERVING, transpose._transpose, fast=view)
+    row([torch.swapaxes, T.swapaxes, torch.swapdims, T.swapdims], PRESERVING,
+        transpose._transpose)
+    row([T.t, torch.t], PRESERVING, transpose._t, fast=view)
+    row([T.mT.__get__], PRESERVING, transpose._mT, fast=view)  # type: ignore[attr-defined]
+    row([T.adjoint, torch.adjoint, T.mH.__get__], PRESERVING,  # type: ignore[attr-defined]
+        transpose._adjoint)
+    # the products (their arguments bound by binding.py), each with its result's kind
+    product = fastpath._product
+    row([T.__matmul__, T.matmul, torch.matmul, T.mm, torch.mm], NEW_INDICES, _product_route,
+        fast=product, product=NEW_INDICES)
+    row([torch.sparse.mm], NEW_INDICES, _product_route, fast=fastpath._sparse_mm,
+        product=NEW_INDICES)
+    row([torch.addmm, T.addmm, T.addmm_, torch.sparse.addmm, F.linear], NEW_INDICES,
+        _product_route, product=NEW_INDICES)
+    row([T.__rmatmul__], NEW_INDICES, _product_route, product=OpKind.UNKNOWN)
+    return rows
+
+
+_ROWS: Final = builtin_rows()
+#: The product functions, each with the kind of the product route's result (read off the rows).
+_PRODUCT_KINDS: Final = {f: r.product for f, r in _ROWS.items() if r.product is not None}
+
+
+def register_builtin_ops(cls: type[SafeSparseTensor]) -> None:
+    """Register safesparse's own rows (:func:`builtin_rows`) in ``cls``'s op table and give the
+    fast path its handlers from them; the fast path then applies to each of those ops while it
+    keeps this row (an op a user re-registers takes the general path and its new entry). Called
+    once, by ``safesparse/__init__.py``, when the package is imported."""
+    cls.set_op_table({**cls.op_table(), **_ROWS})
+    fastpath.FAST.clear()  # (the dict the dispatcher reads: its handlers come from the rows)
+    fastpath.FAST.update({f: r.fast for f, r in _ROWS.items() if r.fast is not None})
+    cls._freeze_fast_path()
+
+
 __all__ = [
     "VALUES_ONLY",
+    "builtin_rows",
     "positive_power",
+    "register_builtin_ops",
     "scalar_else_new",
 ]

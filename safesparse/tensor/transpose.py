@@ -23,10 +23,10 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 
 from ..base import originals as _originals
-from ..base.layouts import SWAPPED
-from ..engine.metadata import LAYOUTS, compressed_members
+from ..base.layouts import SWAPPED, compressed_members
+from ..engine.metadata import LAYOUTS
 from ..state import checked
-from .core import OpKind, SafeSparseTensor, wrap_results
+from .core import OpKind, wrap_results
 
 T = torch.Tensor
 
@@ -88,8 +88,6 @@ def _torch_default(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
     return wrap_results(func, kind, args, kwargs, out, views=True)
 
 
-@SafeSparseTensor.implements([T.transpose, torch.transpose, torch.swapaxes, T.swapaxes,
-                              torch.swapdims, T.swapdims], OpKind.PRESERVING)
 def _transpose(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     t = args[0]
     if t.layout not in SWAPPED:
@@ -117,7 +115,6 @@ def _transpose(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
     return _torch_default(func, args, kwargs, OpKind.NEW_INDICES)
 
 
-@SafeSparseTensor.implements([T.t, torch.t], OpKind.PRESERVING)
 def _t(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     t = args[0]
     if t.layout in SWAPPED and t.dim() == 2:
@@ -126,7 +123,6 @@ def _t(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) 
     return _torch_default(func, args, kwargs)
 
 
-@SafeSparseTensor.implements([T.mT.__get__], OpKind.PRESERVING)  # type: ignore[attr-defined]
 def _mT(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     t = args[0]
     if t.layout in SWAPPED:
@@ -137,9 +133,6 @@ def _mT(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any])
     return _torch_default(func, args, kwargs)
 
 
-@SafeSparseTensor.implements(
-    [T.adjoint, torch.adjoint, T.mH.__get__], OpKind.PRESERVING  # type: ignore[attr-defined]
-)
 def _adjoint(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     t = args[0]
     if t.layout in SWAPPED:
@@ -151,7 +144,6 @@ def _adjoint(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
 
 
 __all__ = [
-    "SWAPPED",
     "sparse_dims",
     "swap_compressed",
 ]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import safesparse as ss
 from safesparse.catalog import doctext as _doctext
@@ -100,4 +101,21 @@ def test_the_text_says_what_the_code_does() -> None:
 def test_markdown_and_normalized() -> None:
     assert markdown("``a`` and ``b c``") == "`a` and `b c`"
     assert normalized(" a\n   b\tc ") == "a b c"
-    assert _doctext.__all__ == ["CHECK_INVARIANTS", "markdown", "normalized"]
+    assert _doctext.__all__ == ["CHECK_INVARIANTS", "factory", "markdown", "normalized"]
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr,
+                                    torch.sparse_bsc])
+def test_one_docstring_for_the_four_compressed_factories(layout: torch.layout) -> None:
+    """The four compressed factories' docstrings are one template filled per layout: their
+    members, names and kind of line; the check_invariants text as written once."""
+    name = {torch.sparse_csr: "csr", torch.sparse_csc: "csc", torch.sparse_bsr: "bsr",
+            torch.sparse_bsc: "bsc"}[layout]
+    factory = getattr(ss, f"sparse_{name}_tensor")
+    assert factory.__doc__ == _doctext.factory(layout)
+    doc = inspect.getdoc(factory)
+    assert doc is not None
+    members = list(inspect.signature(factory).parameters)[:2]
+    assert all(f"{m}: " in doc for m in members)
+    assert f"[{name.upper()} <id>]" in doc and f"torch.sparse_{name}_tensor" in doc
+    assert normalized(CHECK_INVARIANTS) in normalized(doc)

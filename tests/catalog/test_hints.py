@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import safesparse as ss
+from safesparse.base.layouts import layout_name
 from safesparse.catalog import invariants
 
 CANONICALISE = {("compressed", "5.6"), ("coo", "5.3")}
@@ -129,7 +130,7 @@ CASES: list[tuple[torch.layout, str, Callable[[], object], str]] = [
 
 
 @pytest.mark.parametrize(("layout", "iid", "build", "words"), CASES,
-                         ids=[f"{invariants.layout_name(c[0])}-{c[1]}-{i}"
+                         ids=[f"{layout_name(c[0])}-{c[1]}-{i}"
                               for i, c in enumerate(CASES)])
 def test_refusals_speak_plain_words_and_end_with_the_hint(
     layout: torch.layout, iid: str, build: Callable[[], object], words: str,
@@ -142,7 +143,7 @@ def test_refusals_speak_plain_words_and_end_with_the_hint(
     msg = str(err)
     first, *rest = msg.splitlines()
     # the first line says what is wrong and where; then the invariant, then the repair
-    assert first.startswith(f"[{invariants.layout_name(layout)} {iid}] {words}")
+    assert first.startswith(f"[{layout_name(layout)} {iid}] {words}")
     assert err.explanation == words or err.explanation.startswith(words)
     assert f"{err.explanation} ({err.detail})" in first  # the location stays beside it
     assert rest == [f"invariant: {inv.text}", f"to repair: {inv.hint}"] and inv.hint
@@ -200,7 +201,7 @@ def test_a_5_6_error_ends_with_the_hint(layout: torch.layout) -> None:
     err = ss.InvariantError(layout, "5.6", "row 0, position 1")
     assert err.hint == invariants.lookup(layout, "5.6").hint
     assert str(err).endswith("\nto repair: " + err.hint)
-    assert str(err).startswith(f"[{invariants.layout_name(layout)} 5.6] ")
+    assert str(err).startswith(f"[{layout_name(layout)} 5.6] ")
     assert err.explanation == ""  # only validation knows the values to explain
 
 

@@ -589,3 +589,26 @@ def test_factories_in_threads_leave_torch_s_invariant_flag_alone() -> None:
     for t in threads:
         t.join()
     assert not torch.sparse.check_sparse_tensor_invariants.is_enabled()
+
+
+@COMPRESSED_PARAMS
+def test_a_miss_runs_the_straight_path_once(layout: torch.layout,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The four layout factories are one template: a call the straight path does not take
+    (lists to convert) asks it once, then converts and validates."""
+    from safesparse.factories import build
+
+    calls: list[torch.layout | None] = []
+    fast = build.fast_compressed
+
+    def counted(*args: Any) -> Any:
+        calls.append(args[4])
+        return fast(*args)
+
+    monkeypatch.setattr(build, "fast_compressed", counted)
+    factory = {CSR: ss.sparse_csr_tensor, CSC: ss.sparse_csc_tensor,
+               BSR: ss.sparse_bsr_tensor, BSC: ss.sparse_bsc_tensor}[layout]
+    values = [[[1.0]], [[2.0]]] if layout in (BSR, BSC) else [1.0, 2.0]
+    t = factory([0, 1, 2], [1, 0], values, (2, 2))
+    assert ss.is_checked(t) and t.layout == layout
+    assert calls == [layout]

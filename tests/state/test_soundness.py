@@ -20,7 +20,7 @@ from support.oracle import really_valid
 from torch._C import DisableTorchFunctionSubclass
 
 import safesparse as ss
-from safesparse.catalog.invariants import SPARSE_LAYOUTS
+from safesparse.base.layouts import SPARSE_LAYOUTS
 from safesparse.state import checked
 from safesparse.tensor import core as tensor
 

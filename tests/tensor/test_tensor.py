@@ -399,6 +399,49 @@ def test_values_write_drops_state_and_revalidates(t: ss.SafeSparseTensor) -> Non
 
 
 # ---------------------------------------------------------------------------------------------
+# One row per op
+
+
+def test_one_explicit_call_registers_the_builtin_rows(
+        restore_op_table: dict[Any, Any], t: ss.SafeSparseTensor) -> None:
+    """safesparse's own table is what register_builtin_ops registers, rows whole (kind, impl,
+    fast handler, product kind); the fast path's handlers are read off those rows."""
+    from safesparse.tensor import ops
+
+    fast = dict(SafeSparseTensor._FAST)
+    SafeSparseTensor.set_op_table({})
+    assert SafeSparseTensor._FAST == {}  # (no row, no fast handler)
+    ops.register_builtin_ops(SafeSparseTensor)
+    assert SafeSparseTensor.op_table() == restore_op_table == ops.builtin_rows()
+    assert SafeSparseTensor._FAST == fast == {
+        f: row.fast for f, row in restore_op_table.items() if row.fast is not None}
+    assert ss.is_checked(t * 2) and ss.is_checked(t.mT)
+
+
+def test_product_rows_are_the_bound_product_functions() -> None:
+    """Every product function has a row with the kind of its product route's result, and
+    arguments binding.py knows how to bind; and nothing else has a product kind."""
+    from safesparse.tensor.binding import SIGNATURES
+
+    products = {f for f, row in SafeSparseTensor.op_table().items() if row.product is not None}
+    assert products == set(SIGNATURES)
+    assert SafeSparseTensor.op_table()[torch.Tensor.__rmatmul__].product is OpKind.UNKNOWN
+
+
+def test_inspection_rows_read_no_index_data() -> None:
+    """The dispatcher's sets of inspection functions and index accessors are read off one row
+    per function, and none of them is in the op table."""
+    from safesparse.tensor import optable
+
+    rows = optable.INSPECTION_ROWS
+    assert set(rows) == optable.INSPECTION
+    assert {f for f, row in rows.items() if row.hands_out} == optable.INDEX_ACCESSORS
+    assert torch.Tensor.col_indices in optable.INDEX_ACCESSORS
+    assert torch.Tensor.values not in optable.INDEX_ACCESSORS
+    assert not optable.INSPECTION & set(SafeSparseTensor.op_table())
+
+
+# ---------------------------------------------------------------------------------------------
 # Extending the op table
 
 
