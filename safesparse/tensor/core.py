@@ -2,7 +2,7 @@
 
 The class is a real ``torch.Tensor`` whose ``__torch_function__`` runs every torch function on
 the underlying tensor and re-wraps sparse results, deciding their checked state from the
-per-class op table (:mod:`safesparse.tensor.ops`). Two paths:
+op table (:mod:`safesparse.tensor.ops`). Two paths:
 
 * the **fast path** (:mod:`safesparse.tensor.fastpath`): the common operations on one checked tensor
   with scalar or dense arguments, in a straight line (one record check, no search);
@@ -106,8 +106,9 @@ class SafeSparseTensor(torch.Tensor):
     the operation keeps the indices (transposes, clone, detach, dtype/device moves, value-only
     ops, scalar multiplication) of checked inputs, or when torch built new indices from checked
     inputs and validation has seen them; otherwise it is unchecked until :func:`validate` sees
-    it. Writing to index data in place drops the checked state. The operation table is the
-    class's (:meth:`classify`, :meth:`implements`, :meth:`op_table`); see docs/ops.md.
+    it. Writing to index data in place drops the checked state. The operation table (shared
+    by subclasses) is read and changed through :meth:`classify`, :meth:`implements` and
+    :meth:`op_table`; see docs/ops.md.
     """
 
     _ss: checked.Record  # its checked state (see safesparse.state.checked)

@@ -39,7 +39,6 @@ from ..base.layouts import SWAPPED as _SWAPPED
 from ..engine.metadata import _UNSUPPORTED_VALUE_DTYPES, SUPPORTED_DEVICE_TYPES
 from ..state.admission import give
 from ..state.checked import Record, born, holds
-from .optable import VALUES_ONLY
 
 __all__ = ["FAST", "MISS", "Fallback", "Handler"]
 
@@ -231,30 +230,6 @@ def _sparse_mm(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any,
     return _run(func, types, args, {})
 
 
-def _table() -> dict[Callable[..., Any], Handler]:
-    table: dict[Callable[..., Any], Handler] = {}
-    for name in VALUES_ONLY:
-        for f in (getattr(torch, name, None), getattr(T, name, None)):
-            if f is not None:
-                table[f] = _fresh
-    for f in (T.clone, torch.clone, T.__neg__, T.__pos__, T.__abs__):
-        table[f] = _fresh
-    for f in (T.mul, torch.mul, T.__mul__, T.__rmul__, T.div, torch.div, T.__truediv__):
-        table[f] = _scalar
-    for f in (T.pow, torch.pow, T.__pow__):
-        table[f] = _power
-    for f in (T.to, T.cpu, T.cuda, T.float, T.double, T.half, T.bfloat16, T.int, T.long,
-              T.bool, T.type):
-        table[f] = _move
-    for f in (T.mT.__get__, T.t, torch.t, T.transpose, torch.transpose):  # type: ignore[attr-defined]
-        table[f] = _view
-    for f in (T.detach, torch.detach):
-        table[f] = _detach
-    for f in (T.__matmul__, T.matmul, torch.matmul, T.mm, torch.mm):
-        table[f] = _product
-    table[torch.sparse.mm] = _sparse_mm
-    return table
-
-
-#: torch function -> fast handler (see the module docstring).
-FAST: Final[dict[Callable[..., Any], Handler]] = _table()
+#: torch function -> fast handler (see the module docstring), filled from the op rows by
+#: :func:`safesparse.tensor.ops.register_builtin_ops` at import.
+FAST: Final[dict[Callable[..., Any], Handler]] = {}
