@@ -48,13 +48,14 @@ def _blocks(layout: str, compressed: _T, plain: _T, values: _T
 
 def _product(x: _T, compressed: _T, plain: _T, values: _T, layout: str, out_features: int,
              in_features: int) -> _T:
-    """``x @ W.T`` (``x``: ``(n, in_features)``)."""
+    """``x @ W.T`` (``x``: ``(n, in_features)``), over ``x`` transposed once: each stored
+    block's operand is a contiguous ``(c, n)`` slab, one ``bmm`` for all blocks."""
     rows, cols, blocks, r, c = _blocks(layout, compressed, plain, values)
     n = x.shape[0]
-    gathered = x.reshape(n, in_features // c, c).index_select(1, cols)       # (n, nnz, c)
-    products = torch.einsum("nkc,krc->knr", gathered, blocks.to(x.dtype))     # (nnz, n, r)
-    y = x.new_zeros(out_features // r, n, r).index_add(0, rows, products)
-    return y.permute(1, 0, 2).reshape(n, out_features)
+    xt = x.t().contiguous().view(in_features // c, c, n)
+    products = torch.bmm(blocks.to(x.dtype), xt.index_select(0, cols))       # (nnz, r, n)
+    y = x.new_zeros(out_features // r, r, n).index_add(0, rows, products)
+    return y.reshape(out_features, n).t()
 
 
 def _product_t(g: _T, compressed: _T, plain: _T, values: _T, layout: str, out_features: int,
