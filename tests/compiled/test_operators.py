@@ -136,3 +136,40 @@ def test_a_compiled_call_with_a_wrong_width_raises_at_trace_time() -> None:
     # raised by the fake while tracing (dynamo's TorchRuntimeError), before any kernel ran
     with pytest.raises(torch._dynamo.exc.TorchRuntimeError, match="x must have shape"):
         fn(torch.randn(N, IN + 1, dtype=torch.float64))
+
+
+def test_inductor_caches_operand_graphs_without_a_pickling_traceback(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 46: ``ss.compile`` with inductor and dynamic shapes printed "Failed to pickle
+    cache key" tracebacks (results right): torch's default cache key for a tensor subclass
+    pickles its inner tensors' sizes, symbolic there. ``SparseOperand`` has its own key."""
+    import safesparse as ss
+
+    dense = torch.randn(16, 16, dtype=torch.float64)
+    dense[dense.abs() < 0.8] = 0
+    a = ss.validate(dense.to_sparse_csr())
+
+    def f(a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(a @ x) * 2
+
+    torch._dynamo.reset()
+    compiled = ss.compile(f, dynamic=True)
+    with caplog.at_level("WARNING"):
+        for n in (3, 5):
+            x = torch.randn(16, n, dtype=torch.float64)
+            torch.testing.assert_close(compiled(a, x), torch.relu(dense @ x) * 2)
+    assert not [r for r in caplog.records if "pickle" in r.getMessage()], caplog.text
+    torch._dynamo.reset()
+
+
+def test_the_operands_cache_key_tells_what_the_graph_depends_on() -> None:
+    import safesparse as ss
+
+    c, p, v, _ = members(torch.sparse_bsr, (2, 3))
+    s = ss.sparse_bsr_tensor(c, p, v, (OUT, IN))
+    plain = ss.as_operand(s)._stable_hash_for_caching()
+    assert plain == ss.as_operand(s)._stable_hash_for_caching()
+    trained = ss.sparse_bsr_tensor(c, p, v.clone().requires_grad_(), (OUT, IN))
+    assert ss.as_operand(trained)._stable_hash_for_caching() != plain
+    assert ss.as_operand(s).mT._stable_hash_for_caching() != plain
+    assert ss.as_operand(s.to(torch.float32))._stable_hash_for_caching() != plain
