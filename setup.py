@@ -83,9 +83,13 @@ class OptionalBuildExt(build_ext):
 
     @staticmethod
     def _skip(exc: BaseException) -> None:
-        sys.stderr.write(
-            f"safesparse: the native block kernels were not built ({exc!s:.300}); the torch-op "
-            "kernels will run (python -m safesparse info says which path runs)\n")
+        old = HERE / "safesparse" / "kernels" / NATIVE_FILE
+        kept = (f"; an earlier build stays in place and will run ({old}: python -m safesparse "
+                "info says whether it is stale)" if old.exists() else
+                "; the torch-op kernels will run (python -m safesparse info says which path "
+                "runs)")
+        sys.stderr.write(f"safesparse: the native block kernels were not built "
+                         f"({exc!s:.300}){kept}\n")
 
 
 NATIVE = Extension(

@@ -34,7 +34,7 @@ from .base.debug_flag import debug, is_debug, set_debug
 from .catalog.errors import InvariantError
 from .catalog.invariants import CATALOG, Invariant
 from .catalog.tracebacks import install as _install_tracebacks
-from .compiled import SparseOperand, as_operand, compile, from_operand
+from .compiled import SparseOperand, as_operand, compile, from_operand, portable
 from .enforcement.mode import enforce, is_enforced, set_enforce
 from .engine.indices import check_compressed_indices, check_coo_indices
 from .factories.core import (
@@ -78,6 +78,7 @@ __all__ = [
     "is_debug",
     "is_enforced",
     "load",
+    "portable",
     "reset_stats",
     "save",
     "set_debug",

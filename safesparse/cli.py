@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import importlib
 import json
 import os
@@ -686,9 +687,36 @@ def run_info(out: TextIO | None = None) -> int:
     st = native.status()
     out.write(f"safesparse {_version()}, torch {torch.__version__}\n")
     out.write(f"block kernels on CPU: {st.describe()}\n")
+    for line in _native_origin(native.library_path()):
+        out.write(f"  {line}\n")
     out.write(f"threads: {torch.get_num_threads()} (torch.get_num_threads(); one in a forked "
               "child)\n")
     return EXIT_OK
+
+
+def _native_origin(library: Path | None) -> list[str]:
+    """Where the native library came from: its path and build time, whether it sits in a
+    source checkout (an in-place build) or an installed package, and whether it is older than
+    the C sources beside it (an in-place build is kept by a reinstall that could not compile,
+    ``CC=false``, and loaded as it is)."""
+    if library is None:
+        return []
+    built = library.stat().st_mtime
+    when = datetime.datetime.fromtimestamp(built, datetime.timezone.utc)
+    checkout = (library.parents[2] / "setup.py").is_file()
+    lines = [f"library: {library} (built {when:%Y-%m-%d %H:%M} UTC; "
+             f"{'an in-place build in a source checkout' if checkout else 'installed'})"]
+    sources = sorted((library.parent / "csrc").glob("*.[ch]"))
+    newer = [src.name for src in sources if src.stat().st_mtime > built]
+    if newer:
+        lines.append(f"STALE: {', '.join(newer)} changed after this build; the old kernels "
+                     "run (a reinstall that could not compile, CC=false, keeps it): rebuild "
+                     "with `python setup.py build_ext --inplace` or `pip install .`")
+    elif sources:
+        lines.append(f"up to date with its C sources ({', '.join(s.name for s in sources)})")
+    else:
+        lines.append("its C sources are not installed beside it: not compared")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

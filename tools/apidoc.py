@@ -62,6 +62,7 @@ SECTIONS: dict[str, str] = {
 SAME_SECTION: dict[str, str] = {
     "safesparse.base.stats": "safesparse.state.checked",  # the counters sit below the state
     "safesparse.compiled.operand": "safesparse.compiled.boundary",
+    "safesparse.compiled.portability": "safesparse.compiled.boundary",
 }
 
 #: Submodules users import by name (``import safesparse.distributed as ssd``), with their

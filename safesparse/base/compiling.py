@@ -37,6 +37,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: functions to mark skipped for dynamo once it is imported
 _marked: list[Callable[..., Any]] = []
+#: ``torch.compiler.config.dynamic_sources`` entries added once dynamo is imported
+_dynamic: list[str] = []
 _armed = False
 _lock = threading.Lock()
 
@@ -49,6 +51,31 @@ def not_traced(fn: F) -> F:
         if _armed:
             _skip(fn)
     return fn
+
+
+def dynamic_length(container: str, name: str) -> None:
+    """Make dim 0 of every module's ``container[name]`` (``"_buffers"`` or ``"_parameters"``)
+    dynamic under ``torch.compile`` from the first compile.
+
+    ``nn.Module`` buffers and parameters get static shapes (dynamo's
+    ``force_parameter_static_shapes``, which ``mark_dynamic`` on the tensor does not override),
+    so a layer's index members and values of another stored length recompiled the graph, per
+    density, up to the recompile limit. An entry of ``torch.compiler.config.dynamic_sources``
+    (``.*\\._buffers\\['plain_indices'\\]$:0``) is the one switch torch gives that overrides
+    it; it is appended to the user's own entries when dynamo is imported (a program that
+    assigns the config afterwards replaces it: one compile per length again)."""
+    entry = rf".*\.{container}\['{name}'\]$:0"
+    with _lock:
+        _dynamic.append(entry)
+        if _armed:
+            _add_dynamic_sources([entry])
+
+
+def _add_dynamic_sources(entries: list[str]) -> None:
+    import torch.compiler.config as config
+
+    have = [e for e in config.dynamic_sources.replace(" ", "").split(",") if e]
+    config.dynamic_sources = ",".join([*have, *(e for e in entries if e not in have)])
 
 
 def _as(kind: str, f: Callable[..., Any]) -> Any:
@@ -132,6 +159,7 @@ def _arm() -> None:
         _skip_package()
         for fn in _marked:
             _skip(fn)
+        _add_dynamic_sources(_dynamic)
 
 
 class _DynamoWatcher(importlib.abc.MetaPathFinder):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -107,20 +108,26 @@ class InvariantError(ValueError, RuntimeError):
 
     def _message(self) -> str:
         head = f"[{layout_name(self.layout)} {self.invariant}] "
+        # what is wrong and where (the location: member, position, value) ...
         if self.explanation:
-            what = self.explanation + (f" ({self.detail})" if self.detail else "")
+            what = [self.explanation] + ([f" ({self.detail})"] if self.detail else [])
         else:
-            what = self.detail or self.statement
-        parts = [what]
+            what = [self.detail or self.statement]
+        # ... then where the data came from (the provenance), which shortens first
+        context = []
         if self.path is not None:
-            parts.append(f" (at {self.path})")
+            context.append(f" (at {self.path})")
         if self.loaded_by is not None:
-            parts.append(f" (loaded by {self.loaded_by})")
+            context.append(f" (loaded by {self.loaded_by})")
         if self.built_by is not None:
-            parts.append(f" (built by {self.built_by})")
+            context.append(f" (built by {self.built_by})")
         elif self.op is not None:
-            parts.append(f" (in op {self.op})")
-        lines = [head + _fit(parts, FIRST_LINE_MAX - len(head))]
+            context.append(f" (in op {self.op})")
+        full = "".join(what + context)
+        first = _fit(what, context, FIRST_LINE_MAX - len(head))
+        lines = [head + first]
+        if first != full:  # the whole of it, on a line of its own
+            lines.append(f"in full: {full.strip()}")
         if self.explanation or self.detail:
             lines.append(f"invariant: {self.statement}")
         if self.hint:
@@ -159,24 +166,90 @@ class InvariantError(ValueError, RuntimeError):
 #: The longest first line of an :class:`InvariantError` (what is wrong and where).
 FIRST_LINE_MAX: Final = 200
 _ELLIPSIS: Final = "..."
-_KEEP: Final = 16  # the fewest characters a shortened part keeps (beside the ellipsis)
 
 
-def _fit(parts: list[str], limit: int) -> str:
-    """``parts`` joined, at most ``limit`` characters: while too long, the longest part is
-    shortened in its middle (``head...tail``). A part is long only in rare cases (a key path
-    of hundreds of characters, a file's base name near the file system's 255); the error's
+def _fit(what: list[str], context: list[str], limit: int) -> str:
+    """The first line after its ``[<LAYOUT> <id>]``, at most ``limit`` characters.
+
+    ``what`` (the explanation, then the location in parentheses: member, position, value) is
+    kept whole wherever it fits; ``context`` (the key path, the loader and file, the building
+    call or op: each `` (<label> <text>)``) is what shortens, each part at a word boundary,
+    whole words only, keeping its end (the member of a key path, split before ``.`` and
+    ``[``; the file a loader read; the place of a building call), ``...`` standing for what
+    was left out: first the key path, then the call, then the loader and file; a part with no
+    room for a word keeps its label only, or is left out. Only then the explanation, and last
+    the location, lose words from their end. The message's ``in full:`` line and the error's
     attributes keep every part whole."""
-    parts = list(parts)
-    while (excess := sum(map(len, parts)) - limit) > 0:
-        i = max(range(len(parts)), key=lambda k: len(parts[k]))
-        part = parts[i]
-        keep = max(len(part) - excess - len(_ELLIPSIS), _KEEP)
-        if keep + len(_ELLIPSIS) >= len(part):
-            break  # every part is as short as it gets (a limit below a few dozen)
-        tail = keep // 2
-        parts[i] = part[:keep - tail] + _ELLIPSIS + part[len(part) - tail:]
+    whole = [*what, *context]
+    parts = list(whole)
+    excess = sum(map(len, parts)) - limit
+    rank = {" (at ": 0, " (built by ": 1, " (in op ": 1, " (loaded by ": 2}
+    order = sorted(range(len(what), len(parts)),
+                   key=lambda i: next(r for k, r in rank.items() if parts[i].startswith(k)))
+    # each context part keeps a word while another can give, then its label only; then the
+    # what; then the labels go too
+    passes = [(list(order), 1), (list(order), 0), (list(range(len(what))), 0),
+              (list(order), -1)]
+    order += range(len(what))
+    for indices, floor in passes:
+        for i in indices:
+            if excess <= 0:
+                break
+            labelled = i >= len(what)
+            least = len(_shorten(parts[i], 0, labelled=labelled, words=floor))
+            short = _shorten(parts[i], max(len(parts[i]) - excess, least), labelled=labelled,
+                             words=floor)
+            excess -= len(parts[i]) - len(short)
+            parts[i] = short
+    # what was given beyond the need goes back, the last to shorten first
+    for i in reversed(order):
+        if excess >= 0:
+            break
+        longer = _shorten(whole[i], len(parts[i]) - excess, labelled=i >= len(what))
+        if len(longer) > len(parts[i]):
+            excess += len(longer) - len(parts[i])
+            parts[i] = longer
     return "".join(parts)
+
+
+def _shorten(part: str, room: int, *, labelled: bool, words: int = 0) -> str:
+    """``part`` in at most ``room`` characters, whole words only (see :func:`_fit`): a
+    context part (``labelled``) keeps its label (``at``, ``loaded by`` ...) and the words at
+    its end that fit, the explanation and the location the words at their beginning; a part
+    in parentheses keeps them. ``words``: at least that many words are kept, whatever
+    ``room`` says (0: a context part keeps its label; -1: it may go whole)."""
+    if len(part) <= room:
+        return part
+    bracketed = part.startswith(" (") and part.endswith(")")
+    start, end, text = (" (", ")", part[2:-1]) if bracketed else ("", "", part)
+    path = False
+    if labelled:
+        label, _, text = text.partition(" ")
+        if label in ("loaded", "built", "in"):  # two-word labels
+            second, _, text = text.partition(" ")
+            label = f"{label} {second}"
+        start += f"{label} "
+        path = label == "at"
+    pieces = [w for w in (re.split(r"(?=[.\[])", text) if path else text.split(" ")) if w]
+    glue = "" if path else " "
+    if labelled:  # the end kept: "... <words>"
+        pieces = pieces[::-1]
+
+    def joined(kept: list[str]) -> str:
+        if not labelled:
+            return f"{start}{glue.join(kept)} {_ELLIPSIS}{end}"
+        tail = glue.join(kept[::-1]).lstrip(".")
+        return f"{start}{_ELLIPSIS}{glue if not path else ''}{tail}{end}"
+
+    kept: list[str] = []
+    for w in pieces:
+        if len(kept) >= words and len(joined([*kept, w])) > room:
+            break
+        kept.append(w)
+    if kept:
+        return joined(kept)
+    shortest = f"{start}{_ELLIPSIS}{end}"
+    return shortest if labelled and (words >= 0 or len(shortest) <= room) else ""
 
 
 def _rebuild_error(

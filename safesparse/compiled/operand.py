@@ -34,6 +34,7 @@ only and holds nothing that validates or records a proof (that happens at the bo
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -98,9 +99,24 @@ class SparseOperand(torch.Tensor):
 
     # -- tracing ----------------------------------------------------------------------------
 
-    # (no ``_stable_hash_for_caching``: AOTAutograd's default key, which torch warns about
-    # once, holds the shape, ``requires_grad`` and the inner tensors' metadata; a key of the
-    # layout alone let a graph compiled without a values gradient serve one that needs it)
+    def _stable_hash_for_caching(self) -> str:
+        """AOTAutograd's cache key for an operand: what torch's default key holds (the
+        shape, ``requires_grad``, each inner tensor's dtype, sizes, strides, device and
+        ``requires_grad``; a key of the layout alone let a graph compiled without a values
+        gradient serve one that needs it), with sizes written as text. torch's default
+        pickles the sizes, which under dynamic shapes are symbolic and do not pickle:
+        inductor then printed "Failed to pickle cache key" with a traceback and compiled
+        without its cache (results were right)."""
+        def text(sizes: Sequence[Any]) -> str:
+            return ",".join(str(s) for s in sizes)  # (str: no guard on a symbolic size)
+
+        parts = [type(self).__qualname__, self.layout_name, text(self.shape),
+                 str(self.requires_grad)]
+        for name in ("compressed", "plain", "stored"):
+            t = getattr(self, name)
+            parts.append(f"{name}:{t.dtype}:{text(t.shape)}:{text(t.stride())}:"
+                         f"{t.device.type}:{t.requires_grad}")
+        return hashlib.blake2b("|".join(parts).encode(), digest_size=16).hexdigest()
 
     def __tensor_flatten__(self) -> tuple[list[str], str]:
         return ["compressed", "plain", "stored"], self.layout_name

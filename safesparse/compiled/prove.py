@@ -31,17 +31,10 @@ def prove(compressed: torch.Tensor, plain: torch.Tensor, layout: str, n_rows: in
     n_cols`` matrix of ``layout`` (``"csr"``, ``"csc"``, ``"bsr"``, ``"bsc"``; blocks of
     ``block_rows x block_cols`` for the block layouts), proven for the ``safesparse``
     operators. Raises :class:`~safesparse.InvariantError` when they are not valid."""
-    lay = _LAYOUTS.get(layout)
-    if lay is None:
-        raise ValueError(f"safesparse::prove: unknown layout {layout!r} "
-                         f"(one of {', '.join(_LAYOUTS)})")
-    blocked = lay in BLOCK_LAYOUTS
-    if not blocked and (block_rows, block_cols) != (1, 1):
-        raise ValueError(f"safesparse::prove: a {layout.upper()} matrix has no block shape "
-                         f"(got {block_rows} x {block_cols})")
+    lay = _arguments(layout, block_rows, block_cols)
     nnz = plain.shape[0] if plain.dim() == 1 else 0
     # placeholder values (the members are what is proven; only their shape is read)
-    shape = (nnz, block_rows, block_cols) if blocked else (nnz,)
+    shape = (nnz, block_rows, block_cols) if lay in BLOCK_LAYOUTS else (nnz,)
     values = torch.empty(shape, dtype=torch.float32, device=plain.device)
     # copies: the graph's own tensors may be written later, the proven members never are
     t = sparse_compressed_tensor(compressed.clone(), plain.clone(), values, (n_rows, n_cols),
@@ -50,7 +43,22 @@ def prove(compressed: torch.Tensor, plain: torch.Tensor, layout: str, n_rows: in
     return c, p
 
 
+def _arguments(layout: str, block_rows: int, block_cols: int) -> torch.layout:
+    """The layout named by ``layout``, checked with the block shape (the real implementation
+    and the fake alike; the members are the factory's to validate)."""
+    lay = _LAYOUTS.get(layout)
+    if lay is None:
+        raise ValueError(f"safesparse::prove: unknown layout {layout!r} "
+                         f"(one of {', '.join(_LAYOUTS)})")
+    blocked = lay in BLOCK_LAYOUTS
+    if not blocked and (block_rows, block_cols) != (1, 1):
+        raise ValueError(f"safesparse::prove: a {layout.upper()} matrix has no block shape "
+                         f"(got {block_rows} x {block_cols})")
+    return lay
+
+
 @prove.register_fake
 def _(compressed: torch.Tensor, plain: torch.Tensor, layout: str, n_rows: int, n_cols: int,
       block_rows: int = 1, block_cols: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    _arguments(layout, block_rows, block_cols)
     return torch.empty_like(compressed), torch.empty_like(plain)

@@ -37,7 +37,12 @@ from ..catalog.errors import InvariantError
 from ..catalog.module_geometry import MEMBER_NAMES, member_of, values_disagree
 from .results import LoadResult, ModuleMatrix
 
-__all__ = ["ArchiveError", "is_export_archive", "read_export_archive"]
+__all__ = ["PORTABLE_KEY", "ArchiveError", "is_export_archive", "read_export_archive"]
+
+#: the key of a program's ``custom`` graph metadata under which ``ss.portable`` lists the
+#: members of the operators it replaced (``compressed``, ``plain``, ``values``: stored names;
+#: ``layout``; ``size``): a portable program holds no ``safesparse`` operator to find them by
+PORTABLE_KEY = "safesparse.matrices"
 
 _LAYOUTS = {SHORT_NAMES[layout]: layout for layout in COMPRESSED_LAYOUTS}
 _SIZES = (("out_features", "in_features"), ("n_rows", "n_cols"))
@@ -160,6 +165,28 @@ def _operators(program: Mapping[str, Any]) -> Iterator[tuple[dict[str, Any], dic
             yield args, names
 
 
+def _portable(program: Mapping[str, Any]) -> list[tuple[dict[str, Any], dict[str, str]]]:
+    """The matrices ``ss.portable`` listed in the program's metadata (:data:`PORTABLE_KEY`),
+    as :func:`_operators` gives an operator node's (stored names standing for the inputs)."""
+    meta = ((program.get("graph_module") or {}).get("metadata") or {}).get("custom")
+    try:
+        listed = json.loads(meta).get(PORTABLE_KEY, []) if isinstance(meta, str) else []
+    except (ValueError, RecursionError, AttributeError):
+        raise ArchiveError("the program's custom metadata is not a JSON object") from None
+    out = []
+    for entry in listed if isinstance(listed, list) else []:
+        size = entry.get("size") if isinstance(entry, dict) else None
+        if not isinstance(size, list) or len(size) != 2:
+            raise ArchiveError(f"{PORTABLE_KEY}: an entry without a size")
+        members = ("compressed", "plain", "values")
+        args = {m: {"as_tensor": {"name": entry.get(m)}} for m in members}
+        args |= {"layout": {"as_string": entry.get("layout")},
+                 "n_rows": {"as_int": size[0]}, "n_cols": {"as_int": size[1]}}
+        names = {entry[m]: entry[m] for m in members if isinstance(entry.get(m), str)}
+        out.append((args, names))
+    return out
+
+
 def _matrix_of(args: dict[str, Any], names: dict[str, str]
                ) -> tuple[tuple[str, str, str], torch.layout, tuple[int, int]] | None:
     """The members' names, layout and size of one operator node; ``None`` when its members
@@ -259,7 +286,7 @@ def read_export_archive(path: str | os.PathLike[str]) -> LoadResult:
             if text.count(b'"torch.ops.safesparse.') > len(operators):
                 raise ArchiveError("safesparse operators inside nested graphs (torch.cond, "
                                    "...) are not vetted by check")
-            for args, input_names in operators:
+            for args, input_names in [*operators, *_portable(program)]:
                 found = _matrix_of(args, input_names)
                 if found is None or found in seen:  # (one report per matrix and geometry)
                     continue

@@ -66,15 +66,13 @@ def _refuse(op: str, what: str) -> UnprovenMembersError:
         "validates it.")
 
 
-def _geometry(op: str, layout_name: str, compressed: torch.Tensor, plain: torch.Tensor,
-              values: torch.Tensor, n_rows: int, n_cols: int
-              ) -> tuple[torch.layout, torch.Tensor, torch.Tensor, dict[Any, Any] | None]:
-    """Checks, in O(1), that the members are the proven ones for an ``n_rows x n_cols``
-    matrix of ``layout_name`` and that ``values`` fits them (validates them otherwise);
-    returns the layout, the members the kernel reads (validated copies where the memory is
-    written unseen: :func:`_prove`) and the proof's cache for the kernels' pattern data
-    (:func:`members_proof.proof`; None in debug mode, where the members were just validated,
-    or where the state keeps none)."""
+def _shapes(op: str, layout_name: str, compressed: torch.Tensor, plain: torch.Tensor,
+            values: torch.Tensor, n_rows: int, n_cols: int) -> torch.layout:
+    """The O(1) checks that the members and ``values`` can be those of an ``n_rows x n_cols``
+    matrix of ``layout_name``; returns the layout. Run by the real implementations and by the
+    fakes alike (``torch._check_with``: under a compile, sizes that are symbolic are checked,
+    not specialised), so a compiled or exported program is refused at trace time where the
+    real call would be."""
     layout = _LAYOUTS.get(layout_name)
     if layout is None:
         raise ValueError(f"safesparse::{op}: unknown layout {layout_name!r} "
@@ -86,17 +84,34 @@ def _geometry(op: str, layout_name: str, compressed: torch.Tensor, plain: torch.
     if values.dtype not in _FLOATS:
         raise TypeError(f"safesparse::{op}: values dtype {values.dtype} is not supported "
                         "(float32, float64, float16, bfloat16)")
-    r, c = (int(values.shape[1]), int(values.shape[2])) if blocked else (1, 1)
-    if r == 0 or c == 0 or n_rows % r or n_cols % c:
-        raise _refuse(op, f"block shape ({r}, {c}) does not divide the size "
-                          f"({n_rows}, {n_cols})")
+    r, c = (values.shape[1], values.shape[2]) if blocked else (1, 1)
+    torch._check_with(UnprovenMembersError, r > 0 and c > 0 and n_rows % r == 0
+                      and n_cols % c == 0, lambda: _refuse(
+                          op, f"block shape ({r}, {c}) does not divide the size "
+                              f"({n_rows}, {n_cols})").args[0])
+    row = layout in ROW_LAYOUTS
+    n_compressed = n_rows // r if row else n_cols // c
+    fits = compressed.dim() == 1 and plain.dim() == 1 and values.device == plain.device
+    torch._check_with(UnprovenMembersError, fits and compressed.shape[0] == n_compressed + 1
+                      and plain.shape[0] == values.shape[0], lambda: _refuse(
+                          op, f"members of shapes {tuple(compressed.shape)}, "
+                              f"{tuple(plain.shape)}, {tuple(values.shape)} do not fit a "
+                              f"{n_rows} x {n_cols} {layout_name.upper()} matrix").args[0])
+    return layout
+
+
+def _geometry(op: str, layout: torch.layout, compressed: torch.Tensor, plain: torch.Tensor,
+              values: torch.Tensor, n_rows: int, n_cols: int
+              ) -> tuple[torch.Tensor, torch.Tensor, dict[Any, Any] | None]:
+    """Checks, in O(1), that the members (which :func:`_shapes` found to fit) are the proven
+    ones for an ``n_rows x n_cols`` matrix of ``layout`` (validates them otherwise); returns
+    the members the kernel reads (validated copies where the memory is written unseen:
+    :func:`_prove`) and the proof's cache for the kernels' pattern data
+    (:func:`members_proof.proof`; None in debug mode, where the members were just validated,
+    or where the state keeps none)."""
+    r, c = (int(values.shape[1]), int(values.shape[2])) if layout in BLOCK_LAYOUTS else (1, 1)
     row = layout in ROW_LAYOUTS
     n_compressed, n_plain = (n_rows // r, n_cols // c) if row else (n_cols // c, n_rows // r)
-    if (compressed.dim() != 1 or plain.dim() != 1 or compressed.shape[0] != n_compressed + 1
-            or plain.shape[0] != values.shape[0] or values.device != plain.device):
-        raise _refuse(op, f"members of shapes {tuple(compressed.shape)}, "
-                          f"{tuple(plain.shape)}, {tuple(values.shape)} do not fit a "
-                          f"{n_rows} x {n_cols} {layout_name.upper()} matrix")
     geometry = checked.compressed_geometry(n_compressed, n_plain)
     proven, cache = (False, None) if is_debug() else members_proof.proof(compressed, plain,
                                                                           geometry)
@@ -105,7 +120,7 @@ def _geometry(op: str, layout_name: str, compressed: torch.Tensor, plain: torch.
         # shared memory, made under inference mode; debug mode trusts no remembered proof):
         # validated here, O(nnz), before any kernel reads them, and proven for the next call
         compressed, plain = _prove(op, layout, compressed, plain, values, n_rows, n_cols)
-    return layout, compressed, plain, cache
+    return compressed, plain, cache
 
 
 def _prove(op: str, layout: torch.layout, compressed: torch.Tensor, plain: torch.Tensor,
@@ -203,18 +218,34 @@ class UninitialisedMemoryError(InvariantError):
                 + super()._message())
 
 
-def _operand(op: str, x: torch.Tensor, values: torch.Tensor, shape: tuple[int, int],
+def _operand(op: str, x: torch.Tensor, values: torch.Tensor, shape: tuple[Any, Any],
              what: str) -> None:
-    if x.dim() != 2 or tuple(x.shape) != shape:
-        raise ValueError(f"safesparse::{op}: {what} must have shape {shape}, got "
+    """``x`` is 2-D of ``shape`` (sizes checked with ``torch._check_with``: symbolic under a
+    compile), of the values' dtype and device."""
+    if x.dim() != 2:
+        raise ValueError(f"safesparse::{op}: {what} must have shape {tuple(shape)}, got "
                          f"{tuple(x.shape)}")
+    for dim in (0, 1):
+        torch._check_with(ValueError, x.shape[dim] == shape[dim], lambda: (
+            f"safesparse::{op}: {what} must have shape {tuple(shape)}, got {tuple(x.shape)}"))
     if x.dtype != values.dtype or x.device != values.device:
         raise RuntimeError(f"safesparse::{op}: {what} is {x.dtype} on {x.device}, values are "
                         f"{values.dtype} on {values.device} (convert one of them)")
 
 
+# Each operator's O(1) checks are one function, run by its real implementation (before the
+# proof is confirmed) and by its fake (a wrong width raises at trace time as at run time).
+
 # ---------------------------------------------------------------------------------------------
 # y = x @ W.T  (SparseLinear)
+
+
+def _linear_checks(op: str, x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor,
+                   values: torch.Tensor, layout: str, out_features: int, in_features: int
+                   ) -> torch.layout:
+    lay = _shapes(op, layout, compressed, plain, values, out_features, in_features)
+    _operand(op, x, values, (x.shape[0], in_features), "x")
+    return lay
 
 
 @custom_op("safesparse::linear", mutates_args=())
@@ -222,9 +253,10 @@ def linear(x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor, value
            layout: str, out_features: int, in_features: int) -> torch.Tensor:
     """``x @ W.T`` for the proven ``out_features x in_features`` matrix ``W`` with these
     members; ``x`` of shape ``(N, in_features)``."""
-    lay, compressed, plain, cache = _geometry("linear", layout, compressed, plain, values,
-                                              out_features, in_features)
-    _operand("linear", x, values, (x.shape[0], in_features), "x")
+    lay = _linear_checks("linear", x, compressed, plain, values, layout, out_features,
+                         in_features)
+    compressed, plain, cache = _geometry("linear", lay, compressed, plain, values, out_features,
+                                         in_features)
     return blockkernels.linear(x, lay, compressed, plain, values, out_features, in_features,
                                cache=cache)
 
@@ -232,7 +264,16 @@ def linear(x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor, value
 @linear.register_fake
 def _(x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor,
       layout: str, out_features: int, in_features: int) -> torch.Tensor:
+    _linear_checks("linear", x, compressed, plain, values, layout, out_features, in_features)
     return x.new_empty(x.shape[0], out_features)
+
+
+def _linear_grad_input_checks(op: str, g: torch.Tensor, compressed: torch.Tensor,
+                              plain: torch.Tensor, values: torch.Tensor, layout: str,
+                              out_features: int, in_features: int) -> torch.layout:
+    lay = _shapes(op, layout, compressed, plain, values, out_features, in_features)
+    _operand(op, g, values, (g.shape[0], out_features), "g")
+    return lay
 
 
 @custom_op("safesparse::linear_grad_input", mutates_args=())
@@ -240,9 +281,11 @@ def linear_grad_input(g: torch.Tensor, compressed: torch.Tensor, plain: torch.Te
                       values: torch.Tensor, layout: str, out_features: int,
                       in_features: int) -> torch.Tensor:
     """``g @ W``: the gradient of :func:`linear` to ``x``."""
-    lay, compressed, plain, cache = _geometry("linear_grad_input", layout, compressed, plain,
-                                              values, out_features, in_features)
-    _operand("linear_grad_input", g, values, (g.shape[0], out_features), "g")
+    op = "linear_grad_input"
+    lay = _linear_grad_input_checks(op, g, compressed, plain, values, layout, out_features,
+                                    in_features)
+    compressed, plain, cache = _geometry(op, lay, compressed, plain, values, out_features,
+                                         in_features)
     return blockkernels.linear_grad_input(g, lay, compressed, plain, values, out_features,
                                           in_features, cache=cache)
 
@@ -250,7 +293,19 @@ def linear_grad_input(g: torch.Tensor, compressed: torch.Tensor, plain: torch.Te
 @linear_grad_input.register_fake
 def _(g: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor,
       layout: str, out_features: int, in_features: int) -> torch.Tensor:
+    _linear_grad_input_checks("linear_grad_input", g, compressed, plain, values, layout,
+                              out_features, in_features)
     return g.new_empty(g.shape[0], in_features)
+
+
+def _linear_grad_values_checks(op: str, g: torch.Tensor, x: torch.Tensor,
+                               compressed: torch.Tensor, plain: torch.Tensor,
+                               values: torch.Tensor, layout: str, out_features: int,
+                               in_features: int) -> torch.layout:
+    lay = _shapes(op, layout, compressed, plain, values, out_features, in_features)
+    _operand(op, g, values, (g.shape[0], out_features), "g")
+    _operand(op, x, values, (g.shape[0], in_features), "x")
+    return lay
 
 
 @custom_op("safesparse::linear_grad_values", mutates_args=())
@@ -259,10 +314,10 @@ def linear_grad_values(g: torch.Tensor, x: torch.Tensor, compressed: torch.Tenso
                        out_features: int, in_features: int) -> torch.Tensor:
     """The gradient of :func:`linear` to ``values`` (``values``' shape)."""
     op = "linear_grad_values"
-    lay, compressed, plain, cache = _geometry(op, layout, compressed, plain, values, out_features,
-                                              in_features)
-    _operand(op, g, values, (g.shape[0], out_features), "g")
-    _operand(op, x, values, (g.shape[0], in_features), "x")
+    lay = _linear_grad_values_checks(op, g, x, compressed, plain, values, layout, out_features,
+                                     in_features)
+    compressed, plain, cache = _geometry(op, lay, compressed, plain, values, out_features,
+                                         in_features)
     return blockkernels.linear_grad_values(g, x, lay, compressed, plain, values, out_features,
                                            in_features, cache=cache)
 
@@ -270,9 +325,18 @@ def linear_grad_values(g: torch.Tensor, x: torch.Tensor, compressed: torch.Tenso
 @linear_grad_values.register_fake
 def _(g: torch.Tensor, x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor,
       values: torch.Tensor, layout: str, out_features: int, in_features: int) -> torch.Tensor:
+    _linear_grad_values_checks("linear_grad_values", g, x, compressed, plain, values, layout,
+                               out_features, in_features)
     return values.new_empty(values.shape)  # contiguous, as the kernel's (whatever values' strides)
 
 
+def _linear_bias_checks(op: str, x: torch.Tensor, compressed: torch.Tensor,
+                        plain: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
+                        layout: str, out_features: int, in_features: int) -> torch.layout:
+    lay = _linear_checks(op, x, compressed, plain, values, layout, out_features, in_features)
+    _operand(op, bias.view(1, -1) if bias.dim() == 1 else bias, values, (1, out_features),
+             "bias")
+    return lay
 
 
 @custom_op("safesparse::linear_bias", mutates_args=())
@@ -282,11 +346,10 @@ def linear_bias(x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor,
     """``x @ W.T + bias``: :func:`linear` with the bias added in the same pass (the native
     kernels start each output from it)."""
     op = "linear_bias"
-    lay, compressed, plain, cache = _geometry(op, layout, compressed, plain, values, out_features,
-                                              in_features)
-    _operand(op, x, values, (x.shape[0], in_features), "x")
-    _operand(op, bias.view(1, -1) if bias.dim() == 1 else bias, values, (1, out_features),
-             "bias")
+    lay = _linear_bias_checks(op, x, compressed, plain, values, bias, layout, out_features,
+                              in_features)
+    compressed, plain, cache = _geometry(op, lay, compressed, plain, values, out_features,
+                                         in_features)
     return blockkernels.linear(x, lay, compressed, plain, values, out_features, in_features,
                                cache=cache, bias=bias)
 
@@ -294,13 +357,20 @@ def linear_bias(x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor,
 @linear_bias.register_fake
 def _(x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor,
       bias: torch.Tensor, layout: str, out_features: int, in_features: int) -> torch.Tensor:
+    _linear_bias_checks("linear_bias", x, compressed, plain, values, bias, layout, out_features,
+                        in_features)
     return x.new_empty(x.shape[0], out_features)
-
-
 
 
 # ---------------------------------------------------------------------------------------------
 # y = A @ x  (SparseMatmul)
+
+
+def _matmul_checks(op: str, compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor,
+                   layout: str, n_rows: int, n_cols: int, x: torch.Tensor) -> torch.layout:
+    lay = _shapes(op, layout, compressed, plain, values, n_rows, n_cols)
+    _operand(op, x, values, (n_cols, x.shape[1]), "x")
+    return lay
 
 
 @custom_op("safesparse::matmul", mutates_args=())
@@ -308,16 +378,25 @@ def matmul(compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor, 
            n_rows: int, n_cols: int, x: torch.Tensor) -> torch.Tensor:
     """``A @ x`` for the proven ``n_rows x n_cols`` matrix ``A`` with these members; ``x`` of
     shape ``(n_cols, N)``."""
-    lay, compressed, plain, cache = _geometry("matmul", layout, compressed, plain, values, n_rows,
-                                              n_cols)
-    _operand("matmul", x, values, (n_cols, x.shape[1]), "x")
+    lay = _matmul_checks("matmul", compressed, plain, values, layout, n_rows, n_cols, x)
+    compressed, plain, cache = _geometry("matmul", lay, compressed, plain, values, n_rows,
+                                         n_cols)
     return blockkernels.matmul(lay, compressed, plain, values, n_rows, n_cols, x, cache=cache)
 
 
 @matmul.register_fake
 def _(compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor, layout: str,
       n_rows: int, n_cols: int, x: torch.Tensor) -> torch.Tensor:
+    _matmul_checks("matmul", compressed, plain, values, layout, n_rows, n_cols, x)
     return x.new_empty(n_rows, x.shape[1])
+
+
+def _matmul_grad_input_checks(op: str, compressed: torch.Tensor, plain: torch.Tensor,
+                              values: torch.Tensor, layout: str, n_rows: int, n_cols: int,
+                              g: torch.Tensor) -> torch.layout:
+    lay = _shapes(op, layout, compressed, plain, values, n_rows, n_cols)
+    _operand(op, g, values, (n_rows, g.shape[1]), "g")
+    return lay
 
 
 @custom_op("safesparse::matmul_grad_input", mutates_args=())
@@ -325,8 +404,8 @@ def matmul_grad_input(compressed: torch.Tensor, plain: torch.Tensor, values: tor
                       layout: str, n_rows: int, n_cols: int, g: torch.Tensor) -> torch.Tensor:
     """``A.T @ g``: the gradient of :func:`matmul` to ``x``."""
     op = "matmul_grad_input"
-    lay, compressed, plain, cache = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
-    _operand(op, g, values, (n_rows, g.shape[1]), "g")
+    lay = _matmul_grad_input_checks(op, compressed, plain, values, layout, n_rows, n_cols, g)
+    compressed, plain, cache = _geometry(op, lay, compressed, plain, values, n_rows, n_cols)
     return blockkernels.matmul_grad_input(lay, compressed, plain, values, n_rows, n_cols, g,
                                           cache=cache)
 
@@ -334,7 +413,18 @@ def matmul_grad_input(compressed: torch.Tensor, plain: torch.Tensor, values: tor
 @matmul_grad_input.register_fake
 def _(compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor, layout: str,
       n_rows: int, n_cols: int, g: torch.Tensor) -> torch.Tensor:
+    _matmul_grad_input_checks("matmul_grad_input", compressed, plain, values, layout, n_rows,
+                              n_cols, g)
     return g.new_empty(n_cols, g.shape[1])
+
+
+def _matmul_grad_values_checks(op: str, compressed: torch.Tensor, plain: torch.Tensor,
+                               values: torch.Tensor, layout: str, n_rows: int, n_cols: int,
+                               g: torch.Tensor, x: torch.Tensor) -> torch.layout:
+    lay = _shapes(op, layout, compressed, plain, values, n_rows, n_cols)
+    _operand(op, g, values, (n_rows, g.shape[1]), "g")
+    _operand(op, x, values, (n_cols, g.shape[1]), "x")
+    return lay
 
 
 @custom_op("safesparse::matmul_grad_values", mutates_args=())
@@ -343,9 +433,9 @@ def matmul_grad_values(compressed: torch.Tensor, plain: torch.Tensor, values: to
                        x: torch.Tensor) -> torch.Tensor:
     """The gradient of :func:`matmul` to ``values`` (``values``' shape)."""
     op = "matmul_grad_values"
-    lay, compressed, plain, cache = _geometry(op, layout, compressed, plain, values, n_rows, n_cols)
-    _operand(op, g, values, (n_rows, g.shape[1]), "g")
-    _operand(op, x, values, (n_cols, g.shape[1]), "x")
+    lay = _matmul_grad_values_checks(op, compressed, plain, values, layout, n_rows, n_cols, g,
+                                     x)
+    compressed, plain, cache = _geometry(op, lay, compressed, plain, values, n_rows, n_cols)
     return blockkernels.matmul_grad_values(g, x, lay, compressed, plain, values, n_rows, n_cols,
                                            cache=cache)
 
@@ -353,4 +443,6 @@ def matmul_grad_values(compressed: torch.Tensor, plain: torch.Tensor, values: to
 @matmul_grad_values.register_fake
 def _(compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor, layout: str,
       n_rows: int, n_cols: int, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    _matmul_grad_values_checks("matmul_grad_values", compressed, plain, values, layout, n_rows,
+                               n_cols, g, x)
     return values.new_empty(values.shape)  # contiguous, as the kernel's (whatever values' strides)

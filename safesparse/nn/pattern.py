@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..base.compiling import dynamic_length
 from ..base.layouts import BLOCK_LAYOUTS, COMPRESSED_LAYOUTS, ROW_LAYOUTS
 from ..catalog.errors import InvariantError
 from ..catalog.invariants import STATE_DICT_LOADER
@@ -55,6 +56,11 @@ _log = logging.getLogger("safesparse.nn")
 _BLOCK = BLOCK_LAYOUTS
 _ROW = ROW_LAYOUTS
 _NAMES = MEMBER_NAMES
+
+# One compile for every density (SPEC 10): the members whose length is the number of stored
+# elements are dynamic in it under torch.compile (buffers and parameters are static by default)
+dynamic_length("_buffers", MEMBER_NAMES[1])
+dynamic_length("_parameters", MEMBER_NAMES[2])
 
 
 def members(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
