@@ -121,11 +121,34 @@ def _context() -> torch.dtype | None:
 class _Plan:
     """One module's packed product and the key it holds for (module docstring)."""
 
-    __slots__ = ("args", "addr", "still", "keep", "entry", "thread", "buffers", "params", "c", "p", "c_ptr",
-                 "p_ptr", "c_shape", "p_shape", "geometry", "v", "v_ptr", "v_shape",
-                 "v_stride", "v_dtype", "v_ver", "b", "b_ptr", "b_shape", "b_stride",
-                 "b_ver", "threads", "x_dtype", "y_dtype", "autocast", "cast", "width",
-                 "n_out", "batch_major", "layout_name", "grad")
+    __slots__ = ("addr", "args", "autocast", "b", "b_key", "batch_major", "c", "cast",
+                 "dtype", "entry", "geometry", "grad", "keep", "layout_name", "n_out", "p", "still",
+                 "thread", "threads", "v", "v_key", "v_ver", "width", "x_dtype", "y_dtype")
+
+    def __init__(self, packed: tuple[native.PackedArgs, tuple[T, ...]], entry: Any,
+                 still: Callable[[], bool], c: T, p: T, v: T, b: T | None,
+                 geometry: Hashable, autocast: torch.dtype, cast: bool, x_dtype: torch.dtype,
+                 y_dtype: torch.dtype, width: int, n_out: int, batch_major: bool,
+                 layout_name: str) -> None:
+        self.args, self.keep = packed
+        self.addr = addressof(self.args)
+        self.entry = entry
+        self.still = still  # the state layer's O(1) re-check of the proof
+        self.thread = _ident()
+        self.c, self.p, self.v, self.b = c, p, v, b
+        self.dtype = v.dtype  # (the input's: the proving path refuses any other)
+        self.v_key = (v.data_ptr(), v.shape, v.stride(), v.dtype)
+        self.b_key = None if b is None else (b.data_ptr(), b.shape, b.stride())
+        self.v_ver = (v._version, None if b is None else b._version)
+        self.geometry = geometry
+        self.threads = _threads()
+        self.autocast = autocast
+        self.cast = cast  # values (and bias) converted into the plan: keyed on versions too
+        self.grad = not cast  # gradients only where the kernel reads the values in place
+        self.x_dtype, self.y_dtype = x_dtype, y_dtype
+        self.width, self.n_out = width, n_out
+        self.batch_major = batch_major
+        self.layout_name = layout_name
 
     def holds(self, buffers: dict[str, Any], params: dict[str, Any], autocast: torch.dtype
               ) -> bool:
@@ -135,19 +158,15 @@ class _Plan:
         v = params.get("values")
         b = params.get("bias")
         if (c is not self.c or p is not self.p or v is not self.v or b is not self.b
-                or autocast is not self.autocast or _threads() != self.threads
-                or c.data_ptr() != self.c_ptr or p.data_ptr() != self.p_ptr
-                or v.data_ptr() != self.v_ptr or v.dtype is not self.v_dtype
-                or c.shape != self.c_shape or p.shape != self.p_shape
-                or v.shape != self.v_shape or v.stride() != self.v_stride):
+                or autocast is not self.autocast or _threads() != self.threads):
             return False
-        if b is not None and (b.data_ptr() != self.b_ptr or b.shape != self.b_shape
-                              or b.stride() != self.b_stride):
+        if (v.data_ptr(), v.shape, v.stride(), v.dtype) != self.v_key:
             return False
-        if self.cast and (v._version != self.v_ver
-                          or (b is not None and b._version != self.b_ver)):
-            return False  # (the plan holds converted copies of them)
-        return self.still()
+        if b is not None and (b.data_ptr(), b.shape, b.stride()) != self.b_key:
+            return False
+        if self.cast and (v._version, None if b is None else b._version) != self.v_ver:
+            return False
+        return self.still()  # (the members' views, every counter on their memory)
 
     def run(self, x: T, n: int, y_shape: tuple[int, ...]) -> T | None:
         """The product for the contiguous ``x`` of ``n`` rows (batch-major) or columns, into
@@ -211,8 +230,9 @@ def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan
     if autocast is not torch.float32:  # what the autocast kernel hands the operators
         if v.dtype is not torch.float32 or autocast not in _HALF:
             return None
-        vals, bias, y_dtype = v.detach().to(autocast), None if b is None else b.detach().to(
-            autocast), autocast
+        vals = v.detach().to(autocast)
+        bias = None if b is None else b.detach().to(autocast)
+        y_dtype = autocast
     else:
         vals, bias, y_dtype = v.detach(), None if b is None else b.detach(), v.dtype
     x_dtype = torch.float64 if v.dtype is torch.float64 else torch.float32
@@ -220,33 +240,8 @@ def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan
                                  y_dtype, bias=bias, cache=cache)
     if packed is None:
         return None
-    plan = _Plan()
-    plan.args, plan.keep = packed
-    plan.addr = addressof(plan.args)
-    plan.still = still
-    plan.entry = entry
-    plan.thread = _ident()
-    plan.buffers, plan.params = buffers, params
-    plan.c, plan.p = c, p
-    plan.c_ptr, plan.p_ptr = c.data_ptr(), p.data_ptr()
-    plan.c_shape, plan.p_shape = c.shape, p.shape
-    plan.geometry = geometry
-    plan.v, plan.v_ptr, plan.v_shape, plan.v_stride = v, v.data_ptr(), v.shape, v.stride()
-    plan.v_dtype, plan.v_ver = v.dtype, v._version
-    plan.b = b
-    plan.b_ptr = plan.b_shape = plan.b_stride = plan.b_ver = None
-    if b is not None:
-        plan.b_ptr, plan.b_shape, plan.b_stride = b.data_ptr(), b.shape, b.stride()
-        plan.b_ver = b._version
-    plan.threads = _threads()
-    plan.x_dtype, plan.y_dtype = x_dtype, y_dtype
-    plan.autocast, plan.cast = autocast, cast
-    plan.width, plan.n_out = (n_cols, n_rows)
-    plan.batch_major = batch_major
-    plan.layout_name = module._layout_name
-    # gradients through the plan: the values read in place (no copy that could go stale)
-    plan.grad = not cast
-    return plan
+    return _Plan(packed, entry, still, c, p, v, b, geometry, autocast, cast, x_dtype, y_dtype,
+                 n_cols, n_rows, batch_major, module._layout_name)
 
 
 class _FastLinear(torch.autograd.Function):
@@ -264,7 +259,7 @@ class _FastLinear(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # type: ignore[misc]
+    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, g: T) -> tuple[T | None, ...]:
         x, c, p, v = ctx.saved_tensors
         layout, n_out, width = ctx.geometry
@@ -280,6 +275,9 @@ class _FastLinear(torch.autograd.Function):
         return gx, None, None, gv, gb, None, None, None
 
 
+_apply: Callable[..., T] = _FastLinear.apply
+
+
 class _Refused(Exception):
     """The library refused the packed call (never seen by users: the proving path runs)."""
 
@@ -288,12 +286,12 @@ def linear(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
     """``SparseLinear.forward`` in eager mode: the plan where it holds, else ``proving``
     (the operators), after which a plan is built."""
     d = module.__dict__
-    slot = d.get("_ss_fast")
+    slot: PlanSlot | None = d.get("_ss_fast")
     plan = None if slot is None else slot.plan
     autocast = _context()
     held = False
     if (plan is not None and autocast is not None and type(x) is _Tensor
-            and x.dtype is plan.v_dtype and x.is_cpu and x.is_contiguous()):
+            and x.dtype is plan.dtype and x.is_cpu and x.is_contiguous()):
         width = plan.width
         shape = x.shape
         if shape and shape[-1] == width and plan.holds(d["_buffers"], d["_parameters"],
@@ -310,16 +308,16 @@ def linear(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
                     return y
             elif n and plan.grad:
                 try:
-                    y = _FastLinear.apply(x, plan.c, plan.p, v, b, plan, n, y_shape)
+                    y = _apply(x, plan.c, plan.p, v, b, plan, n, y_shape)
                 except _Refused:
                     pass
                 else:
-                    return y  # type: ignore[no-any-return]
+                    return y
     y = proving(module, x)
     if not held and autocast is not None and type(x) is _Tensor and x.is_cpu:
         try:
             _slot(module).plan = _build(module, x, autocast, batch_major=True)
-        except Exception:  # noqa: BLE001  (no plan: the proving path keeps running)
+        except Exception:  # (no plan: the proving path keeps running)
             _slot(module).plan = None
     return y
 
@@ -329,12 +327,12 @@ def matmul(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
     gradient is recorded (a trainable ``A`` or an ``x`` requiring grad take the operators),
     else ``proving``."""
     d = module.__dict__
-    slot = d.get("_ss_fast")
+    slot: PlanSlot | None = d.get("_ss_fast")
     plan = None if slot is None else slot.plan
     autocast = _context()
     held = False
     if (plan is not None and autocast is not None and type(x) is _Tensor
-            and x.dtype is plan.v_dtype and x.is_cpu and x.is_contiguous()):
+            and x.dtype is plan.dtype and x.is_cpu and x.is_contiguous()):
         shape = x.shape
         if (len(shape) in (1, 2) and shape[0] == plan.width
                 and plan.holds(d["_buffers"], d["_parameters"], autocast)):
@@ -348,6 +346,6 @@ def matmul(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
     if not held and autocast is not None and type(x) is _Tensor and x.is_cpu:
         try:
             _slot(module).plan = _build(module, x, autocast, batch_major=False)
-        except Exception:  # noqa: BLE001  (no plan: the proving path keeps running)
+        except Exception:  # (no plan: the proving path keeps running)
             _slot(module).plan = None
     return y
