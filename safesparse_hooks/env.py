@@ -1,9 +1,10 @@
 """Strict reading of safesparse's switches in the environment.
 
 ``SAFESPARSE_ENFORCE``, ``SAFESPARSE_DEBUG`` and ``SAFESPARSE_OMP_PASSIVE`` accept ``1``/``0``,
-``true``/``false``, ``yes``/``no`` and ``on``/``off`` in any case (surrounding blanks ignored); unset or empty means
-off. Any other value is an error naming the variable: a typo (``SAFESPARSE_ENFORCE=ture``) must
-not silently leave protection off. Imports nothing but :mod:`os` (at run time).
+``true``/``false``, ``yes``/``no`` and ``on``/``off`` in any case (surrounding blanks ignored);
+unset or empty means off. Any other value is an error naming the variable: a typo
+(``SAFESPARSE_ENFORCE=ture``) must not silently leave protection off. Imports nothing but
+:mod:`os` (at run time).
 """
 
 from __future__ import annotations
