@@ -121,15 +121,17 @@ def _context() -> torch.dtype | None:
 class _Plan:
     """One module's packed product and the key it holds for (module docstring)."""
 
-    __slots__ = ("addr", "args", "autocast", "b", "b_key", "batch_major", "c", "cast",
-                 "dtype", "entry", "geometry", "grad", "keep", "layout_name", "n_out", "p", "still",
-                 "thread", "threads", "v", "v_key", "v_ver", "width", "x_dtype", "y_dtype")
+    __slots__ = ("addr", "args", "autocast", "b", "b_key", "batch_major", "c", "cache", "cast",
+                 "dtype", "entry", "geometry", "grad", "keep", "layout", "layout_name", "n_out",
+                 "p", "still", "thread", "threads", "v", "v_key", "v_ver", "width", "x_dtype",
+                 "y_dtype")
 
     def __init__(self, packed: tuple[native.PackedArgs, tuple[T, ...]], entry: Any,
                  still: Callable[[], bool], c: T, p: T, v: T, b: T | None,
                  geometry: Hashable, autocast: torch.dtype, cast: bool, x_dtype: torch.dtype,
                  y_dtype: torch.dtype, width: int, n_out: int, batch_major: bool,
-                 layout_name: str) -> None:
+                 layout: torch.layout, layout_name: str, cache: dict[Hashable, Any] | None
+                 ) -> None:
         self.args, self.keep = packed
         self.addr = addressof(self.args)
         self.entry = entry
@@ -148,7 +150,8 @@ class _Plan:
         self.x_dtype, self.y_dtype = x_dtype, y_dtype
         self.width, self.n_out = width, n_out
         self.batch_major = batch_major
-        self.layout_name = layout_name
+        self.layout, self.layout_name = layout, layout_name
+        self.cache = cache  # (the proof's cache of pattern data, as the operators pass it)
 
     def holds(self, buffers: dict[str, Any], params: dict[str, Any], autocast: torch.dtype
               ) -> bool:
@@ -241,12 +244,14 @@ def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan
     if packed is None:
         return None
     return _Plan(packed, entry, still, c, p, v, b, geometry, autocast, cast, x_dtype, y_dtype,
-                 n_cols, n_rows, batch_major, module._layout_name)
+                 n_cols, n_rows, batch_major, layout, module._layout_name, cache)
 
 
 class _FastLinear(torch.autograd.Function):
-    """The plan's product with gradients: the backward calls the gradient operators (which
-    confirm the members again)."""
+    """The plan's product with gradients. The backward calls the gradient kernels directly
+    where the plan still holds when it runs (the same O(1) questions: the context, the
+    state's re-check of the proof, the values' address, shape and strides); else the gradient
+    operators, which confirm (or validate) the members themselves."""
 
     @staticmethod
     def forward(ctx: Any, x: T, c: T, p: T, v: T, b: T | None, plan: _Plan, n: int,
@@ -255,24 +260,36 @@ class _FastLinear(torch.autograd.Function):
         if y is None:
             raise _Refused
         ctx.save_for_backward(x, c, p, v)
-        ctx.geometry = (plan.layout_name, plan.n_out, plan.width)
+        ctx.plan = plan
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, g: T) -> tuple[T | None, ...]:
         x, c, p, v = ctx.saved_tensors
-        layout, n_out, width = ctx.geometry
+        plan: _Plan = ctx.plan
+        n_out, width = plan.n_out, plan.width
         need_x, _, _, need_v, need_b = ctx.needs_input_grad[:5]
         g2 = g.reshape(-1, n_out).contiguous()
+        x2 = x.view(-1, width)
         gx = gv = gb = None
-        if need_x:
-            gx = linear_grad_input(g2, c, p, v, layout, n_out, width).view(x.shape)
-        if need_v:
-            gv = linear_grad_values(g2, x.view(-1, width), c, p, v, layout, n_out, width)
+        if (_context() is not None and g2.dtype is plan.dtype and c is plan.c and p is plan.p
+                and (v.data_ptr(), v.shape, v.stride(), v.dtype) == plan.v_key and plan.still()):
+            lay, cache = plan.layout, plan.cache
+            if need_x:
+                gx = blockkernels.linear_grad_input(g2, lay, c, p, v, n_out, width, cache=cache)
+            if need_v:
+                gv = blockkernels.linear_grad_values(g2, x2, lay, c, p, v, n_out, width,
+                                                     cache=cache)
+        else:
+            name = plan.layout_name
+            if need_x:
+                gx = linear_grad_input(g2, c, p, v, name, n_out, width)
+            if need_v:
+                gv = linear_grad_values(g2, x2, c, p, v, name, n_out, width)
         if need_b:
             gb = blockkernels.bias_grad(g2)
-        return gx, None, None, gv, gb, None, None, None
+        return (None if gx is None else gx.view(x.shape)), None, None, gv, gb, None, None, None
 
 
 _apply: Callable[..., T] = _FastLinear.apply

@@ -139,6 +139,22 @@ def test_gradients_equal_to_the_proving_path(calls: Calls, shape: tuple[int, ...
         torch.testing.assert_close(got, want)
 
 
+def test_backward_after_a_write_through_another_counter_is_refused(calls: Calls) -> None:
+    """The backward re-checks the plan too: a write that voids the proof between forward and
+    backward (no counter of the saved buffers moves) sends it to the gradient operators,
+    which validate and refuse."""
+    layer = make()
+    x = torch.randn(3, 96, requires_grad=True)
+    warm(layer, x.detach(), calls)
+    before = calls.fast
+    y = layer(x)
+    assert calls.fast == before + 1
+    with torch.no_grad():
+        layer.weight.col_indices()[0] = 10 ** 6
+    with pytest.raises(ss.InvariantError, match="plain_indices"):
+        y.sum().backward()
+
+
 def test_values_trained_in_place_are_read(calls: Calls) -> None:
     layer = make()
     x = torch.randn(2, 96)
