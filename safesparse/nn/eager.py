@@ -146,7 +146,10 @@ class _Plan:
         self.threads = _threads()
         self.autocast = autocast
         self.cast = cast  # values (and bias) converted into the plan: keyed on versions too
-        self.grad = not cast  # gradients only where the kernel reads the values in place
+        # gradients through the plan except under autocast (whose cast of the values is part
+        # of the graph torch records); a half-type layer's converted copy is keyed on the
+        # values' version, which autograd checks again before the backward reads them
+        self.grad = autocast is torch.float32
         self.x_dtype, self.y_dtype = x_dtype, y_dtype
         self.width, self.n_out = width, n_out
         self.batch_major = batch_major
