@@ -198,7 +198,7 @@ def _transformed() -> bool:
 
 def linear_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     """``SparseLinear.forward``: ``x @ W.T + b`` over any leading dims of ``x`` (in eager
-    mode through the fast path, :mod:`safesparse.nn.eager`, where it holds)."""
+    mode through the fast path of ``safesparse.nn.eager`` where it holds)."""
     if not torch.compiler.is_compiling():
         return eager.linear(self, x, linear_operators)
     return linear_operators(self, x)
@@ -232,7 +232,8 @@ def linear_operators(self: Any, x: torch.Tensor) -> torch.Tensor:
 
 def matmul_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     """``SparseMatmul.forward``: ``A @ x`` for ``x`` of shape ``(n_cols,)`` or
-    ``(n_cols, N)`` (in eager mode through the fast path where it holds)."""
+    ``(n_cols, N)`` (in eager mode through the fast path of ``safesparse.nn.eager`` where it
+    holds)."""
     if not torch.compiler.is_compiling():
         return eager.matmul(self, x, matmul_operators)
     return matmul_operators(self, x)
