@@ -257,26 +257,27 @@ class _FastLinear(torch.autograd.Function):
     operators, which confirm (or validate) the members themselves."""
 
     @staticmethod
-    def forward(ctx: Any, x: T, c: T, p: T, v: T, b: T | None, plan: _Plan, n: int,
+    def forward(ctx: Any, x: T, v: T, b: T | None, plan: _Plan, n: int,
                 y_shape: tuple[int, ...]) -> T:
         y = plan.run(x, n, y_shape)
         if y is None:
             raise _Refused
-        ctx.save_for_backward(x, c, p, v)
-        ctx.plan = plan
+        ctx.save_for_backward(x, v)
+        ctx.plan = plan  # (its members: the backward confirms them, or the operators do)
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, g: T) -> tuple[T | None, ...]:
-        x, c, p, v = ctx.saved_tensors
+        x, v = ctx.saved_tensors
         plan: _Plan = ctx.plan
+        c, p = plan.c, plan.p
         n_out, width = plan.n_out, plan.width
-        need_x, _, _, need_v, need_b = ctx.needs_input_grad[:5]
+        need_x, need_v, need_b = ctx.needs_input_grad[:3]
         g2 = g.reshape(-1, n_out).contiguous()
         x2 = x.view(-1, width)
         gx = gv = gb = None
-        if (_context() is not None and g2.dtype is plan.dtype and c is plan.c and p is plan.p
+        if (_context() is not None and g2.dtype is plan.dtype
                 and (v.data_ptr(), v.shape, v.stride(), v.dtype) == plan.v_key and plan.still()):
             lay, cache = plan.layout, plan.cache
             if need_x:
@@ -292,7 +293,7 @@ class _FastLinear(torch.autograd.Function):
                 gv = linear_grad_values(g2, x2, c, p, v, name, n_out, width)
         if need_b:
             gb = blockkernels.bias_grad(g2)
-        return (None if gx is None else gx.view(x.shape)), None, None, gv, gb, None, None, None
+        return (None if gx is None else gx.view(x.shape)), gv, gb, None, None, None
 
 
 _apply: Callable[..., T] = _FastLinear.apply
@@ -328,7 +329,7 @@ def linear(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
                     return y
             elif n and plan.grad:
                 try:
-                    y = _apply(x, plan.c, plan.p, v, b, plan, n, y_shape)
+                    y = _apply(x, v, b, plan, n, y_shape)
                 except _Refused:
                     pass
                 else:
