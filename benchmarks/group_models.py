@@ -41,22 +41,15 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import DebugOff
+from group_linear import COLUMNS, _add  # (the same table layout and verdicts)
 from harness import (
     SEED,
     Cell,
-    Column,
     Config,
     Table,
-    fmt_ms,
-    fmt_ratio,
-    fmt_text,
-    fmt_verdict,
-    judge,
     load_safesparse,
     measure,
-    ratio,
     register,
-    target_text,
 )
 
 #: (key, description, limit, unit): this group's targets, merged into benchmarks/targets.py.
@@ -68,11 +61,6 @@ TARGETS = [
      "sequence (`no_grad`) / the dense layer", 0.16, "x"),
 ]
 
-COLUMNS = [
-    Column("measurement"), Column("safesparse (ms)", fmt_ms), Column("baseline"),
-    Column("baseline (ms)", fmt_ms), Column("ratio", fmt_ratio), Column("target", fmt_text),
-    Column("met", fmt_verdict),
-]
 DENSITY = 0.10
 BLOCK = (16, 16)
 #: encoder (hidden, heads, MLP, sequences, tokens) full and quick
@@ -127,15 +115,6 @@ def fast_path_layers(model: nn.Module, ss: ModuleType) -> str:
         return "-"
     held = sum(eager.plan_of(m) is not None for m in layers)
     return f"{held}/{len(layers)}"
-
-
-def _add(table: Table, what: str, t_ss: Cell, baseline: str, t_base: Cell,
-         key: str | None) -> None:
-    r = ratio(t_ss if not isinstance(t_ss, int) else float(t_ss),
-              t_base if not isinstance(t_base, int) else float(t_base))
-    target = "-" if key is None else target_text(key)
-    met: Cell = None if key is None else judge(key, r)
-    table.add(what, t_ss, baseline, t_base, r, target, met)
 
 
 def _train_step(model: nn.Module, x: torch.Tensor, gy: torch.Tensor) -> Callable[[], object]:

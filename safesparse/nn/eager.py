@@ -105,6 +105,12 @@ def plan_of(module: torch.nn.Module) -> Any:
     return None if slot is None else slot.plan
 
 
+def _current(d: dict[str, Any]) -> tuple[_Plan | None, torch.dtype | None]:
+    """The plan in a module's ``__dict__`` ``d`` (or None) and :func:`_context`."""
+    slot: PlanSlot | None = d.get("_ss_fast")
+    return (None if slot is None else slot.plan), _context()
+
+
 def _context() -> torch.dtype | None:
     """What nothing may observe: None where the fast path may not run; else the autocast
     dtype on CPU (``torch.float32`` standing for autocast off)."""
@@ -299,6 +305,15 @@ class _FastLinear(torch.autograd.Function):
 _apply: Callable[..., T] = _FastLinear.apply
 
 
+def _replan(module: Any, x: T, autocast: torch.dtype | None, batch_major: bool) -> None:
+    """After a proving call that succeeded where the plan did not hold: a new plan (or none)."""
+    if autocast is not None and type(x) is _Tensor and x.is_cpu:
+        try:
+            _slot(module).plan = _build(module, x, autocast, batch_major)
+        except Exception:  # (no plan: the proving path keeps running)
+            _slot(module).plan = None
+
+
 class _Refused(Exception):
     """The library refused the packed call (never seen by users: the proving path runs)."""
 
@@ -307,9 +322,7 @@ def linear(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
     """``SparseLinear.forward`` in eager mode: the plan where it holds, else ``proving``
     (the operators), after which a plan is built."""
     d = module.__dict__
-    slot: PlanSlot | None = d.get("_ss_fast")
-    plan = None if slot is None else slot.plan
-    autocast = _context()
+    plan, autocast = _current(d)
     held = False
     if (plan is not None and autocast is not None and type(x) is _Tensor
             and x.dtype is plan.dtype and x.is_cpu and x.is_contiguous()):
@@ -335,11 +348,8 @@ def linear(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
                 else:
                     return y
     y = proving(module, x)
-    if not held and autocast is not None and type(x) is _Tensor and x.is_cpu:
-        try:
-            _slot(module).plan = _build(module, x, autocast, batch_major=True)
-        except Exception:  # (no plan: the proving path keeps running)
-            _slot(module).plan = None
+    if not held:
+        _replan(module, x, autocast, batch_major=True)
     return y
 
 
@@ -348,9 +358,7 @@ def matmul(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
     gradient is recorded (a trainable ``A`` or an ``x`` requiring grad take the operators),
     else ``proving``."""
     d = module.__dict__
-    slot: PlanSlot | None = d.get("_ss_fast")
-    plan = None if slot is None else slot.plan
-    autocast = _context()
+    plan, autocast = _current(d)
     held = False
     if (plan is not None and autocast is not None and type(x) is _Tensor
             and x.dtype is plan.dtype and x.is_cpu and x.is_contiguous()):
@@ -364,9 +372,6 @@ def matmul(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
                 if y is not None:
                     return y
     y = proving(module, x)
-    if not held and autocast is not None and type(x) is _Tensor and x.is_cpu:
-        try:
-            _slot(module).plan = _build(module, x, autocast, batch_major=False)
-        except Exception:  # (no plan: the proving path keeps running)
-            _slot(module).plan = None
+    if not held:
+        _replan(module, x, autocast, batch_major=False)
     return y
