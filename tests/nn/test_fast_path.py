@@ -119,10 +119,12 @@ def test_without_bias(calls: Calls) -> None:
         assert torch.equal(layer(x), proving(layer, x))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(1, 96), (7, 96), (2, 3, 96)])
-def test_gradients_equal_to_the_proving_path(calls: Calls, shape: tuple[int, ...]) -> None:
-    layer = make()
-    x = torch.randn(shape, requires_grad=True)
+def test_gradients_equal_to_the_proving_path(calls: Calls, shape: tuple[int, ...],
+                                             dtype: torch.dtype) -> None:
+    layer = make(dtype=dtype)
+    x = torch.randn(shape, dtype=dtype, requires_grad=True)
     warm(layer, x.detach(), calls)
     before = calls.fast
     y = layer(x)
