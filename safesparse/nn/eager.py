@@ -32,8 +32,9 @@ Any change falls back to the operators, which validate what they cannot prove (r
 invalid data) and, once they succeeded, the plan is built again. Members the state cannot
 watch (shared memory, inference tensors, index buffers DDP broadcasts) are never proven, so
 they never get a plan. With gradients on, the plan's product runs inside a plain
-``autograd.Function`` whose backward calls the gradient operators (the proving path, so the
-members are confirmed again there).
+``autograd.Function`` whose backward calls the gradient kernels after the same re-check (the
+gradient operators otherwise); not under saved-tensor hooks (activation checkpointing compares
+what the forward saved with what its recomputation saves: both take the operators).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ _dispatch_modes = torch._C._len_torch_dispatch_stack
 _any_autocast = torch._C._is_any_autocast_enabled
 _autocast_dtype = torch.get_autocast_dtype
 _grad_enabled = torch.is_grad_enabled
+_saved_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 _threads = torch.get_num_threads
 _ident = threading.get_ident
 _empty = torch.empty
@@ -340,7 +342,9 @@ def linear(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
                 y = plan.run(x, n, y_shape)
                 if y is not None:
                     return y
-            elif n and plan.grad:
+            elif n and plan.grad and _saved_hooks(False) is None:
+                # (saved-tensor hooks: activation checkpointing recomputes the forward and
+                # hands the graph the tensors saved then: both runs take the operators)
                 try:
                     y = _apply(x, v, b, plan, n, y_shape)
                 except _Refused:

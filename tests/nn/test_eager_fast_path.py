@@ -387,6 +387,29 @@ def test_functorch_and_subclasses(calls: Calls) -> None:
     fell_back(layer, x.t().contiguous().t(), calls)  # not contiguous
 
 
+@pytest.mark.parametrize("warmed", [False, True])
+def test_activation_checkpointing_takes_the_operators(calls: Calls, warmed: bool) -> None:
+    """Non-reentrant checkpointing recomputes the forward in the backward and hands the graph
+    the tensors saved then: the original run and the recomputation must save the same ones
+    (the first call builds a plan; its recomputation must not take it)."""
+    from torch.utils.checkpoint import checkpoint
+
+    layer = make()
+    x = torch.randn(2, 3, 96, requires_grad=True)
+    if warmed:
+        warm(layer, x.detach(), calls)
+    fast = calls.fast
+    checkpoint(layer, x, use_reentrant=False).pow(2).sum().backward()
+    assert calls.fast == fast
+    x2 = x.detach().clone().requires_grad_(True)
+    grads = (x.grad, layer.values.grad)
+    layer.zero_grad(set_to_none=True)
+    proving(layer, x2).pow(2).sum().backward()
+    for got, want in zip(grads, (x2.grad, layer.values.grad), strict=True):
+        assert got is not None and want is not None
+        torch.testing.assert_close(got, want)
+
+
 def test_debug_mode(calls: Calls) -> None:
     layer = make()
     x = torch.randn(3, 96)
