@@ -1,9 +1,10 @@
 """Strict reading of safesparse's switches in the environment.
 
-``SAFESPARSE_ENFORCE`` and ``SAFESPARSE_DEBUG`` accept ``1``/``0``, ``true``/``false``,
-``yes``/``no`` and ``on``/``off`` in any case (surrounding blanks ignored); unset or empty means
-off. Any other value is an error naming the variable: a typo (``SAFESPARSE_ENFORCE=ture``) must
-not silently leave protection off. Imports nothing but :mod:`os` (at run time).
+``SAFESPARSE_ENFORCE``, ``SAFESPARSE_DEBUG`` and ``SAFESPARSE_OMP_PASSIVE`` accept ``1``/``0``,
+``true``/``false``, ``yes``/``no`` and ``on``/``off`` in any case (surrounding blanks ignored);
+unset or empty means off. Any other value is an error naming the variable: a typo
+(``SAFESPARSE_ENFORCE=ture``) must not silently leave protection off. Imports nothing but
+:mod:`os` (at run time).
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ if TYPE_CHECKING:  # annotations only: the startup hook imports this module, kee
 ENFORCE = "SAFESPARSE_ENFORCE"
 DEBUG = "SAFESPARSE_DEBUG"
 VARIABLES = (ENFORCE, DEBUG)
+#: Opt-in for shared machines: the startup hook sets ``OMP_WAIT_POLICY=PASSIVE`` (threads
+#: waiting at an OpenMP barrier sleep instead of spinning) before torch is imported, unless
+#: ``OMP_WAIT_POLICY`` is set already (safesparse_hooks/startup.py).
+OMP_PASSIVE = "SAFESPARSE_OMP_PASSIVE"
+OMP_WAIT_POLICY = "OMP_WAIT_POLICY"
 
 TRUE = frozenset({"1", "true", "yes", "on"})
 FALSE = frozenset({"0", "false", "no", "off", ""})

@@ -1,4 +1,5 @@
-"""The process-startup hook: ``SAFESPARSE_ENFORCE=1`` / ``SAFESPARSE_DEBUG=1`` in any process.
+"""The process-startup hook: ``SAFESPARSE_ENFORCE=1`` / ``SAFESPARSE_DEBUG=1`` in any process,
+and ``SAFESPARSE_OMP_PASSIVE=1`` (OpenMP's passive waiting, for shared machines).
 
 ``safesparse-startup.pth`` (installed into site-packages next to the package) runs, in every
 Python process of the environment, one line that reads two environment variables and stops
@@ -9,6 +10,14 @@ imported right after the program's first ``import torch``: a program that never 
 has nothing to protect and never pays for torch. safesparse reads the variables when it is
 imported, so enforce (or debug) mode is then on in every thread, and the variables pass to
 subprocesses and DataLoader workers, which run this hook again.
+
+``SAFESPARSE_OMP_PASSIVE=1`` is a request, never a default: the hook then sets
+``OMP_WAIT_POLICY=PASSIVE`` in the environment, unless ``OMP_WAIT_POLICY`` is set already (the
+user's own choice wins), and only while torch is not imported yet (GNU OpenMP reads it once,
+when torch loads it: set later it would change nothing, so it is left alone and a line on
+stderr says so). Waiting threads then sleep at torch's barriers instead of spinning, which on a
+machine whose cores other processes use keeps a descheduled thread from costing the others
+their turn (docs/models.md measures both sides).
 
 What a process that has a variable set but never imports torch pays is this module and
 :mod:`.env` (two small files) and one finder object on ``sys.meta_path``: nothing else is
@@ -30,7 +39,7 @@ if TYPE_CHECKING:  # annotations only: never imported at run time
     from importlib.machinery import ModuleSpec
     from types import ModuleType
 
-__all__ = ["install"]
+__all__ = ["install", "omp_passive"]
 
 
 def _activate() -> None:
@@ -82,15 +91,32 @@ def _remove(finder: object) -> None:
         sys.meta_path.remove(finder)
 
 
+def omp_passive() -> bool:
+    """``OMP_WAIT_POLICY=PASSIVE`` in the environment, on request (``SAFESPARSE_OMP_PASSIVE``):
+    only where ``OMP_WAIT_POLICY`` is unset and torch is not imported yet. Returns whether it
+    was set."""
+    if os.environ.get(env.OMP_WAIT_POLICY, "").strip():
+        return False  # the user's own setting
+    if "torch" in sys.modules:
+        sys.stderr.write(f"safesparse: {env.OMP_PASSIVE} is set but torch is imported already: "
+                         f"{env.OMP_WAIT_POLICY} left unset (set it before the process starts)\n")
+        return False
+    os.environ[env.OMP_WAIT_POLICY] = "PASSIVE"
+    return True
+
+
 def install() -> None:
     """Read the variables; when one is on, import safesparse now (torch already imported) or
     right after the first ``import torch``. A bad value ends the process (status 2)."""
     try:
         on = [env.flag(name) for name in env.VARIABLES]
+        passive = env.flag(env.OMP_PASSIVE)
     except env.BadValueError as err:
         sys.stderr.write(f"safesparse: {err}\n")
         sys.stderr.flush()
         os._exit(2)  # SystemExit would only be reported by site.py, and the program would run
+    if passive:
+        omp_passive()
     if not any(on):
         return
     if "torch" in sys.modules:

@@ -114,6 +114,8 @@ def _bind(lib: Any) -> None:
     lib.ss_product.argtypes = [_i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64,
                                _ptr, _int, _i64, _i64, _i64, _i64,
                                _ptr, _int, _i64, _i64, _ptr, _int]
+    lib.ss_product_packed.restype = _int
+    lib.ss_product_packed.argtypes = [_ptr]
     lib.ss_values_grad.restype = _int
     lib.ss_values_grad.argtypes = [_i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64,
                                    _i64, _i64, _int, _ptr, _int]
@@ -334,3 +336,50 @@ def values_grad(layout: torch.layout, compressed: T, plain: T, values_shape: tor
     if rc != 0:
         return None
     return g.view(values_shape).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# One product's arguments, packed once (the eager fast path of safesparse.nn: nn/eager.py)
+
+#: The slots of :func:`pack_product`'s array that change per call (``ss_product``'s order):
+#: the operand's data pointer, its stride between batch columns (``xk`` or ``xn``: see
+#: :func:`pack_product`), the batch size, the output's data pointer and its stride.
+SLOT_X, SLOT_N, SLOT_Y, SLOT_XK, SLOT_YI, SLOT_THREADS = 10, 15, 16, 12, 18, 21
+PackedArgs = ctypes.Array[ctypes.c_int64]
+
+
+def pack_product(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
+                 n_cols: int, batch_major: bool, x_dtype: torch.dtype, y_dtype: torch.dtype,
+                 bias: T | None = None, cache: dict[Hashable, Any] | None = None
+                 ) -> tuple[PackedArgs, tuple[T, ...]] | None:
+    """The arguments :func:`product` would pass for ``Y = A @ X (+ bias)`` (``A`` not
+    transposed), packed for ``ss_product_packed``, and the tensors whose memory they point to
+    (the caller keeps them alive while it uses the array); None where the native path does not
+    run. ``batch_major``: ``X`` (N, n_cols) and ``Y`` (N, n_rows), contiguous (a layer's
+    ``x @ W.T``); else ``X`` (n_cols, N) and ``Y`` (n_rows, N), contiguous (``A @ x``). The
+    caller writes :data:`SLOT_X`, :data:`SLOT_N`, :data:`SLOT_Y` (and, not batch-major,
+    :data:`SLOT_XK` and :data:`SLOT_YI`: N) per call; ``x_dtype`` is the operand's dtype as the
+    kernel reads it (float32 / float64), ``y_dtype`` the output's. Values and bias of another
+    dtype are converted here, once (as :func:`product` does per call)."""
+    if not available() or x_dtype not in (torch.float32, torch.float64) or y_dtype not in _DTYPES:
+        return None
+    rows = _rowwise(layout, compressed, plain, values, n_rows, n_cols, False, cache)
+    work = _compute(x_dtype)
+    vals = values if values.dtype == work else values.to(work)
+    if vals is not values:
+        rows.sp, rows.sa, rows.sb = _value_strides(layout, vals)
+    b = None if bias is None else bias.to(work).contiguous()
+    xk, xn, yi, yn = (1, n_cols, 1, n_rows) if batch_major else (0, 1, 0, 1)
+    args = (ctypes.c_int64 * 22)(
+        rows.crow.numel() - 1, rows.r, rows.c, rows.crow.data_ptr(), rows.col.data_ptr(),
+        _ptr_of(rows.order) or 0, vals.data_ptr(), rows.sp, rows.sa, rows.sb, 0,
+        _DTYPES[x_dtype], xk, xn, n_cols, 0, 0, _DTYPES[y_dtype], yi, yn, _ptr_of(b) or 0,
+        _threads())
+    keep = tuple(t for t in (rows.crow, rows.col, rows.order, vals, b) if t is not None)
+    return args, keep
+
+
+def packed_entry() -> Any:
+    """``ss_product_packed`` (one argument: the address of a :func:`pack_product` array,
+    ``ctypes.addressof``; 0 on success), or None where the native path does not run."""
+    return _lib.ss_product_packed if available() else None

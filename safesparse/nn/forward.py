@@ -15,6 +15,7 @@ import torch
 
 from ..catalog.errors import InvariantError
 from ..kernels import blocks as blockkernels
+from . import eager
 from .operators import (
     keyed,
     linear,
@@ -26,7 +27,8 @@ from .operators import (
     matmul_grad_values,
 )
 
-__all__ = ["LinearFunction", "MatmulFunction", "linear_forward", "matmul_forward"]
+__all__ = ["LinearFunction", "MatmulFunction", "linear_forward", "linear_operators",
+           "matmul_forward", "matmul_operators"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,7 +197,15 @@ def _transformed() -> bool:
 
 
 def linear_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
-    """``SparseLinear.forward``: ``x @ W.T + b`` over any leading dims of ``x``."""
+    """``SparseLinear.forward``: ``x @ W.T + b`` over any leading dims of ``x`` (in eager
+    mode through the fast path of ``safesparse.nn.eager`` where it holds)."""
+    if not torch.compiler.is_compiling():
+        return eager.linear(self, x, linear_operators)
+    return linear_operators(self, x)
+
+
+def linear_operators(self: Any, x: torch.Tensor) -> torch.Tensor:
+    """:func:`linear_forward` through the ``safesparse`` operators (the proving path)."""
     if x.dim() == 0 or x.shape[-1] != self.in_features:
         raise RuntimeError(
             f"SparseLinear: the input's last dim must be in_features={self.in_features}, got "
@@ -222,7 +232,15 @@ def linear_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
 
 def matmul_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     """``SparseMatmul.forward``: ``A @ x`` for ``x`` of shape ``(n_cols,)`` or
-    ``(n_cols, N)``."""
+    ``(n_cols, N)`` (in eager mode through the fast path of ``safesparse.nn.eager`` where it
+    holds)."""
+    if not torch.compiler.is_compiling():
+        return eager.matmul(self, x, matmul_operators)
+    return matmul_operators(self, x)
+
+
+def matmul_operators(self: Any, x: torch.Tensor) -> torch.Tensor:
+    """:func:`matmul_forward` through the ``safesparse`` operators (the proving path)."""
     vector = x.dim() == 1
     try:
         args = (self.compressed_indices, self.plain_indices, self.values, self._layout_name,

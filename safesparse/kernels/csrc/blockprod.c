@@ -605,3 +605,16 @@ void ss_reset_backoff(void)
     __atomic_store_n(&g_serial_until, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&g_backoff, SS_BACKOFF, __ATOMIC_RELAXED);
 }
+
+/* ss_product with its 22 arguments packed in one int64 array, in ss_product's order (pointers
+ * as integers): one argument for a ctypes caller that keeps the array across calls and writes
+ * only the slots that change (the eager fast path of safesparse.nn, safesparse/nn/eager.py). */
+int ss_product_packed(const int64_t *a)
+{
+    return ss_product(a[0], a[1], a[2], (const int64_t *)(intptr_t)a[3],
+                      (const int64_t *)(intptr_t)a[4], (const int64_t *)(intptr_t)a[5],
+                      (const void *)(intptr_t)a[6], a[7], a[8], a[9],
+                      (const void *)(intptr_t)a[10], (int)a[11], a[12], a[13], a[14], a[15],
+                      (void *)(intptr_t)a[16], (int)a[17], a[18], a[19],
+                      (const void *)(intptr_t)a[20], (int)a[21]);
+}

@@ -1,0 +1,381 @@
+"""The eager fast path of ``SparseLinear`` and ``SparseMatmul``: a call that costs what its
+product costs.
+
+The ``safesparse`` operators (:mod:`safesparse.nn.operators`) are the path for tracing,
+compiling and exporting, and the *proving* path: every call confirms that the index members
+are proven (validating them otherwise), checks the operands, and goes through the
+``torch.library`` dispatcher, which is most of a batch-1 call. In eager mode, after one such
+call succeeded, a module keeps a *plan*: the native product's arguments packed once
+(:func:`safesparse.kernels.native.pack_product`: one ``int64`` array, one one-argument ctypes
+call per product) and the *key* the plan was built for. A call takes the plan only when it
+skips nothing whose answer could have changed, all re-checked in O(1) per call:
+
+* the context: no ``torch.compile`` / ``torch.export`` trace (``torch.compiler.is_compiling``),
+  no ``torch.jit.trace``, no ``torch.func`` transform, no torch-function mode, an empty
+  dispatch-mode stack (``FakeTensorMode``, ``make_fx``, ``TorchDispatchMode``), autocast
+  off on CPU (or on, with the dtype the plan was built for), not in a child started by
+  ``fork()`` (:mod:`safesparse.base.forking`), not in debug mode;
+* the input: an exact CPU ``torch.Tensor`` (no subclass, no ``SafeSparseTensor``) of the
+  plan's dtype, contiguous, of the layer's width;
+* the module's members: the very buffer and parameter objects (read from the module's own
+  dicts, never through ``nn.Module.__getattr__``), at the same data address and shape; the
+  values' and bias's address, shape, strides and dtype (the kernel reads them in place: a
+  write to them changes the result, not the plan); where the plan holds a converted copy of
+  them (autocast, half types) also their version counters;
+* the thread count;
+* and the proof itself: the state layer's answer (:func:`safesparse.state.members_proof.proof`
+  when the plan is built, then its O(1) re-check :func:`~safesparse.state.members_proof.holding`
+  at every call): a write through any alias of the index memory, also one that moves no
+  counter of the buffers themselves (``layer.weight.col_indices()``), voids it.
+
+Any change falls back to the operators, which validate what they cannot prove (refusing only
+invalid data) and, once they succeeded, the plan is built again. Members the state cannot
+watch (shared memory, inference tensors, index buffers DDP broadcasts) are never proven, so
+they never get a plan. With gradients on, the plan's product runs inside a plain
+``autograd.Function`` whose backward calls the gradient kernels after the same re-check (the
+gradient operators otherwise); not under saved-tensor hooks (activation checkpointing compares
+what the forward saved with what its recomputation saves: both take the operators).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable
+from ctypes import addressof
+from typing import Any
+
+import torch
+
+from ..base.debug_flag import is_debug
+from ..base.forking import in_forked_child
+from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS
+from ..kernels import blocks as blockkernels
+from ..kernels import native
+from ..state import checked, members_proof
+from .operators import linear_grad_input, linear_grad_values
+
+__all__ = ["PlanSlot", "linear", "matmul", "plan_of"]
+
+T = torch.Tensor
+_Tensor = torch.Tensor
+_FAST_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_HALF = (torch.bfloat16, torch.float16)
+_is_compiling = torch.compiler.is_compiling
+_tracing = torch._C._get_tracing_state
+_transforms = torch._C._are_functorch_transforms_active
+_function_mode = torch._C._is_torch_function_mode_enabled
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_any_autocast = torch._C._is_any_autocast_enabled
+_autocast_dtype = torch.get_autocast_dtype
+_grad_enabled = torch.is_grad_enabled
+_saved_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+_threads = torch.get_num_threads
+_ident = threading.get_ident
+_empty = torch.empty
+
+
+class PlanSlot:
+    """Where a module keeps its plan (an attribute of the module, dropped by pickling, deep
+    and shallow copies: a copy builds its own after its first proving call)."""
+
+    __slots__ = ("plan",)
+
+    def __init__(self) -> None:
+        self.plan: _Plan | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (PlanSlot, ())
+
+    def __copy__(self) -> PlanSlot:
+        return PlanSlot()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PlanSlot:
+        return PlanSlot()
+
+
+def _slot(module: torch.nn.Module) -> PlanSlot:
+    slot = module.__dict__.get("_ss_fast")
+    if slot is None:
+        slot = PlanSlot()
+        module.__dict__["_ss_fast"] = slot
+    return slot
+
+
+def plan_of(module: torch.nn.Module) -> Any:
+    """The module's current plan, or None (for tests and diagnostics)."""
+    slot = module.__dict__.get("_ss_fast")
+    return None if slot is None else slot.plan
+
+
+def _current(d: dict[str, Any]) -> tuple[_Plan | None, torch.dtype | None]:
+    """The plan in a module's ``__dict__`` ``d`` (or None) and :func:`_context`."""
+    slot: PlanSlot | None = d.get("_ss_fast")
+    return (None if slot is None else slot.plan), _context()
+
+
+def _context() -> torch.dtype | None:
+    """What nothing may observe: None where the fast path may not run; else the autocast
+    dtype on CPU (``torch.float32`` standing for autocast off)."""
+    if (_is_compiling() or _tracing() is not None or _transforms() or _function_mode()
+            or _dispatch_modes() or in_forked_child() or is_debug()):
+        return None
+    if _any_autocast():
+        if not torch.is_autocast_enabled("cpu"):
+            return None  # (another device's autocast: the operators decide)
+        return _autocast_dtype("cpu")
+    return torch.float32
+
+
+class _Plan:
+    """One module's packed product and the key it holds for (module docstring)."""
+
+    __slots__ = ("addr", "args", "autocast", "b", "b_key", "batch_major", "c", "cache", "cast",
+                 "dtype", "entry", "geometry", "grad", "keep", "layout", "layout_name", "n_out",
+                 "p", "still", "thread", "threads", "v", "v_key", "v_ver", "width", "x_dtype",
+                 "y_dtype")
+
+    def __init__(self, packed: tuple[native.PackedArgs, tuple[T, ...]], entry: Any,
+                 still: Callable[[], bool], c: T, p: T, v: T, b: T | None,
+                 geometry: Hashable, autocast: torch.dtype, cast: bool, x_dtype: torch.dtype,
+                 y_dtype: torch.dtype, width: int, n_out: int, batch_major: bool,
+                 layout: torch.layout, layout_name: str, cache: dict[Hashable, Any] | None
+                 ) -> None:
+        self.args, self.keep = packed
+        self.addr = addressof(self.args)
+        self.entry = entry
+        self.still = still  # the state layer's O(1) re-check of the proof
+        self.thread = _ident()
+        self.c, self.p, self.v, self.b = c, p, v, b
+        self.dtype = v.dtype  # (the input's: the proving path refuses any other)
+        self.v_key = (v.data_ptr(), v.shape, v.stride(), v.dtype)
+        self.b_key = None if b is None else (b.data_ptr(), b.shape, b.stride())
+        self.v_ver = (v._version, None if b is None else b._version)
+        self.geometry = geometry
+        self.threads = _threads()
+        self.autocast = autocast
+        self.cast = cast  # values (and bias) converted into the plan: keyed on versions too
+        # gradients through the plan except under autocast (whose cast of the values is part
+        # of the graph torch records); a half-type layer's converted copy is keyed on the
+        # values' version, which autograd checks again before the backward reads them
+        self.grad = autocast is torch.float32
+        self.x_dtype, self.y_dtype = x_dtype, y_dtype
+        self.width, self.n_out = width, n_out
+        self.batch_major = batch_major
+        self.layout, self.layout_name = layout, layout_name
+        self.cache = cache  # (the proof's cache of pattern data, as the operators pass it)
+
+    def holds(self, buffers: dict[str, Any], params: dict[str, Any], autocast: torch.dtype
+              ) -> bool:
+        """Whether nothing this plan skips could have changed (module docstring)."""
+        c = buffers.get("compressed_indices")
+        p = buffers.get("plain_indices")
+        v = params.get("values")
+        b = params.get("bias")
+        if (c is not self.c or p is not self.p or v is not self.v or b is not self.b
+                or autocast is not self.autocast or _threads() != self.threads):
+            return False
+        if (v.data_ptr(), v.shape, v.stride(), v.dtype) != self.v_key:
+            return False
+        if b is not None and (b.data_ptr(), b.shape, b.stride()) != self.b_key:
+            return False
+        if self.cast and (v._version, None if b is None else b._version) != self.v_ver:
+            return False
+        return self.still()  # (the members' views, every counter on their memory)
+
+    def run(self, x: T, n: int, y_shape: tuple[int, ...]) -> T | None:
+        """The product for the contiguous ``x`` of ``n`` rows (batch-major) or columns, into
+        a fresh output of ``y_shape``; None when the library refused (the caller falls
+        back)."""
+        if self.cast:  # x as the operators hand it to the kernel: under autocast rounded
+            if self.autocast is not torch.float32:  # to its dtype; read in float32
+                x = x.to(self.autocast)
+            x = x.to(self.x_dtype)
+            y = _empty(y_shape, dtype=self.y_dtype)
+        else:
+            y = x.new_empty(y_shape)
+        args = self.args
+        addr = self.addr
+        if self.thread != _ident():  # (another thread: its own copy of the array)
+            args = type(args).from_buffer_copy(args)
+            addr = addressof(args)
+        args[10] = x.data_ptr()
+        args[15] = n
+        args[16] = y.data_ptr()
+        if not self.batch_major:
+            args[12] = n
+            args[18] = n
+        if self.entry(addr) != 0:
+            return None
+        return y
+
+
+def _geometry(layout: torch.layout, values: T, n_rows: int, n_cols: int) -> Hashable:
+    r, c = (int(values.shape[1]), int(values.shape[2])) if layout in BLOCK_LAYOUTS else (1, 1)
+    if layout in ROW_LAYOUTS:
+        return checked.compressed_geometry(n_rows // r, n_cols // c)
+    return checked.compressed_geometry(n_cols // c, n_rows // r)
+
+
+def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan | None:
+    """A plan for ``module`` after a proving call with ``x`` succeeded, or None (members not
+    proven, not watchable, no native path, an operand the plan does not take)."""
+    entry = native.packed_entry()
+    if entry is None:
+        return None
+    buffers, params = module._buffers, module._parameters
+    c, p = buffers.get("compressed_indices"), buffers.get("plain_indices")
+    v, b = params.get("values"), params.get("bias") if batch_major else None
+    if (not isinstance(c, _Tensor) or not isinstance(p, _Tensor) or not isinstance(v, _Tensor)
+            or v.device.type != "cpu" or p.numel() == 0 or v.dtype not in _FAST_DTYPES
+            or v.dtype is not x.dtype):
+        return None
+    layout = module.layout
+    n_rows, n_cols = module._size
+    if n_rows == 0 or n_cols == 0:
+        return None
+    if members_proof.is_unwatched(c, p) or not members_proof.watchable(c, p):
+        return None
+    geometry = _geometry(layout, v, n_rows, n_cols)
+    proven, cache = members_proof.proof(c, p, geometry)
+    still = members_proof.holding(c, p, geometry) if proven else None
+    if still is None:
+        return None
+    cast = autocast is not torch.float32 or v.dtype in _HALF
+    if autocast is not torch.float32:  # what the autocast kernel hands the operators
+        if v.dtype is not torch.float32 or autocast not in _HALF:
+            return None
+        vals = v.detach().to(autocast)
+        bias = None if b is None else b.detach().to(autocast)
+        y_dtype = autocast
+    else:
+        vals, bias, y_dtype = v.detach(), None if b is None else b.detach(), v.dtype
+    x_dtype = torch.float64 if v.dtype is torch.float64 else torch.float32
+    packed = native.pack_product(layout, c, p, vals, n_rows, n_cols, batch_major, x_dtype,
+                                 y_dtype, bias=bias, cache=cache)
+    if packed is None:
+        return None
+    return _Plan(packed, entry, still, c, p, v, b, geometry, autocast, cast, x_dtype, y_dtype,
+                 n_cols, n_rows, batch_major, layout, module._layout_name, cache)
+
+
+class _FastLinear(torch.autograd.Function):
+    """The plan's product with gradients. The backward calls the gradient kernels directly
+    where the plan still holds when it runs (the same O(1) questions: the context, the
+    state's re-check of the proof, the values' address, shape and strides); else the gradient
+    operators, which confirm (or validate) the members themselves."""
+
+    @staticmethod
+    def forward(ctx: Any, x: T, v: T, b: T | None, plan: _Plan, n: int,
+                y_shape: tuple[int, ...]) -> T:
+        y = plan.run(x, n, y_shape)
+        if y is None:
+            raise _Refused
+        ctx.save_for_backward(x, v)
+        ctx.plan = plan  # (its members: the backward confirms them, or the operators do)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, g: T) -> tuple[T | None, ...]:
+        x, v = ctx.saved_tensors
+        plan: _Plan = ctx.plan
+        c, p = plan.c, plan.p
+        n_out, width = plan.n_out, plan.width
+        need_x, need_v, need_b = ctx.needs_input_grad[:3]
+        g2 = g.reshape(-1, n_out).contiguous()
+        x2 = x.view(-1, width)
+        gx = gv = gb = None
+        if (_context() is not None and g2.dtype is plan.dtype
+                and (v.data_ptr(), v.shape, v.stride(), v.dtype) == plan.v_key and plan.still()):
+            lay, cache = plan.layout, plan.cache
+            if need_x:
+                gx = blockkernels.linear_grad_input(g2, lay, c, p, v, n_out, width, cache=cache)
+            if need_v:
+                gv = blockkernels.linear_grad_values(g2, x2, lay, c, p, v, n_out, width,
+                                                     cache=cache)
+        else:
+            name = plan.layout_name
+            if need_x:
+                gx = linear_grad_input(g2, c, p, v, name, n_out, width)
+            if need_v:
+                gv = linear_grad_values(g2, x2, c, p, v, name, n_out, width)
+        if need_b:
+            gb = blockkernels.bias_grad(g2)
+        return (None if gx is None else gx.view(x.shape)), gv, gb, None, None, None
+
+
+_apply: Callable[..., T] = _FastLinear.apply
+
+
+def _replan(module: Any, x: T, autocast: torch.dtype | None, batch_major: bool) -> None:
+    """After a proving call that succeeded where the plan did not hold: a new plan (or none)."""
+    if autocast is not None and type(x) is _Tensor and x.is_cpu:
+        try:
+            _slot(module).plan = _build(module, x, autocast, batch_major)
+        except Exception:  # (no plan: the proving path keeps running)
+            _slot(module).plan = None
+
+
+class _Refused(Exception):
+    """The library refused the packed call (never seen by users: the proving path runs)."""
+
+
+def linear(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
+    """``SparseLinear.forward`` in eager mode: the plan where it holds, else ``proving``
+    (the operators), after which a plan is built."""
+    d = module.__dict__
+    plan, autocast = _current(d)
+    held = False
+    if (plan is not None and autocast is not None and type(x) is _Tensor
+            and x.dtype is plan.dtype and x.is_cpu and x.is_contiguous()):
+        width = plan.width
+        shape = x.shape
+        if shape and shape[-1] == width and plan.holds(d["_buffers"], d["_parameters"],
+                                                       autocast):
+            held = True
+            n = x.numel() // width
+            y_shape = (*shape[:-1], plan.n_out)
+            v = plan.v
+            b = plan.b
+            if n and not (_grad_enabled() and (x.requires_grad or v.requires_grad or (
+                    b is not None and b.requires_grad))):
+                y = plan.run(x, n, y_shape)
+                if y is not None:
+                    return y
+            elif n and plan.grad and _saved_hooks(False) is None:
+                # (saved-tensor hooks: activation checkpointing recomputes the forward and
+                # hands the graph the tensors saved then: both runs take the operators)
+                try:
+                    y = _apply(x, v, b, plan, n, y_shape)
+                except _Refused:
+                    pass
+                else:
+                    return y
+    y = proving(module, x)
+    if not held:
+        _replan(module, x, autocast, batch_major=True)
+    return y
+
+
+def matmul(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
+    """``SparseMatmul.forward`` in eager mode (``y = A @ x``): the plan where it holds and no
+    gradient is recorded (a trainable ``A`` or an ``x`` requiring grad take the operators),
+    else ``proving``."""
+    d = module.__dict__
+    plan, autocast = _current(d)
+    held = False
+    if (plan is not None and autocast is not None and type(x) is _Tensor
+            and x.dtype is plan.dtype and x.is_cpu and x.is_contiguous()):
+        shape = x.shape
+        if (len(shape) in (1, 2) and shape[0] == plan.width
+                and plan.holds(d["_buffers"], d["_parameters"], autocast)):
+            held = True
+            n = 1 if len(shape) == 1 else shape[1]
+            if n and not (_grad_enabled() and (x.requires_grad or plan.v.requires_grad)):
+                y = plan.run(x, n, (plan.n_out,) if len(shape) == 1 else (plan.n_out, n))
+                if y is not None:
+                    return y
+    y = proving(module, x)
+    if not held:
+        _replan(module, x, autocast, batch_major=False)
+    return y
