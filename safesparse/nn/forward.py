@@ -227,7 +227,9 @@ def linear_operators(self: Any, x: torch.Tensor) -> torch.Tensor:
             y = linear_bias(*args[:4], self.bias, *args[4:])
     except InvariantError as err:  # (eager: the error names the module's key)
         raise keyed(self, err) from None
-    return y.reshape(*lead, self.out_features)
+    # (a 2-D input's output is returned as it is, not as a reshaped view: FSDP2 warns about a
+    # module returning a view on every forward)
+    return y if x.dim() == 2 else y.reshape(*lead, self.out_features)
 
 
 def matmul_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
