@@ -11,8 +11,13 @@
  * against no runtime, so the process holds exactly one). Work is taken from a shared counter, so
  * a descheduled thread delays the region by one task at most.
  *
- * Trust: the caller (safesparse's operators) hands in index data that safesparse validated;
- * nothing here checks it.
+ * Bounds: the caller (safesparse's operators) hands in index data that safesparse validated,
+ * but that memory stays writable (a racing in-place write can change it after the proof). So
+ * every index is read once (a relaxed atomic load: never re-read after its check) and checked
+ * against the bound the caller gave from the tensors' shapes (nnzb, the block columns) before
+ * anything is addressed with it; a bad one stops the product with SS_E_INDEX, and
+ * ss_last_error() says which array, where and what it held. No read or write out of bounds,
+ * whatever the indices.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -239,10 +244,64 @@ static void run_tasks(task_fn fn, void *ctx, int64_t ntasks, int nthreads)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* index faults: the first bad index a product meets (any thread), reported by ss_last_error */
+
+enum { SS_E_NOKERNEL = -1, SS_E_NOMEM = -2, SS_E_INDEX = -3 };
+enum { SS_M_PTR = 1, SS_M_IDX = 2, SS_M_ORDER = 3, SS_M_ROWS = 4, SS_M_COLS = 5 };
+
+typedef struct {
+    int flag;
+    int64_t member, pos, value, bound;
+} ss_fault;
+
+#define LD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+
+static void fault_set(ss_fault *f, int64_t member, int64_t pos, int64_t value, int64_t bound)
+{
+    int zero = 0;
+    if (__atomic_compare_exchange_n(&f->flag, &zero, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+        f->member = member;
+        f->pos = pos;
+        f->value = value;
+        f->bound = bound;
+    }
+}
+
+static inline int faulted(ss_fault *f) { return __atomic_load_n(&f->flag, __ATOMIC_RELAXED); }
+
+/* the calling thread's last fault: member, position, value, bound */
+static __thread int64_t g_last_fault[4];
+
+static int fault_result(const ss_fault *f)
+{
+    if (!f->flag) return 0;
+    g_last_fault[0] = f->member;
+    g_last_fault[1] = f->pos;
+    g_last_fault[2] = f->value;
+    g_last_fault[3] = f->bound;
+    return SS_E_INDEX;
+}
+
+/* Block row i's stored range [*q0, *q1) read once and checked (0 <= q0 <= q1 <= nnzb);
+ * 0 and a fault when it is not. */
+static inline int row_range(const int64_t *crow, int64_t i, int64_t nnzb, ss_fault *f,
+                            int64_t *q0, int64_t *q1)
+{
+    int64_t a = LD(crow + i), b = LD(crow + i + 1);
+    if (a < 0 || a > nnzb) { fault_set(f, SS_M_PTR, i, a, nnzb); return 0; }
+    if (b < a || b > nnzb) { fault_set(f, SS_M_PTR, i + 1, b, nnzb); return 0; }
+    *q0 = a;
+    *q1 = b;
+    return 1;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* contexts */
 
 typedef struct {
     int64_t n_br, r, c, N, n_in;
+    int64_t nnzb, n_bc, maxq; /* bounds: stored blocks, M's block columns, a row's blocks */
+    ss_fault *fault;
     const int64_t *crow, *col, *order;
     const void *vals;
     int64_t sp, sa, sb;
@@ -262,6 +321,8 @@ typedef struct {
 
 typedef struct {
     int64_t r, c, N;
+    int64_t n_lb, n_rb; /* bounds: L's row blocks, R's row blocks */
+    ss_fault *fault;
     const int64_t *rows, *cols;
     const void *l;
     int64_t li, ln;
@@ -482,27 +543,31 @@ static const kernel_set *kernels_for(int cdt)
 #define SS_CHUNK 64
 
 /* Y[row, n] = bias[row] + sum_q sum_b M_q[a, b] X[col_q * c + b, n] for a matrix M stored by
- * block rows (n_br of them, blocks r x c): block q of row i (crow[i] <= q < crow[i+1]) is at
- * block column col[q] and has the values vals[p * sp + a * sa + b * sb], p = order[q] (or q).
- * X[k, n] = x[k * xk + n * xn] (k < n_in, n < N), Y[row, n] = y[row * yi + n * yn]. vals and
- * bias (nullable) are in the compute type (float64 when xdt is, float32 otherwise); x and y in
- * xdt / ydt. Returns 0, or -1 (no kernels), -2 (out of memory). */
-int ss_product(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, const int64_t *col,
-               const int64_t *order, const void *vals, int64_t sp, int64_t sa, int64_t sb,
-               const void *x, int xdt, int64_t xk, int64_t xn, int64_t n_in, int64_t N,
-               void *y, int ydt, int64_t yi, int64_t yn, const void *bias, int nthreads)
+ * block rows (n_br of them, blocks r x c, nnzb stored): block q of row i (crow[i] <= q <
+ * crow[i+1]) is at block column col[q] and has the values vals[p * sp + a * sa + b * sb],
+ * p = order[q] (or q). X[k, n] = x[k * xk + n * xn] (k < n_in, n < N), Y[row, n] = y[row * yi +
+ * n * yn]. vals and bias (nullable) are in the compute type (float64 when xdt is, float32
+ * otherwise); x and y in xdt / ydt. Every index is checked as it is read (0 <= crow[i] <=
+ * crow[i+1] <= nnzb, 0 <= order[q] < nnzb, 0 <= col[q] < n_in / c). Returns 0, or SS_E_NOKERNEL,
+ * SS_E_NOMEM, SS_E_INDEX (ss_last_error says where; y is then partly written). */
+int ss_product(int64_t n_br, int64_t r, int64_t c, int64_t nnzb, const int64_t *crow,
+               const int64_t *col, const int64_t *order, const void *vals, int64_t sp,
+               int64_t sa, int64_t sb, const void *x, int xdt, int64_t xk, int64_t xn,
+               int64_t n_in, int64_t N, void *y, int ydt, int64_t yi, int64_t yn,
+               const void *bias, int nthreads)
 {
     int cdt = xdt == DT_F64 ? DT_F64 : DT_F32;
     const kernel_set *ks = kernels_for(cdt);
-    if (!ks) return -1;
+    if (!ks) return SS_E_NOKERNEL;
     if (N <= 0 || n_br <= 0) return 0;
-    prod_ctx k = {n_br, r, c, N, n_in, crow, col, order, vals, sp, sa, sb, x, xdt, xk, xn,
-                  y, ydt, yi, yn, bias, SS_CHUNK, 0, 0, 0, 0};
+    ss_fault fault = {0, 0, 0, 0, 0};
+    prod_ctx k = {n_br, r, c, N, n_in, nnzb, c > 0 ? n_in / c : 0, 0, &fault, crow, col, order,
+                  vals, sp, sa, sb, x, xdt, xk, xn, y, ydt, yi, yn, bias, SS_CHUNK, 0, 0, 0, 0};
     if (nthreads < 1) nthreads = 1;
     /* a few batch rows, features contiguous: dot products along the block rows */
     if (N <= 4 && sb == 1 && xk == 1 && c >= ks->lanes / 2 && xdt == cdt) {
         run_tasks(ks->rowdot, &k, n_br, nthreads);
-        return 0;
+        return fault_result(&fault);
     }
     int64_t nchunk = (N + SS_CHUNK - 1) / SS_CHUNK;
     int64_t ntasks = nchunk * n_br;
@@ -519,14 +584,19 @@ int ss_product(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, const in
         bnt = (bnt + 7) / 8 * 8;
         k.nt = bnt;
         ntasks = ((N + bnt - 1) / bnt) * n_br;
+        /* the longest row sizes the per-thread buffers (the tasks check against it again) */
         int64_t maxq = 0;
-        for (int64_t i = 0; i < n_br; i++)
-            if (crow[i + 1] - crow[i] > maxq) maxq = crow[i + 1] - crow[i];
+        for (int64_t i = 0; i < n_br; i++) {
+            int64_t q0, q1;
+            if (!row_range(crow, i, nnzb, &fault, &q0, &q1)) return fault_result(&fault);
+            if (q1 - q0 > maxq) maxq = q1 - q0;
+        }
+        k.maxq = maxq;
         void *packs[256], *ptrs[256];
         int ok = 1;
         for (int t = 0; t < nth; t++) {
             packs[t] = sa == 1 ? 0 : malloc((size_t)(maxq > 0 ? maxq : 1) * r * c * esz);
-            ptrs[t] = maxq > 64 ? malloc((size_t)maxq * sizeof(void *)) : 0;
+            ptrs[t] = maxq > 64 ? malloc((size_t)maxq * (sizeof(void *) + sizeof(int64_t))) : 0;
             if ((sa != 1 && !packs[t]) || (maxq > 64 && !ptrs[t])) ok = 0;
         }
         if (ok) {
@@ -535,12 +605,12 @@ int ss_product(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, const in
             run_tasks(ks->bm, &k, ntasks, nth);
         }
         for (int t = 0; t < nth; t++) { free(packs[t]); free(ptrs[t]); }
-        return ok ? 0 : -2;
+        return ok ? fault_result(&fault) : SS_E_NOMEM;
     }
     if (xdt == cdt && xn == 1) {
         k.direct = 1;
         run_tasks(ks->prod, &k, ntasks, nth);
-        return 0;
+        return fault_result(&fault);
     }
     void *bufs[256];
     int64_t chunks[256];
@@ -556,30 +626,43 @@ int ss_product(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, const in
         run_tasks(ks->prod, &k, ntasks, nth);
     }
     for (int t = 0; t < nth; t++) free(bufs[t]);
-    return ok ? 0 : -2;
+    return ok ? fault_result(&fault) : SS_E_NOMEM;
 }
 
 /* G_p[a, b] = sum_n L[rows[p] * r + a, n] * R[cols[p] * c + b, n] for p < nnzb, G contiguous
  * (nnzb, r, c) in the compute type (float64 or float32, = the operands' dtype here).
- * L[row, n] = l[row * li + n * ln], R[col, n] = rgt[col * ri + n * rn]. Returns 0, -1 (no
- * kernels for this layout of the operands: the caller makes them contiguous along the batch). */
-int ss_values_grad(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows, const int64_t *cols,
-                   const void *l, int64_t li, int64_t ln, const void *rgt, int64_t ri,
-                   int64_t rn, int64_t N, int dt, void *g, int nthreads)
+ * L[row, n] = l[row * li + n * ln] (row < n_l), R[col, n] = rgt[col * ri + n * rn] (col < n_r).
+ * Every index is checked as it is read (0 <= rows[p] < n_l / r, 0 <= cols[p] < n_r / c).
+ * Returns 0, SS_E_NOKERNEL (no kernels for this layout of the operands: the caller makes them
+ * contiguous along the batch), SS_E_INDEX (ss_last_error says where). */
+int ss_values_grad(int64_t nnzb, int64_t r, int64_t c, int64_t n_l, int64_t n_r,
+                   const int64_t *rows, const int64_t *cols, const void *l, int64_t li,
+                   int64_t ln, const void *rgt, int64_t ri, int64_t rn, int64_t N, int dt,
+                   void *g, int nthreads)
 {
     const kernel_set *ks = kernels_for(dt);
-    if (!ks || (dt != DT_F32 && dt != DT_F64)) return -1;
-    vg_ctx k = {r, c, N, rows, cols, l, li, ln, rgt, ri, rn, g};
+    if (!ks || (dt != DT_F32 && dt != DT_F64)) return SS_E_NOKERNEL;
+    ss_fault fault = {0, 0, 0, 0, 0};
+    vg_ctx k = {r, c, N, r > 0 ? n_l / r : 0, c > 0 ? n_r / c : 0, &fault, rows, cols, l, li,
+                ln, rgt, ri, rn, g};
     if (nthreads < 1) nthreads = 1;
     if (ri == 1 && c >= ks->lanes / 2) {
         run_tasks(ks->vg_outer, &k, nnzb, nthreads);
-        return 0;
+        return fault_result(&fault);
     }
     if (ln == 1 && rn == 1) {
         run_tasks(ks->vg_dot, &k, nnzb, nthreads);
-        return 0;
+        return fault_result(&fault);
     }
-    return -1;
+    return SS_E_NOKERNEL;
+}
+
+/* The calling thread's last index fault (after SS_E_INDEX): out[0] the array (SS_M_PTR: the
+ * pointers crow, SS_M_IDX: col, SS_M_ORDER: order, SS_M_ROWS / SS_M_COLS: values_grad's rows /
+ * cols), out[1] its position, out[2] the value read there, out[3] the bound it broke. */
+void ss_last_error(int64_t *out)
+{
+    for (int t = 0; t < 4; t++) out[t] = g_last_fault[t];
 }
 
 /* dst[i] = src[i] converted (for the dtypes' round trips in tests) */
@@ -589,7 +672,7 @@ int ss_convert(const void *src, int sdt, void *dst, int ddt, int64_t n)
     return 0;
 }
 
-int ss_abi_version(void) { return 1; }
+int ss_abi_version(void) { return 2; }
 
 /* Regions opened so far and the region up to which products run on the calling thread (the
  * busy-machine back-off), for diagnostics. */

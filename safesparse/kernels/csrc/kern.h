@@ -21,8 +21,9 @@
 /* -------------------------------------------------------------------------------------------
  * Product: Y[row, n] = bias[row] + sum over M's block row of M_q[a, b] * X[col_q * c + b, n],
  * the batch read from a feature-major tile (xt[k * ldx + n]) two vectors at a time. */
-INL void FN(prod_tile)(const prod_ctx *k, int64_t i, int64_t a0, const int RTN, const R *xt,
-                       int64_t ldx, int64_t n_abs, int64_t cnt, const int full)
+INL void FN(prod_tile)(const prod_ctx *k, int64_t i, int64_t q0, int64_t q1, int64_t a0,
+                       const int RTN, const R *xt, int64_t ldx, int64_t n_abs, int64_t cnt,
+                       const int full)
 {
     VT acc[RT_PROD][2];
     MT m0 = MASK(cnt >= W ? W : cnt), m1 = MASK(cnt >= 2 * W ? W : (cnt > W ? cnt - W : 0));
@@ -33,11 +34,13 @@ INL void FN(prod_tile)(const prod_ctx *k, int64_t i, int64_t a0, const int RTN, 
         acc[ra][1] = b0;
     }
     const R *vals = (const R *)k->vals;
-    const int64_t c = k->c, sa = k->sa, sb = k->sb;
-    for (int64_t q = k->crow[i]; q < k->crow[i + 1]; q++) {
-        int64_t p = k->order ? k->order[q] : q;
+    const int64_t c = k->c, sa = k->sa, sb = k->sb, nnzb = k->nnzb, n_bc = k->n_bc;
+    for (int64_t q = q0; q < q1; q++) {
+        int64_t p = k->order ? LD(k->order + q) : q, j = LD(k->col + q);
+        if ((uint64_t)p >= (uint64_t)nnzb) { fault_set(k->fault, SS_M_ORDER, q, p, nnzb); return; }
+        if ((uint64_t)j >= (uint64_t)n_bc) { fault_set(k->fault, SS_M_IDX, q, j, n_bc); return; }
         const R *w = vals + p * k->sp + a0 * sa;
-        const R *xr = xt + k->col[q] * c * ldx;
+        const R *xr = xt + j * c * ldx;
         for (int64_t b = 0; b < c; b++, xr += ldx, w += sb) {
             VT x0 = full ? LOADU(xr) : LOADM(xr, m0);
             VT x1 = full ? LOADU(xr + W) : LOADM(xr + W, m1);
@@ -83,6 +86,8 @@ static TARGET void FN(prod_task)(void *vctx, int64_t task, int tid)
     prod_ctx *k = (prod_ctx *)vctx;
     int64_t chunk = task / k->n_br, i = task % k->n_br;
     int64_t n0 = chunk * k->nt, nt = k->N - n0 < k->nt ? k->N - n0 : k->nt;
+    int64_t q0, q1;
+    if (faulted(k->fault) || !row_range(k->crow, i, k->nnzb, k->fault, &q0, &q1)) return;
     const R *xt;
     int64_t ldx;
     int full_ok;
@@ -107,8 +112,8 @@ static TARGET void FN(prod_task)(void *vctx, int64_t task, int tid)
             int64_t cnt = nt - nn < 2 * W ? nt - nn : 2 * W;
             int full = full_ok || cnt == 2 * W;
             switch (rt) {
-#define PCASE(RTV) case RTV: { if (full) FN(prod_tile)(k, i, a0, RTV, xt + nn, ldx, n0 + nn, cnt, 1); \
-                             else FN(prod_tile)(k, i, a0, RTV, xt + nn, ldx, n0 + nn, cnt, 0); } break;
+#define PCASE(RTV) case RTV: { if (full) FN(prod_tile)(k, i, q0, q1, a0, RTV, xt + nn, ldx, n0 + nn, cnt, 1); \
+                             else FN(prod_tile)(k, i, q0, q1, a0, RTV, xt + nn, ldx, n0 + nn, cnt, 0); } break;
             PCASE(RT_PROD)
 #if RT_PROD != 4
             PCASE(4)
@@ -191,7 +196,10 @@ static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
     prod_ctx *k = (prod_ctx *)vctx;
     int64_t chunk = task / k->n_br, i = task % k->n_br;
     int64_t n0 = chunk * k->nt, nt = k->N - n0 < k->nt ? k->N - n0 : k->nt;
-    int64_t q0 = k->crow[i], nq = k->crow[i + 1] - q0;
+    int64_t q0, q1;
+    if (faulted(k->fault) || !row_range(k->crow, i, k->nnzb, k->fault, &q0, &q1)) return;
+    int64_t nq = q1 - q0;
+    if (nq > k->maxq) { fault_set(k->fault, SS_M_PTR, i + 1, q1, q0 + k->maxq); return; }
     if (nq == 0) { /* an empty block row: the bias, or zeros */
         R tmp[1];
         for (int64_t n = n0; n < n0 + nt; n++)
@@ -201,21 +209,26 @@ static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
             }
         return;
     }
+    /* the row's blocks (value pointers) and block columns, read once and checked */
     const R *wq_stack[64];
+    int64_t colq_stack[64];
     const R **wq = nq <= 64 ? wq_stack : (const R **)k->bufs[tid];
+    int64_t *colq = nq <= 64 ? colq_stack : (int64_t *)(wq + k->maxq);
     const R *vals = (const R *)k->vals;
+    const int64_t nnzb = k->nnzb, n_bc = k->n_bc;
+    for (int64_t qq = 0; qq < nq; qq++) {
+        int64_t q = q0 + qq, p = k->order ? LD(k->order + q) : q, j = LD(k->col + q);
+        if ((uint64_t)p >= (uint64_t)nnzb) { fault_set(k->fault, SS_M_ORDER, q, p, nnzb); return; }
+        if ((uint64_t)j >= (uint64_t)n_bc) { fault_set(k->fault, SS_M_IDX, q, j, n_bc); return; }
+        wq[qq] = vals + p * k->sp;
+        colq[qq] = j;
+    }
     int64_t wsb = k->sb;
-    if (k->sa == 1) {
-        for (int64_t qq = 0; qq < nq; qq++) {
-            int64_t p = k->order ? k->order[q0 + qq] : q0 + qq;
-            wq[qq] = vals + p * k->sp;
-        }
-    } else { /* pack the row's blocks: column b of block qq at pk + qq * c * r + b * r */
+    if (k->sa != 1) { /* pack the row's blocks: column b of block qq at pk + qq * c * r + b * r */
         R *pk = (R *)k->pack[tid];
         const int64_t r = k->r, c = k->c;
         for (int64_t qq = 0; qq < nq; qq++) {
-            int64_t p = k->order ? k->order[q0 + qq] : q0 + qq;
-            const R *src = vals + p * k->sp;
+            const R *src = wq[qq];
             R *dst = pk + qq * c * r;
             for (int64_t a = 0; a < r; a++)
                 for (int64_t b = 0; b < c; b++) dst[b * r + a] = src[a * k->sa + b * k->sb];
@@ -223,7 +236,6 @@ static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
         }
         wsb = r;
     }
-    const int64_t *colq = k->col + q0;
     for (int64_t a0 = 0; a0 < k->r; a0 += 2 * W) {
         int64_t ac = k->r - a0 < 2 * W ? k->r - a0 : 2 * W;
         int two = ac > W;
@@ -244,17 +256,20 @@ static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
 
 /* Row-dot product for a few batch rows (inference): Y[row, n] = sum M_q[a, b:b+W] . X[n, ...],
  * needs M's rows and X's features contiguous (sb == 1, xk == 1). */
-INL void FN(rowdot_tile)(const prod_ctx *k, int64_t i, int64_t a0, const int RTN, int64_t n)
+INL void FN(rowdot_tile)(const prod_ctx *k, int64_t i, int64_t q0, int64_t q1, int64_t a0,
+                         const int RTN, int64_t n)
 {
     VT acc[4];
     for (int ra = 0; ra < RTN; ra++) acc[ra] = ZERO();
     const R *vals = (const R *)k->vals;
     const R *x = (const R *)k->x + n * k->xn;
-    const int64_t c = k->c, sa = k->sa;
-    for (int64_t q = k->crow[i]; q < k->crow[i + 1]; q++) {
-        int64_t p = k->order ? k->order[q] : q;
+    const int64_t c = k->c, sa = k->sa, nnzb = k->nnzb, n_bc = k->n_bc;
+    for (int64_t q = q0; q < q1; q++) {
+        int64_t p = k->order ? LD(k->order + q) : q, j = LD(k->col + q);
+        if ((uint64_t)p >= (uint64_t)nnzb) { fault_set(k->fault, SS_M_ORDER, q, p, nnzb); return; }
+        if ((uint64_t)j >= (uint64_t)n_bc) { fault_set(k->fault, SS_M_IDX, q, j, n_bc); return; }
         const R *w = vals + p * k->sp + a0 * sa;
-        const R *xr = x + k->col[q] * c;
+        const R *xr = x + j * c;
         int64_t b = 0;
         for (; b + W <= c; b += W) {
             VT xv = LOADU(xr + b);
@@ -278,28 +293,41 @@ static TARGET void FN(rowdot_task)(void *vctx, int64_t i, int tid)
 {
     (void)tid;
     prod_ctx *k = (prod_ctx *)vctx;
+    int64_t q0, q1;
+    if (faulted(k->fault) || !row_range(k->crow, i, k->nnzb, k->fault, &q0, &q1)) return;
     for (int64_t n = 0; n < k->N; n++)
         for (int64_t a0 = 0; a0 < k->r;) {
             int64_t left = k->r - a0;
-            if (left >= 4) { FN(rowdot_tile)(k, i, a0, 4, n); a0 += 4; }
-            else if (left >= 2) { FN(rowdot_tile)(k, i, a0, 2, n); a0 += 2; }
-            else { FN(rowdot_tile)(k, i, a0, 1, n); a0 += 1; }
+            if (left >= 4) { FN(rowdot_tile)(k, i, q0, q1, a0, 4, n); a0 += 4; }
+            else if (left >= 2) { FN(rowdot_tile)(k, i, q0, q1, a0, 2, n); a0 += 2; }
+            else { FN(rowdot_tile)(k, i, q0, q1, a0, 1, n); a0 += 1; }
         }
+}
+
+/* Block p's block row and column, read once and checked; 0 and a fault when out of range. */
+static inline int FN(vg_block)(vg_ctx *k, int64_t p, int64_t *bi, int64_t *bj)
+{
+    int64_t i = LD(k->rows + p), j = LD(k->cols + p);
+    if ((uint64_t)i >= (uint64_t)k->n_lb) { fault_set(k->fault, SS_M_ROWS, p, i, k->n_lb); return 0; }
+    if ((uint64_t)j >= (uint64_t)k->n_rb) { fault_set(k->fault, SS_M_COLS, p, j, k->n_rb); return 0; }
+    *bi = i;
+    *bj = j;
+    return 1;
 }
 
 /* -------------------------------------------------------------------------------------------
  * Values gradient, outer form: G_p[a, b] = sum_n L[i*r + a, n] * R[j*c + b, n] with R's block
  * columns contiguous (ri == 1): per batch step, VN vectors of R's row, RTN broadcasts of L. */
-INL void FN(vgo_tile)(const vg_ctx *k, int64_t p, int64_t a0, int64_t b0, const int RTN,
-                      const int VN, int64_t bc)
+INL void FN(vgo_tile)(const vg_ctx *k, int64_t p, int64_t bi, int64_t bj, int64_t a0,
+                      int64_t b0, const int RTN, const int VN, int64_t bc)
 {
     VT acc[RT_OUT1][2];
     for (int ra = 0; ra < RTN; ra++)
         for (int v = 0; v < VN; v++) acc[ra][v] = ZERO();
     MT m0 = MASK(bc >= W ? W : bc), m1 = MASK(bc >= 2 * W ? W : (bc > W ? bc - W : 0));
     int full0 = bc >= W, full1 = bc >= 2 * W;
-    const R *l = (const R *)k->l + (k->rows[p] * k->r + a0) * k->li;
-    const R *rr = (const R *)k->rgt + (k->cols[p] * k->c + b0);
+    const R *l = (const R *)k->l + (bi * k->r + a0) * k->li;
+    const R *rr = (const R *)k->rgt + (bj * k->c + b0);
     for (int64_t n = 0; n < k->N; n++, l += k->ln, rr += k->rn) {
         VT x0 = full0 ? LOADU(rr) : LOADM(rr, m0);
         VT x1 = ZERO();
@@ -324,6 +352,8 @@ static TARGET void FN(vgo_task)(void *vctx, int64_t p, int tid)
 {
     (void)tid;
     vg_ctx *k = (vg_ctx *)vctx;
+    int64_t bi, bj;
+    if (faulted(k->fault) || !FN(vg_block)(k, p, &bi, &bj)) return;
     for (int64_t b0 = 0; b0 < k->c; b0 += 2 * W) {
         int64_t bc = k->c - b0 < 2 * W ? k->c - b0 : 2 * W;
         int two = bc > W;
@@ -332,14 +362,14 @@ static TARGET void FN(vgo_task)(void *vctx, int64_t p, int tid)
             int cap = two ? RT_OUT2 : RT_OUT1;
             int rt = left >= cap ? cap : left >= 4 ? 4 : left >= 2 ? 2 : 1;
             switch (rt * 4 + two) {
-#define VCASE(RTV) case RTV * 4 + 0: FN(vgo_tile)(k, p, a0, b0, RTV, 1, bc); break; \
-                   case RTV * 4 + 1: FN(vgo_tile)(k, p, a0, b0, RTV, 2, bc); break;
+#define VCASE(RTV) case RTV * 4 + 0: FN(vgo_tile)(k, p, bi, bj, a0, b0, RTV, 1, bc); break; \
+                   case RTV * 4 + 1: FN(vgo_tile)(k, p, bi, bj, a0, b0, RTV, 2, bc); break;
             VCASE(1) VCASE(2) VCASE(4)
 #if RT_OUT2 != 4
             VCASE(RT_OUT2)
 #endif
 #if RT_OUT1 != 4 && RT_OUT1 != RT_OUT2
-            case RT_OUT1 * 4 + 0: FN(vgo_tile)(k, p, a0, b0, RT_OUT1, 1, bc); break;
+            case RT_OUT1 * 4 + 0: FN(vgo_tile)(k, p, bi, bj, a0, b0, RT_OUT1, 1, bc); break;
 #endif
 #undef VCASE
             default: break;
@@ -350,14 +380,14 @@ static TARGET void FN(vgo_task)(void *vctx, int64_t p, int tid)
 }
 
 /* Values gradient, dot form: both operands contiguous along the batch (ln == rn == 1). */
-INL void FN(vgd_tile)(const vg_ctx *k, int64_t p, int64_t a0, int64_t b0, const int RTN,
-                      const int CTN)
+INL void FN(vgd_tile)(const vg_ctx *k, int64_t p, int64_t bi, int64_t bj, int64_t a0,
+                      int64_t b0, const int RTN, const int CTN)
 {
     VT acc[RT_DOT][CT_DOT];
     for (int ra = 0; ra < RTN; ra++)
         for (int cb = 0; cb < CTN; cb++) acc[ra][cb] = ZERO();
-    const R *l = (const R *)k->l + (k->rows[p] * k->r + a0) * k->li;
-    const R *rr = (const R *)k->rgt + (k->cols[p] * k->c + b0) * k->ri;
+    const R *l = (const R *)k->l + (bi * k->r + a0) * k->li;
+    const R *rr = (const R *)k->rgt + (bj * k->c + b0) * k->ri;
     int64_t n = 0, N = k->N;
     for (; n + W <= N; n += W) {
         VT lv[RT_DOT], rv[CT_DOT];
@@ -402,9 +432,11 @@ static TARGET void FN(vgd_task)(void *vctx, int64_t p, int tid)
 {
     (void)tid;
     vg_ctx *k = (vg_ctx *)vctx;
+    int64_t bi, bj;
+    if (faulted(k->fault) || !FN(vg_block)(k, p, &bi, &bj)) return;
     if (k->r == 1 && k->c == 1) {
-        ((R *)k->g)[p] = FN(vgd_one)((const R *)k->l + k->rows[p] * k->li,
-                                     (const R *)k->rgt + k->cols[p] * k->ri, k->N);
+        ((R *)k->g)[p] = FN(vgd_one)((const R *)k->l + bi * k->li,
+                                     (const R *)k->rgt + bj * k->ri, k->N);
         return;
     }
     for (int64_t a0 = 0; a0 < k->r;) {
@@ -412,19 +444,19 @@ static TARGET void FN(vgd_task)(void *vctx, int64_t p, int tid)
         for (int64_t b0 = 0; b0 < k->c;) {
             int ct = k->c - b0 >= CT_DOT ? CT_DOT : k->c - b0 >= 2 ? 2 : 1;
             switch (rt * 8 + ct) {
-            case RT_DOT * 8 + CT_DOT: FN(vgd_tile)(k, p, a0, b0, RT_DOT, CT_DOT); break;
-            case RT_DOT * 8 + 2: FN(vgd_tile)(k, p, a0, b0, RT_DOT, 2); break;
-            case RT_DOT * 8 + 1: FN(vgd_tile)(k, p, a0, b0, RT_DOT, 1); break;
+            case RT_DOT * 8 + CT_DOT: FN(vgd_tile)(k, p, bi, bj, a0, b0, RT_DOT, CT_DOT); break;
+            case RT_DOT * 8 + 2: FN(vgd_tile)(k, p, bi, bj, a0, b0, RT_DOT, 2); break;
+            case RT_DOT * 8 + 1: FN(vgd_tile)(k, p, bi, bj, a0, b0, RT_DOT, 1); break;
 #if RT_DOT != 2
-            case 2 * 8 + CT_DOT: FN(vgd_tile)(k, p, a0, b0, 2, CT_DOT); break;
-            case 2 * 8 + 2: FN(vgd_tile)(k, p, a0, b0, 2, 2); break;
-            case 2 * 8 + 1: FN(vgd_tile)(k, p, a0, b0, 2, 1); break;
+            case 2 * 8 + CT_DOT: FN(vgd_tile)(k, p, bi, bj, a0, b0, 2, CT_DOT); break;
+            case 2 * 8 + 2: FN(vgd_tile)(k, p, bi, bj, a0, b0, 2, 2); break;
+            case 2 * 8 + 1: FN(vgd_tile)(k, p, bi, bj, a0, b0, 2, 1); break;
 #endif
-            case 1 * 8 + CT_DOT: FN(vgd_tile)(k, p, a0, b0, 1, CT_DOT); break;
+            case 1 * 8 + CT_DOT: FN(vgd_tile)(k, p, bi, bj, a0, b0, 1, CT_DOT); break;
 #if CT_DOT != 2
-            case 1 * 8 + 2: FN(vgd_tile)(k, p, a0, b0, 1, 2); break;
+            case 1 * 8 + 2: FN(vgd_tile)(k, p, bi, bj, a0, b0, 1, 2); break;
 #endif
-            case 1 * 8 + 1: FN(vgd_tile)(k, p, a0, b0, 1, 1); break;
+            case 1 * 8 + 1: FN(vgd_tile)(k, p, bi, bj, a0, b0, 1, 1); break;
             default: break;
             }
             b0 += ct;
