@@ -317,12 +317,15 @@ typedef struct {
     void **bufs;
     int64_t *buf_chunk;
     void **pack;
+    void *packed; /* M's blocks packed once per call (batch-major, several row tiles) */
 } prod_ctx;
 
 typedef struct {
     int64_t r, c, N;
     int64_t n_lb, n_rb; /* bounds: L's row blocks, R's row blocks */
     ss_fault *fault;
+    int64_t n0, n1; /* the batch rows of this region (outer form) */
+    int accum;      /* 1: add to G (a later row tile) */
     const int64_t *rows, *cols;
     const void *l;
     int64_t li, ln;
@@ -332,12 +335,14 @@ typedef struct {
 } vg_ctx;
 
 typedef struct {
-    task_fn prod, rowdot, vg_outer, vg_dot, bm;
+    task_fn prod, small, vg_outer, vg_dot, bm, pack;
     int lanes;
 } kernel_set;
 
 /* ------------------------------------------------------------------------------------------ */
 /* instantiations */
+
+#define SS_PACK 16 /* blocks per task of the packing pass */
 
 #ifdef SS_X86
 /* float32 lanes stored as bfloat16 / float16 (round to nearest even, NaN kept), cnt <= 16 */
@@ -368,8 +373,31 @@ __attribute__((target("avx512f"))) static inline int ss_store_half16(void *y, in
     return 1;
 }
 
+/* lane k: the sum of v[k] (16 vectors: a transpose-reduction, 15 adds and 31 shuffles, where
+ * 16 horizontal sums take ~4x the instructions) */
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) __m512
+ss_rowsums16(const __m512 *v)
+{
+    __m512 s[8], u[4], w[2];
+    for (int t = 0; t < 8; t++) /* 256-bit halves: chunks 0-1 v[2t], 2-3 v[2t+1] */
+        s[t] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * t], v[2 * t + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * t], v[2 * t + 1], 0xEE));
+    for (int t = 0; t < 4; t++) /* chunk j: v[4t + j] */
+        u[t] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * t], s[2 * t + 1], 0x88),
+                             _mm512_shuffle_f32x4(s[2 * t], s[2 * t + 1], 0xDD));
+    for (int t = 0; t < 2; t++) /* chunk j: v[8t + j] x2, v[8t + 4 + j] x2 */
+        w[t] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * t], u[2 * t + 1], 0x44),
+                             _mm512_shuffle_ps(u[2 * t], u[2 * t + 1], 0xEE));
+    /* lane 4j + t: v[j + 4t] */
+    __m512 z = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88),
+                             _mm512_shuffle_ps(w[0], w[1], 0xDD));
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(idx, z);
+}
+
 /* AVX-512F, float32 */
 #define SUF avx512_f32
+#define ROWSUMS(v) ss_rowsums16(v)
 #define STORE_HALF(y, dt, i, v, cnt) ss_store_half16((y), (dt), (i), (v), (cnt))
 #define TARGET __attribute__((target("avx512f,fma")))
 #define R float
@@ -449,8 +477,18 @@ __attribute__((target("avx2,fma"))) static inline double ss_hsum256d(__m256d v)
     return _mm_cvtsd_f64(s);
 }
 
+/* lane k: the sum of v[k] (8 vectors) */
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) __m256
+ss_rowsums8(const __m256 *v)
+{
+    __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
 /* AVX2 + FMA, float32 */
 #define SUF avx2_f32
+#define ROWSUMS(v) ss_rowsums8(v)
 #define TARGET __attribute__((target("avx2,fma")))
 #define R float
 #define VT __m256
@@ -542,6 +580,41 @@ static const kernel_set *kernels_for(int cdt)
 
 #define SS_CHUNK 64
 
+/* The most blocks in one row (sizes the per-thread buffers; each task checks its row against
+ * it again, the pointers may change meanwhile), or -1 and a fault. */
+static int64_t longest_row(const int64_t *crow, int64_t n_br, int64_t nnzb, ss_fault *fault)
+{
+    int64_t maxq = 0;
+    for (int64_t i = 0; i < n_br; i++) {
+        int64_t q0, q1;
+        if (!row_range(crow, i, nnzb, fault, &q0, &q1)) return -1;
+        if (q1 - q0 > maxq) maxq = q1 - q0;
+    }
+    return maxq;
+}
+
+/* Per-thread lists of a row's block pointers and columns where a row holds more than the 64 a
+ * task keeps on its stack; 0 when out of memory (those allocated are null or freed by the
+ * caller: every slot is set). */
+static int row_buffers(void **ptrs, int nth, int64_t maxq)
+{
+    int ok = 1;
+    for (int t = 0; t < nth; t++) {
+        ptrs[t] = maxq > 64 ? malloc((size_t)maxq * (sizeof(void *) + sizeof(int64_t))) : 0;
+        if (maxq > 64 && !ptrs[t]) ok = 0;
+    }
+    return ok;
+}
+#ifndef SS_SMALL_N
+#define SS_SMALL_N 32 /* batches up to this many rows take the whole-block tiles */
+#endif
+#ifndef SS_VG_ROWS
+#define SS_VG_ROWS 128 /* batch rows per region of the values gradient (outer form) */
+#endif
+#ifndef SS_BM_ROWS
+#define SS_BM_ROWS 128 /* batch rows per task of the batch-major product (a row tile) */
+#endif
+
 /* Y[row, n] = bias[row] + sum_q sum_b M_q[a, b] X[col_q * c + b, n] for a matrix M stored by
  * block rows (n_br of them, blocks r x c, nnzb stored): block q of row i (crow[i] <= q <
  * crow[i+1]) is at block column col[q] and has the values vals[p * sp + a * sa + b * sb],
@@ -562,12 +635,24 @@ int ss_product(int64_t n_br, int64_t r, int64_t c, int64_t nnzb, const int64_t *
     if (N <= 0 || n_br <= 0) return 0;
     ss_fault fault = {0, 0, 0, 0, 0};
     prod_ctx k = {n_br, r, c, N, n_in, nnzb, c > 0 ? n_in / c : 0, 0, &fault, crow, col, order,
-                  vals, sp, sa, sb, x, xdt, xk, xn, y, ydt, yi, yn, bias, SS_CHUNK, 0, 0, 0, 0};
+                  vals, sp, sa, sb, x, xdt, xk, xn, y, ydt, yi, yn, bias, SS_CHUNK, 0, 0, 0, 0,
+                  0};
     if (nthreads < 1) nthreads = 1;
-    /* a few batch rows, features contiguous: dot products along the block rows */
-    if (N <= 4 && sb == 1 && xk == 1 && c >= ks->lanes / 2 && xdt == cdt) {
-        run_tasks(ks->rowdot, &k, n_br, nthreads);
-        return fault_result(&fault);
+    /* small batches, M's rows and the features contiguous: whole-block tiles */
+    if (N <= SS_SMALL_N && sb == 1 && xk == 1 && c >= ks->lanes / 2 && xdt == cdt) {
+        int64_t maxq = longest_row(crow, n_br, nnzb, &fault);
+        if (maxq < 0) return fault_result(&fault);
+        k.maxq = maxq;
+        int nth = nthreads < n_br ? nthreads : (int)n_br;
+        if (nth > 256) nth = 256;
+        void *ptrs[256];
+        int ok = row_buffers(ptrs, nth, maxq);
+        if (ok) {
+            k.bufs = ptrs;
+            run_tasks(ks->small, &k, n_br, nth);
+        }
+        for (int t = 0; t < nth; t++) free(ptrs[t]);
+        return ok ? fault_result(&fault) : SS_E_NOMEM;
     }
     int64_t nchunk = (N + SS_CHUNK - 1) / SS_CHUNK;
     int64_t ntasks = nchunk * n_br;
@@ -582,29 +667,36 @@ int ss_product(int64_t n_br, int64_t r, int64_t c, int64_t nnzb, const int64_t *
         int64_t want = (int64_t)nth * 4, per = want <= n_br ? 1 : (want + n_br - 1) / n_br;
         int64_t bnt = (N + per - 1) / per;
         bnt = (bnt + 7) / 8 * 8;
+        /* row tiles: the tile of X and of Y stays in cache across the block rows (tasks run
+         * tile by tile), so the cost per row stays flat however large the batch */
+        if (bnt > SS_BM_ROWS) bnt = SS_BM_ROWS;
         k.nt = bnt;
-        ntasks = ((N + bnt - 1) / bnt) * n_br;
-        /* the longest row sizes the per-thread buffers (the tasks check against it again) */
-        int64_t maxq = 0;
-        for (int64_t i = 0; i < n_br; i++) {
-            int64_t q0, q1;
-            if (!row_range(crow, i, nnzb, &fault, &q0, &q1)) return fault_result(&fault);
-            if (q1 - q0 > maxq) maxq = q1 - q0;
-        }
+        int64_t ntiles = (N + bnt - 1) / bnt;
+        ntasks = ntiles * n_br;
+        int64_t maxq = longest_row(crow, n_br, nnzb, &fault);
+        if (maxq < 0) return fault_result(&fault);
         k.maxq = maxq;
         void *packs[256], *ptrs[256];
-        int ok = 1;
+        int ok = row_buffers(ptrs, nth, maxq);
         for (int t = 0; t < nth; t++) {
             packs[t] = sa == 1 ? 0 : malloc((size_t)(maxq > 0 ? maxq : 1) * r * c * esz);
-            ptrs[t] = maxq > 64 ? malloc((size_t)maxq * (sizeof(void *) + sizeof(int64_t))) : 0;
-            if ((sa != 1 && !packs[t]) || (maxq > 64 && !ptrs[t])) ok = 0;
+            if (sa != 1 && !packs[t]) ok = 0;
         }
-        if (ok) {
+        /* several row tiles and M's rows strided: pack the blocks once, not per tile */
+        void *packed = 0;
+        if (ok && sa != 1 && ntiles > 1) {
+            packed = malloc((size_t)(nnzb > 0 ? nnzb : 1) * r * c * esz);
+            if (!packed) ok = 0;
+            k.packed = packed;
+            if (ok) run_tasks(ks->pack, &k, (nnzb + SS_PACK - 1) / SS_PACK, nth);
+        }
+        if (ok && !fault.flag) {
             k.pack = packs;
             k.bufs = ptrs;
             run_tasks(ks->bm, &k, ntasks, nth);
         }
         for (int t = 0; t < nth; t++) { free(packs[t]); free(ptrs[t]); }
+        free(packed);
         return ok ? fault_result(&fault) : SS_E_NOMEM;
     }
     if (xdt == cdt && xn == 1) {
@@ -643,11 +735,20 @@ int ss_values_grad(int64_t nnzb, int64_t r, int64_t c, int64_t n_l, int64_t n_r,
     const kernel_set *ks = kernels_for(dt);
     if (!ks || (dt != DT_F32 && dt != DT_F64)) return SS_E_NOKERNEL;
     ss_fault fault = {0, 0, 0, 0, 0};
-    vg_ctx k = {r, c, N, r > 0 ? n_l / r : 0, c > 0 ? n_r / c : 0, &fault, rows, cols, l, li,
-                ln, rgt, ri, rn, g};
+    vg_ctx k = {r, c, N, r > 0 ? n_l / r : 0, c > 0 ? n_r / c : 0, &fault, 0, N, 0, rows,
+                cols, l, li, ln, rgt, ri, rn, g};
     if (nthreads < 1) nthreads = 1;
     if (ri == 1 && c >= ks->lanes / 2) {
-        run_tasks(ks->vg_outer, &k, nnzb, nthreads);
+        /* row tiles (one region each, G accumulated): the tiles of L and R stay in cache
+         * across the blocks, so the cost per row stays flat however large the batch */
+        int64_t tile = N > 2 * SS_VG_ROWS ? SS_VG_ROWS : (N > 0 ? N : 1);
+        for (int64_t n0 = 0; n0 < N || n0 == 0; n0 += tile) {
+            k.n0 = n0;
+            k.n1 = n0 + tile < N ? n0 + tile : N;
+            k.accum = n0 > 0;
+            run_tasks(ks->vg_outer, &k, nnzb, nthreads);
+            if (fault.flag) break;
+        }
         return fault_result(&fault);
     }
     if (ln == 1 && rn == 1) {
