@@ -47,14 +47,17 @@ from .pattern import IndexDataError, block_rows, block_shape, by_rows, compute_d
 from .pattern import long as _long
 
 __all__ = ["IndexDataError", "Status", "available", "disabled", "library_path", "product",
-           "status", "usable", "values_grad"]
+           "region_stats", "status", "usable", "values_grad"]
 
 T = torch.Tensor
 _HERE = Path(__file__).resolve().parent
 #: The library's file name (setup.py's ``NATIVE_FILE``).
 LIB_FILE = "_blockprod.native.so"
+#: The interface version these bindings are written for (csrc/blockprod.h's SS_ABI_VERSION;
+#: tests/kernels/test_interface.py checks both, and every binding, against the header).
 _ABI = 2
-_DTYPES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+#: torch dtype -> the library's dtype code, read from the library (``ss_dtype_names``) at load
+_DTYPES: dict[torch.dtype, int] = {}
 _ISA_NAMES = {0: "none", 1: "avx2+fma", 2: "avx512f"}
 _ROW_LAYOUTS = ROW_LAYOUTS
 _BLOCK_LAYOUTS = BLOCK_LAYOUTS
@@ -136,7 +139,14 @@ def _openmp_runtime() -> str | None:
 
 
 def _bind(lib: Any) -> None:
+    """The ctypes signatures of the library's entry points (csrc/blockprod.h)."""
     lib.ss_abi_version.restype = _int
+    lib.ss_abi_version.argtypes = []
+    lib.ss_dtype_names.restype = ctypes.c_char_p
+    lib.ss_dtype_names.argtypes = []
+    lib.ss_isa.restype = _int
+    lib.ss_isa.argtypes = []
+    lib.ss_cpu_isa.argtypes = []
     lib.ss_cpu_isa.restype = _int
     lib.ss_select_isa.restype = _int
     lib.ss_select_isa.argtypes = [_int]
@@ -151,6 +161,18 @@ def _bind(lib: Any) -> None:
                                    _ptr, _i64, _i64, _i64, _int, _ptr, _int]
     lib.ss_last_error.restype = None
     lib.ss_last_error.argtypes = [_ptr]
+    lib.ss_convert.restype = _int
+    lib.ss_convert.argtypes = [_ptr, _int, _ptr, _int, _i64]
+    lib.ss_region_stats.restype = None
+    lib.ss_region_stats.argtypes = [_ptr]
+    lib.ss_reset_backoff.restype = None
+    lib.ss_reset_backoff.argtypes = []
+
+
+def _dtype_codes(lib: Any) -> dict[torch.dtype, int]:
+    """torch dtype -> code, from the names the library lists in code order."""
+    names = lib.ss_dtype_names().decode().split()
+    return {getattr(torch, name): code for code, name in enumerate(names)}
 
 
 def _load() -> Status:
@@ -164,10 +186,12 @@ def _load() -> Status:
                              "builds it", "none", None, None)
     try:
         lib = ctypes.CDLL(str(path))
-        _bind(lib)
+        lib.ss_abi_version.restype = _int
         if lib.ss_abi_version() != _ABI:
             return Status(False, f"{path.name} is from another safesparse version (rebuild: "
                                  "`pip install .`)", "none", str(path), None)
+        _bind(lib)
+        _DTYPES.update(_dtype_codes(lib))
     except (OSError, AttributeError) as exc:
         return Status(False, f"{path.name} could not be loaded: {exc}", "none", str(path), None)
     want = os.environ.get("SAFESPARSE_NATIVE_ISA", "").strip().lower()
@@ -213,6 +237,15 @@ def disabled() -> Iterator[None]:
         yield
     finally:
         _forced_off = saved
+
+
+def region_stats() -> tuple[int, int]:
+    """(parallel regions opened so far, the region up to which products run on the calling
+    thread): the second above the first means the busy-machine back-off fired."""
+    out = (ctypes.c_int64 * 2)()
+    if available():
+        _lib.ss_region_stats(out)
+    return int(out[0]), int(out[1])
 
 
 def _threads() -> int:

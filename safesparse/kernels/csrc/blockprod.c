@@ -19,6 +19,8 @@
  * ss_last_error() says which array, where and what it held. No read or write out of bounds,
  * whatever the indices.
  */
+#include "blockprod.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +31,7 @@
 #include <immintrin.h>
 #endif
 
-enum { DT_F32 = 0, DT_F64 = 1, DT_F16 = 2, DT_BF16 = 3 };
+enum { DT_F32 = SS_DT_F32, DT_F64 = SS_DT_F64, DT_F16 = SS_DT_F16, DT_BF16 = SS_DT_BF16 };
 
 /* ------------------------------------------------------------------------------------------ */
 /* dtype conversions (scalar, portable; round to nearest even as torch does) */
@@ -246,8 +248,6 @@ static void run_tasks(task_fn fn, void *ctx, int64_t ntasks, int nthreads)
 /* ------------------------------------------------------------------------------------------ */
 /* index faults: the first bad index a product meets (any thread), reported by ss_last_error */
 
-enum { SS_E_NOKERNEL = -1, SS_E_NOMEM = -2, SS_E_INDEX = -3 };
-enum { SS_M_PTR = 1, SS_M_IDX = 2, SS_M_ORDER = 3, SS_M_ROWS = 4, SS_M_COLS = 5 };
 
 typedef struct {
     int flag;
@@ -345,199 +345,14 @@ typedef struct {
 #define SS_PACK 16 /* blocks per task of the packing pass */
 
 #ifdef SS_X86
-/* float32 lanes stored as bfloat16 / float16 (round to nearest even, NaN kept), cnt <= 16 */
-__attribute__((target("avx512f"))) static inline int ss_store_half16(void *y, int dt, int64_t i,
-                                                                    __m512 v, int64_t cnt)
-{
-    __m256i h;
-    if (dt == DT_BF16) {
-        __m512i u = _mm512_castps_si512(v);
-        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-        __m512i r = _mm512_srli_epi32(
-            _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-        __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-        __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-        h = _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, q));
-    } else if (dt == DT_F16) {
-        h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    } else {
-        return 0;
-    }
-    uint16_t *dst = (uint16_t *)y + i;
-    if (cnt >= 16) _mm256_storeu_si256((__m256i *)dst, h);
-    else {
-        uint16_t tmp[16];
-        _mm256_storeu_si256((__m256i *)tmp, h);
-        memcpy(dst, tmp, (size_t)cnt * 2);
-    }
-    return 1;
-}
-
-/* lane k: the sum of v[k] (16 vectors: a transpose-reduction, 15 adds and 31 shuffles, where
- * 16 horizontal sums take ~4x the instructions) */
-__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) __m512
-ss_rowsums16(const __m512 *v)
-{
-    __m512 s[8], u[4], w[2];
-    for (int t = 0; t < 8; t++) /* 256-bit halves: chunks 0-1 v[2t], 2-3 v[2t+1] */
-        s[t] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * t], v[2 * t + 1], 0x44),
-                             _mm512_shuffle_f32x4(v[2 * t], v[2 * t + 1], 0xEE));
-    for (int t = 0; t < 4; t++) /* chunk j: v[4t + j] */
-        u[t] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * t], s[2 * t + 1], 0x88),
-                             _mm512_shuffle_f32x4(s[2 * t], s[2 * t + 1], 0xDD));
-    for (int t = 0; t < 2; t++) /* chunk j: v[8t + j] x2, v[8t + 4 + j] x2 */
-        w[t] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * t], u[2 * t + 1], 0x44),
-                             _mm512_shuffle_ps(u[2 * t], u[2 * t + 1], 0xEE));
-    /* lane 4j + t: v[j + 4t] */
-    __m512 z = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88),
-                             _mm512_shuffle_ps(w[0], w[1], 0xDD));
-    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    return _mm512_permutexvar_ps(idx, z);
-}
-
-/* AVX-512F, float32 */
-#define SUF avx512_f32
-#define ROWSUMS(v) ss_rowsums16(v)
-#define STORE_HALF(y, dt, i, v, cnt) ss_store_half16((y), (dt), (i), (v), (cnt))
-#define TARGET __attribute__((target("avx512f,fma")))
-#define R float
-#define VT __m512
-#define W 16
-#define MT __mmask16
-#define MASK(k) ((__mmask16)((1u << (k)) - 1u))
-#define LOADU(p) _mm512_loadu_ps(p)
-#define LOADM(p, m) _mm512_maskz_loadu_ps((m), (p))
-#define STOREU(p, v) _mm512_storeu_ps((p), (v))
-#define STOREM(p, m, v) _mm512_mask_storeu_ps((p), (m), (v))
-#define SET1(s) _mm512_set1_ps(s)
-#define ZERO() _mm512_setzero_ps()
-#define FMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
-#define ADD(a, b) _mm512_add_ps((a), (b))
-#define HSUM(v) _mm512_reduce_add_ps(v)
-#define RT_PROD 8
-#define RT_OUT1 16
-#define RT_OUT2 8
-#define RT_DOT 4
-#define CT_DOT 4
-#define BM_NB 8
-#define DT_SELF DT_F32
-#include "kern.h"
-#undef STORE_HALF
-#include "kern_dtype_end.h"
-
-/* AVX-512F, float64 */
-#define SUF avx512_f64
-#define R double
-#define VT __m512d
-#define W 8
-#define MT __mmask8
-#define MASK(k) ((__mmask8)((1u << (k)) - 1u))
-#define LOADU(p) _mm512_loadu_pd(p)
-#define LOADM(p, m) _mm512_maskz_loadu_pd((m), (p))
-#define STOREU(p, v) _mm512_storeu_pd((p), (v))
-#define STOREM(p, m, v) _mm512_mask_storeu_pd((p), (m), (v))
-#define SET1(s) _mm512_set1_pd(s)
-#define ZERO() _mm512_setzero_pd()
-#define FMA(a, b, c) _mm512_fmadd_pd((a), (b), (c))
-#define ADD(a, b) _mm512_add_pd((a), (b))
-#define HSUM(v) _mm512_reduce_add_pd(v)
-#define DT_SELF DT_F64
-#include "kern.h"
-#include "kern_dtype_end.h"
-#undef TARGET
-#undef RT_PROD
-#undef RT_OUT1
-#undef RT_OUT2
-#undef RT_DOT
-#undef CT_DOT
-#undef BM_NB
-
-/* AVX2 + FMA helpers */
-__attribute__((target("avx2,fma"))) static inline __m256i ss_mask32(int64_t k)
-{
-    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)k), idx);
-}
-__attribute__((target("avx2,fma"))) static inline __m256i ss_mask64(int64_t k)
-{
-    const __m256i idx = _mm256_setr_epi64x(0, 1, 2, 3);
-    return _mm256_cmpgt_epi64(_mm256_set1_epi64x(k), idx);
-}
-__attribute__((target("avx2,fma"))) static inline float ss_hsum256(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-__attribute__((target("avx2,fma"))) static inline double ss_hsum256d(__m256d v)
-{
-    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-    s = _mm_add_sd(s, _mm_unpackhi_pd(s, s));
-    return _mm_cvtsd_f64(s);
-}
-
-/* lane k: the sum of v[k] (8 vectors) */
-__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) __m256
-ss_rowsums8(const __m256 *v)
-{
-    __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-    __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
-    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-}
-
-/* AVX2 + FMA, float32 */
-#define SUF avx2_f32
-#define ROWSUMS(v) ss_rowsums8(v)
-#define TARGET __attribute__((target("avx2,fma")))
-#define R float
-#define VT __m256
-#define W 8
-#define MT __m256i
-#define MASK(k) ss_mask32(k)
-#define LOADU(p) _mm256_loadu_ps(p)
-#define LOADM(p, m) _mm256_maskload_ps((p), (m))
-#define STOREU(p, v) _mm256_storeu_ps((p), (v))
-#define STOREM(p, m, v) _mm256_maskstore_ps((p), (m), (v))
-#define SET1(s) _mm256_set1_ps(s)
-#define ZERO() _mm256_setzero_ps()
-#define FMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
-#define ADD(a, b) _mm256_add_ps((a), (b))
-#define HSUM(v) ss_hsum256(v)
-#define RT_PROD 6
-#define RT_OUT1 8
-#define RT_OUT2 6
-#define RT_DOT 2
-#define CT_DOT 4
-#define BM_NB 6
-#define DT_SELF DT_F32
-#include "kern.h"
-#include "kern_dtype_end.h"
-
-/* AVX2 + FMA, float64 */
-#define SUF avx2_f64
-#define R double
-#define VT __m256d
-#define W 4
-#define MT __m256i
-#define MASK(k) ss_mask64(k)
-#define LOADU(p) _mm256_loadu_pd(p)
-#define LOADM(p, m) _mm256_maskload_pd((p), (m))
-#define STOREU(p, v) _mm256_storeu_pd((p), (v))
-#define STOREM(p, m, v) _mm256_maskstore_pd((p), (m), (v))
-#define SET1(s) _mm256_set1_pd(s)
-#define ZERO() _mm256_setzero_pd()
-#define FMA(a, b, c) _mm256_fmadd_pd((a), (b), (c))
-#define ADD(a, b) _mm256_add_pd((a), (b))
-#define HSUM(v) ss_hsum256d(v)
-#define DT_SELF DT_F64
-#include "kern.h"
+#include "simd_avx512.h"
+#include "simd_avx2.h"
 #endif /* SS_X86 */
 
 /* ------------------------------------------------------------------------------------------ */
 /* dispatch */
 
-enum { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+enum { ISA_NONE = SS_ISA_NONE, ISA_AVX2 = SS_ISA_AVX2, ISA_AVX512 = SS_ISA_AVX512 };
 static int g_isa = -1;
 
 /* The best instruction set this CPU has (2: AVX-512F, 1: AVX2+FMA, 0: none) */
@@ -773,7 +588,9 @@ int ss_convert(const void *src, int sdt, void *dst, int ddt, int64_t n)
     return 0;
 }
 
-int ss_abi_version(void) { return 2; }
+int ss_abi_version(void) { return SS_ABI_VERSION; }
+
+const char *ss_dtype_names(void) { return SS_DTYPE_NAMES; }
 
 /* Regions opened so far and the region up to which products run on the calling thread (the
  * busy-machine back-off), for diagnostics. */
