@@ -11,7 +11,8 @@ each called straight through ctypes (no Python layers: the kernel's own cost), s
 of ``rounds`` rounds (``time.process_time``: CPU time, honest on a loaded machine). Prints the
 ratio to dense per product and for fwd+bwd. ``--lib`` measures another build of the library
 (``--abi 1``: the argument lists before the bounds checks) beside this one, for A/B figures:
-the columns ``other`` and ``ratio new/other``.
+the columns ``other`` and ``ratio new/other``. ``--threads 2 --wall`` measures the two-thread
+split (wall time; the last line says whether the busy-machine back-off has fired).
 """
 
 from __future__ import annotations
@@ -100,11 +101,14 @@ class Problem:
                 "grad_vals": lambda: torch.mm(g.t(), x)}
 
 
+CLOCK = time.process_time
+
+
 def cpu_time(fn: Callable[[], Any], reps: int) -> float:
-    t0 = time.process_time()
+    t0 = CLOCK()
     for _ in range(reps):
         fn()
-    return (time.process_time() - t0) / reps
+    return (CLOCK() - t0) / reps
 
 
 def main() -> None:
@@ -115,10 +119,15 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--wall", action="store_true",
+                    help="wall time instead of CPU time (for --threads 2 on a quiet machine)")
     ap.add_argument("--lib", default=None, help="another build of the library (A/B)")
     ap.add_argument("--abi", type=int, default=2, help="the --lib build's argument lists")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    global CLOCK
+    if args.wall:
+        CLOCK = time.perf_counter
     if not native.available():
         raise SystemExit(f"native kernels: {native.status().reason}")
     mine = native._lib
@@ -159,6 +168,10 @@ def main() -> None:
                 if alt:
                     line += f" {o * 1e6:>9.1f} {k_ / o:>9.3f}"
                 print(line, flush=True)
+    regions, serial_until = native.region_stats()
+    fired = serial_until > regions
+    print(f"# parallel regions so far {regions}; busy-machine back-off "
+          f"{'active' if fired else 'not active'} (one thread up to region {serial_until})")
 
 
 if __name__ == "__main__":
