@@ -133,7 +133,8 @@ def main() -> None:
     mine = native._lib
     other = load(args.lib, args.abi) if args.lib else None
     print(f"# {native.status().describe()}; threads {args.threads}; {args.size}^2, "
-          f"{args.block}x{args.block} blocks; min of {args.rounds} rounds, CPU time")
+          f"{args.block}x{args.block} blocks; min of {args.rounds} rounds, "
+          f"{'wall' if args.wall else 'CPU'} time")
     head = f"{'dens':>4} {'batch':>5} {'product':>9} {'dense us':>9} {'kernel us':>9} {'ratio':>6}"
     print(head + (f" {'other us':>9} {'new/other':>9}" if other else ""))
     for dens in (int(d) for d in args.densities.split(",")):
