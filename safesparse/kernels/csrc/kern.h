@@ -127,6 +127,23 @@ static TARGET void FN(prod_task)(void *vctx, int64_t task, int tid)
     }
 }
 
+/* The blocks q0 .. q0 + nq - 1 of a row: their values (wq: in vals, or in the blocks packed
+ * once per call) and block columns (colq), each index read once and checked; 0 and a fault
+ * when one is out of range. */
+INL int FN(row_blocks)(const prod_ctx *k, int64_t q0, int64_t nq, const R **wq, int64_t *colq)
+{
+    const R *vals = (const R *)k->vals, *packed = (const R *)k->packed;
+    const int64_t nnzb = k->nnzb, n_bc = k->n_bc, rc = k->r * k->c;
+    for (int64_t qq = 0; qq < nq; qq++) {
+        int64_t q = q0 + qq, p = packed || !k->order ? q : LD(k->order + q), j = LD(k->col + q);
+        if ((uint64_t)p >= (uint64_t)nnzb) { fault_set(k->fault, SS_M_ORDER, q, p, nnzb); return 0; }
+        if ((uint64_t)j >= (uint64_t)n_bc) { fault_set(k->fault, SS_M_IDX, q, j, n_bc); return 0; }
+        wq[qq] = packed ? packed + p * rc : vals + p * k->sp;
+        colq[qq] = j;
+    }
+    return 1;
+}
+
 /* Batch-major product: Y[n, row] (yi == 1) with X[n, k] read in place (broadcasts), the
  * output rows of a block row in vectors; block q's column b of M_q at w_q + b * wsb, its rows
  * contiguous. NBN batch rows x VN vectors of output rows. */
@@ -210,22 +227,12 @@ static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
             }
         return;
     }
-    /* the row's blocks (value pointers) and block columns, read once and checked */
     const R *wq_stack[64];
     int64_t colq_stack[64];
     const R **wq = nq <= 64 ? wq_stack : (const R **)k->bufs[tid];
     int64_t *colq = nq <= 64 ? colq_stack : (int64_t *)(wq + k->maxq);
-    const R *vals = (const R *)k->vals;
-    const int64_t nnzb = k->nnzb, n_bc = k->n_bc;
-    const R *packed = (const R *)k->packed; /* the blocks packed once per call, or null */
-    const int64_t rc = k->r * k->c;
-    for (int64_t qq = 0; qq < nq; qq++) {
-        int64_t q = q0 + qq, p = packed || !k->order ? q : LD(k->order + q), j = LD(k->col + q);
-        if ((uint64_t)p >= (uint64_t)nnzb) { fault_set(k->fault, SS_M_ORDER, q, p, nnzb); return; }
-        if ((uint64_t)j >= (uint64_t)n_bc) { fault_set(k->fault, SS_M_IDX, q, j, n_bc); return; }
-        wq[qq] = packed ? packed + p * rc : vals + p * k->sp;
-        colq[qq] = j;
-    }
+    if (!FN(row_blocks)(k, q0, nq, wq, colq)) return;
+    const int packed = k->packed != 0;
     int64_t wsb = packed ? k->r : k->sb;
     if (k->sa != 1 && !packed) { /* pack the row's blocks: column b of block qq at pk + qq * c * r + b * r */
         R *pk = (R *)k->pack[tid];
@@ -328,15 +335,7 @@ static TARGET void FN(sb_task)(void *vctx, int64_t i, int tid)
     int64_t colq_stack[64];
     const R **wq = nq <= 64 ? wq_stack : (const R **)k->bufs[tid];
     int64_t *colq = nq <= 64 ? colq_stack : (int64_t *)(wq + k->maxq);
-    const R *vals = (const R *)k->vals;
-    const int64_t nnzb = k->nnzb, n_bc = k->n_bc;
-    for (int64_t qq = 0; qq < nq; qq++) {
-        int64_t q = q0 + qq, p = k->order ? LD(k->order + q) : q, j = LD(k->col + q);
-        if ((uint64_t)p >= (uint64_t)nnzb) { fault_set(k->fault, SS_M_ORDER, q, p, nnzb); return; }
-        if ((uint64_t)j >= (uint64_t)n_bc) { fault_set(k->fault, SS_M_IDX, q, j, n_bc); return; }
-        wq[qq] = vals + p * k->sp;
-        colq[qq] = j;
-    }
+    if (!FN(row_blocks)(k, q0, nq, wq, colq)) return;
     const int cf = k->c == W;
     for (int64_t a0 = 0; a0 < k->r;) {
         int64_t left = k->r - a0;

@@ -100,10 +100,4 @@ ss_rowsums16(const __m512 *v)
 #define DT_SELF DT_F64
 #include "kern.h"
 #include "kern_dtype_end.h"
-#undef TARGET
-#undef RT_PROD
-#undef RT_OUT1
-#undef RT_OUT2
-#undef RT_DOT
-#undef CT_DOT
-#undef BM_NB
+#include "kern_isa_end.h"
