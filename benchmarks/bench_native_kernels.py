@@ -38,8 +38,11 @@ def load(path: str, abi: int) -> Any:
                                    I64, I64, I64, I64, PTR, INT, I64, I64, PTR, INT]
         lib.ss_values_grad.argtypes = [I64, I64, I64, PTR, PTR, PTR, I64, I64, PTR, I64, I64,
                                        I64, INT, PTR, INT]
-    else:
-        native._bind(lib)
+    else:  # the two products' signatures only (an older build may lack later functions)
+        lib.ss_product.argtypes = [I64, I64, I64, I64, PTR, PTR, PTR, PTR, I64, I64, I64, PTR,
+                                   INT, I64, I64, I64, I64, PTR, INT, I64, I64, PTR, INT]
+        lib.ss_values_grad.argtypes = [I64, I64, I64, I64, I64, PTR, PTR, PTR, I64, I64, PTR,
+                                       I64, I64, I64, INT, PTR, INT]
     lib.ss_product.restype = INT
     lib.ss_values_grad.restype = INT
     return lib

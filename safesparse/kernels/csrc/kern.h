@@ -408,14 +408,15 @@ INL void FN(vgo_tile)(const vg_ctx *k, int64_t p, int64_t bi, int64_t bj, int64_
             acc[ra][1] = !k->accum ? ZERO() : FULL ? LOADU(g + ra * k->c + W)
                                                    : LOADM(g + ra * k->c + W, m1);
     }
-    const R *l = (const R *)k->l + (bi * k->r + a0) * k->li + k->n0 * k->ln;
-    const R *rr = (const R *)k->rgt + (bj * k->c + b0) + k->n0 * k->rn;
-    for (int64_t n = k->n0; n < k->n1; n++, l += k->ln, rr += k->rn) {
+    const int64_t n0 = k->n0, n1 = k->n1, li = k->li, ln = k->ln, rn = k->rn;
+    const R *l = (const R *)k->l + (bi * k->r + a0) * li + n0 * ln;
+    const R *rr = (const R *)k->rgt + (bj * k->c + b0) + n0 * rn;
+    for (int64_t n = n0; n < n1; n++, l += ln, rr += rn) {
         VT x0 = FULL ? LOADU(rr) : LOADM(rr, m0);
         VT x1 = ZERO();
         if (VN == 2) x1 = FULL ? LOADU(rr + W) : LOADM(rr + W, m1);
         for (int ra = 0; ra < RTN; ra++) {
-            VT s = SET1(l[ra * k->li]);
+            VT s = SET1(l[ra * li]);
             acc[ra][0] = FMA(s, x0, acc[ra][0]);
             if (VN == 2) acc[ra][1] = FMA(s, x1, acc[ra][1]);
         }
