@@ -26,7 +26,7 @@ path, the torch-op kernels and plain torch's own BSR forward (``torch.mm(W, x.mT
 each path in its own interleaved rounds with ``nn.Linear``.
 
 Usage: ``python benchmarks/bench_blockkernels.py [--rounds 20] [--threads 2] [--clock wall]
-[--layers]``.
+[--layers [--batches 256,1] [--dtypes float32,bfloat16] [--native-only]]``.
 ``--clock cpu`` times each call by the calling thread's CPU time (``time.thread_time``): with
 ``--threads 1`` it is steadier than wall time on a machine shared with other work (it leaves
 out the time the thread waits for a core), but it is not what a user waits.
@@ -165,7 +165,8 @@ def gcn_row(rounds: int, nodes: int = 10_000, edges: int = 50_000, feats: int = 
             f"<= 0.90 / - | {t['torch']:.2f} / {t['torch_f']:.2f} |")
 
 
-def layer_rows(dtype: torch.dtype, batch: int, density: float, rounds: int) -> str:
+def layer_rows(dtype: torch.dtype, batch: int, density: float, rounds: int,
+               others: bool = True) -> str:
     """One row of docs/models.md's speed table (see the module docstring)."""
     from torch import nn
 
@@ -207,6 +208,10 @@ def layer_rows(dtype: torch.dtype, batch: int, density: float, rounds: int) -> s
     t = best_of({"fwd": infer(layer), "fb": train(layer), **base}, rounds)
     r = {"fwd": t["fwd"] / t["fwd_dense"], "fb": t["fb"] / t["fb_dense"]}
     dense_ms = (t["fwd_dense"], t["fb_dense"])
+    name = str(dtype).replace("torch.", "")
+    if not others:
+        return (f"| {name} | {batch} | {density:.0%} | {r['fwd']:.3f} | {r['fb']:.3f} | - | - | "
+                f"{dense_ms[0]:.3f} / {dense_ms[1]:.3f} |")
     t = best_of({"fwd_ops": torch_ops(infer(layer)), "fb_ops": torch_ops(train(layer)),
                  **base}, rounds)
     r.update(fwd_ops=t["fwd_ops"] / t["fwd_dense"], fb_ops=t["fb_ops"] / t["fb_dense"])
@@ -217,20 +222,20 @@ def layer_rows(dtype: torch.dtype, batch: int, density: float, rounds: int) -> s
         bsr = f"{t['fwd_torch'] / t['fwd_dense']:.2f}"
     except (RuntimeError, NotImplementedError):
         pass
-    name = str(dtype).replace("torch.", "")
     return (f"| {name} | {batch} | {density:.0%} | {r['fwd']:.2f} | {r['fb']:.2f} | "
             f"{r['fwd_ops']:.2f} / {r['fb_ops']:.2f} | {bsr} | "
             f"{dense_ms[0]:.3f} / {dense_ms[1]:.3f} |")
 
 
-def layers_table(rounds: int) -> None:
+def layers_table(rounds: int, dtypes: list[torch.dtype], batches: list[int],
+                 others: bool) -> None:
     print("| dtype | batch | blocks stored | forward | forward + backward | torch-op kernels "
           "fwd / fwd+bwd | torch's BSR forward | nn.Linear ms fwd / fwd+bwd |")
     print("|---|---|---|---|---|---|---|---|")
-    for dtype in (torch.float32, torch.bfloat16):
-        for batch in (256, 1):
+    for dtype in dtypes:
+        for batch in batches:
             for density in (0.05, 0.10, 0.25):
-                print(layer_rows(dtype, batch, density, rounds), flush=True)
+                print(layer_rows(dtype, batch, density, rounds, others), flush=True)
 
 
 def main() -> None:
@@ -240,6 +245,10 @@ def main() -> None:
     parser.add_argument("--clock", choices=sorted(CLOCK), default="wall")
     parser.add_argument("--layers", action="store_true",
                         help="print docs/models.md's speed table (SparseLinear / nn.Linear)")
+    parser.add_argument("--batches", default="256,1", help="--layers: batch sizes")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="--layers: dtypes")
+    parser.add_argument("--native-only", action="store_true",
+                        help="--layers: skip the torch-op kernels and torch's BSR columns")
     opts = parser.parse_args()
     global clock
     clock = CLOCK[opts.clock]
@@ -248,7 +257,8 @@ def main() -> None:
           f"interleaved rounds, {opts.clock} clock; ratios sparse / dense")
     print(f"kernels: {native.status().describe()}")
     if opts.layers:
-        layers_table(opts.rounds)
+        layers_table(opts.rounds, [getattr(torch, d) for d in opts.dtypes.split(",")],
+                     [int(b) for b in opts.batches.split(",")], not opts.native_only)
         return
     print("| weight | stored | fwd+bwd | fwd | torch ops fwd+bwd / fwd | MKL fwd | "
           "target fwd+bwd / fwd | dense ms fwd+bwd / fwd |")

@@ -60,6 +60,11 @@ import torch
 from ..base.forking import serial_in_forked_child
 from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS
 from . import native
+from .pattern import block_rows as _block_rows
+from .pattern import block_shape as _block_shape
+from .pattern import by_rows as _by_rows
+from .pattern import checked_copy, checked_pointers
+from .pattern import compute_dtype as _compute_dtype
 
 T = torch.Tensor
 #: What a caller may hand in to keep pattern-derived data across calls: a dict tied to the
@@ -100,24 +105,6 @@ def _blocks(layout: torch.layout, values: T) -> T:
     return values.view(-1, 1, 1)
 
 
-def _block_shape(layout: torch.layout, values_shape: torch.Size) -> tuple[int, int]:
-    if layout in _BLOCK_LAYOUTS:
-        return int(values_shape[-2]), int(values_shape[-1])
-    return 1, 1
-
-
-def _by_rows(compressed: T, plain: T, n_plain: int) -> tuple[T, T, T]:
-    """The pattern read the other way: for block column ``j`` of a matrix stored by block rows
-    (``compressed`` / ``plain``), its block rows, as (``ccol``, ``row``, ``order``) where
-    ``order[q]`` is the stored position of the ``q``-th block in column order."""
-    nnzb = plain.numel()
-    order = torch.argsort(plain, stable=True)
-    rows = _block_rows(compressed, nnzb)
-    ccol = torch.zeros(n_plain + 1, dtype=torch.long)
-    torch.cumsum(torch.bincount(plain, minlength=n_plain), 0, out=ccol[1:])
-    return ccol, rows[order], order
-
-
 def _index_dtype(crow: T, r: int, c: int, n_src: int) -> torch.dtype:
     """int32 for the per-term index arrays where every value fits (half the memory traffic of
     int64: these arrays have one entry per stored element), int64 otherwise."""
@@ -134,11 +121,6 @@ def _runs(crow: T, col: T, r: int, c: int, dtype: torch.dtype) -> tuple[T, T]:
     starts = (torch.arange(r, dtype=dtype) * (nnzb * c)).view(r, 1)
     offsets = torch.add(starts, (crow[:-1].to(dtype) * c).view(1, -1))
     return idx.view(-1), offsets.view(-1)
-
-
-def _block_rows(crow: T, nnzb: int) -> T:
-    """The block row of each stored block of a pattern stored by block rows."""
-    return torch.repeat_interleave(crow.diff(), output_size=nnzb)
 
 
 def _bag_ids(crow: T, r: int, c: int, dtype: torch.dtype) -> T:
@@ -211,7 +193,8 @@ def _rowwise(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: i
     """``M = A`` (or ``A.T`` when ``transposed``) by block rows: (crow, col, blocks of ``M`` as
     (nnzb, r, c), possibly a strided view) for ``A`` (n_rows, n_cols) stored in ``layout``."""
     blocks = _blocks(layout, values)
-    compressed, plain = compressed.long(), plain.long()
+    # private, checked pointers: embedding_bag trusts its offsets (the indices it checks)
+    compressed, plain = checked_pointers(compressed, int(blocks.shape[0])), plain.long()
     row_major = layout in _ROW_LAYOUTS
     if row_major != transposed:
         # the stored compressed dimension is M's rows
@@ -256,10 +239,6 @@ def _batch_product(layout: torch.layout, compressed: T, plain: T, values: T, n_r
         return _segment_product(crow, col, m_blocks.to(operand.dtype), operand, n_out)
     return _bag_product(crow, col, _weights(m_blocks, operand.dtype), r, c, operand, True,
                         n_out)
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return dtype if dtype in _NATIVE else torch.float32
 
 
 def _apply(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int, n_cols: int,
@@ -377,9 +356,12 @@ def _values_grad(layout: torch.layout, compressed: T, plain: T,
         return torch.zeros(values_shape, dtype=dtype)
     work = _compute_dtype(dtype)
     left, right = left.to(work), right.to(work)
-    compressed, plain = compressed.long(), plain.long()
     n_rows, n_cols = left.shape[0], right.shape[1]
-    nnzb = plain.numel()
+    nnzb = int(values_shape[0])
+    # private, checked copies: torch's per-sample-weight gradient trusts its indices and offsets
+    n_plain = n_cols // c if layout in _ROW_LAYOUTS else n_rows // r
+    compressed = checked_pointers(compressed, nnzb)
+    plain = checked_copy(plain, n_plain)
     outer = _block_rows(compressed, nnzb)
     rows, cols = (outer, plain) if layout in _ROW_LAYOUTS else (plain, outer)
     if nnzb * r * c >= _DENSE_GRAD_FROM * n_rows * n_cols:

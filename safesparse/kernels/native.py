@@ -22,7 +22,11 @@ never a wait for a descheduled thread at every region. Environment: ``SAFESPARSE
 forces the torch-op kernels; ``SAFESPARSE_NATIVE_ISA=avx2`` limits the instruction set (for
 measurements).
 
-Nothing here validates: the callers hand in members that safesparse proved.
+Nothing here validates: the callers hand in members that safesparse proved. But that memory
+stays writable after its proof (a racing in-place write), so the library checks every index as
+it reads it against the bounds given here from the tensors' shapes: a bad one stops the product
+with :class:`IndexDataError` naming the array, the position and the value, never a read or a
+write out of bounds.
 """
 
 from __future__ import annotations
@@ -39,13 +43,21 @@ import torch
 
 from ..base.forking import in_forked_child
 from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS
+from .pattern import IndexDataError, block_rows, block_shape, by_rows, compute_dtype, index_fault
+from .pattern import long as _long
+
+__all__ = ["IndexDataError", "Status", "available", "disabled", "library_path", "product",
+           "region_stats", "status", "usable", "values_grad"]
 
 T = torch.Tensor
 _HERE = Path(__file__).resolve().parent
 #: The library's file name (setup.py's ``NATIVE_FILE``).
 LIB_FILE = "_blockprod.native.so"
-_ABI = 1
-_DTYPES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+#: The interface version these bindings are written for (csrc/blockprod.h's SS_ABI_VERSION;
+#: tests/kernels/test_interface.py checks both, and every binding, against the header).
+_ABI = 2
+#: torch dtype -> the library's dtype code, read from the library (``ss_dtype_names``) at load
+_DTYPES: dict[torch.dtype, int] = {}
 _ISA_NAMES = {0: "none", 1: "avx2+fma", 2: "avx512f"}
 _ROW_LAYOUTS = ROW_LAYOUTS
 _BLOCK_LAYOUTS = BLOCK_LAYOUTS
@@ -79,7 +91,30 @@ _lib: Any = None
 _status: Status | None = None
 _forced_off = False
 
+#: The library's return codes (csrc/blockprod.c): no kernels for these operands, out of
+#: memory, a bad index read.
+_E_NOKERNEL, _E_NOMEM, _E_INDEX = -1, -2, -3
 
+
+def _raise_fault(names: dict[int, str]) -> None:
+    """Turn the calling thread's last fault (``ss_last_error``) into :class:`IndexDataError`;
+    ``names`` maps the library's array codes to what the caller handed in."""
+    out = (ctypes.c_int64 * 4)()
+    _lib.ss_last_error(out)
+    member, pos, value, bound = (int(v) for v in out)
+    what = names.get(member, f"index array {member}")
+    rule = (f"row pointers rise from 0 to at most {bound}" if member == 1
+            else f"must lie in [0, {bound})")
+    raise index_fault(what, pos, value, f"{rule}; read by the native kernel")
+
+
+#: what the arrays of ss_product / ss_values_grad are, for the messages
+_PRODUCT_NAMES = {1: "the compressed indices (crow / ccol)", 2: "the plain indices (col / row)",
+                  3: "the stored order"}
+_BY_PLAIN_NAMES = {1: "the pointers derived from the plain indices",
+                   2: "the compressed indices (crow / ccol, as read per block)",
+                   3: "the stored order derived from the plain indices"}
+_VG_NAMES = {4: "the block rows of the stored blocks", 5: "the block columns of the stored blocks"}
 
 
 def library_path() -> Path | None:
@@ -104,21 +139,42 @@ def _openmp_runtime() -> str | None:
 
 
 def _bind(lib: Any) -> None:
+    """The ctypes signatures of the library's entry points (csrc/blockprod.h)."""
     lib.ss_abi_version.restype = _int
+    lib.ss_abi_version.argtypes = []
+    lib.ss_dtype_names.restype = ctypes.c_char_p
+    lib.ss_dtype_names.argtypes = []
+    lib.ss_isa.restype = _int
+    lib.ss_isa.argtypes = []
+    lib.ss_cpu_isa.argtypes = []
     lib.ss_cpu_isa.restype = _int
     lib.ss_select_isa.restype = _int
     lib.ss_select_isa.argtypes = [_int]
     lib.ss_set_runtime.restype = _int
     lib.ss_set_runtime.argtypes = [_ptr, _ptr]
     lib.ss_product.restype = _int
-    lib.ss_product.argtypes = [_i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64,
+    lib.ss_product.argtypes = [_i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64,
                                _ptr, _int, _i64, _i64, _i64, _i64,
                                _ptr, _int, _i64, _i64, _ptr, _int]
     lib.ss_product_packed.restype = _int
     lib.ss_product_packed.argtypes = [_ptr]
     lib.ss_values_grad.restype = _int
-    lib.ss_values_grad.argtypes = [_i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64,
-                                   _i64, _i64, _int, _ptr, _int]
+    lib.ss_values_grad.argtypes = [_i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _i64,
+                                   _ptr, _i64, _i64, _i64, _int, _ptr, _int]
+    lib.ss_last_error.restype = None
+    lib.ss_last_error.argtypes = [_ptr]
+    lib.ss_convert.restype = _int
+    lib.ss_convert.argtypes = [_ptr, _int, _ptr, _int, _i64]
+    lib.ss_region_stats.restype = None
+    lib.ss_region_stats.argtypes = [_ptr]
+    lib.ss_reset_backoff.restype = None
+    lib.ss_reset_backoff.argtypes = []
+
+
+def _dtype_codes(lib: Any) -> dict[torch.dtype, int]:
+    """torch dtype -> code, from the names the library lists in code order."""
+    names = lib.ss_dtype_names().decode().split()
+    return {getattr(torch, name): code for code, name in enumerate(names)}
 
 
 def _load() -> Status:
@@ -132,10 +188,12 @@ def _load() -> Status:
                              "builds it", "none", None, None)
     try:
         lib = ctypes.CDLL(str(path))
-        _bind(lib)
+        lib.ss_abi_version.restype = _int
         if lib.ss_abi_version() != _ABI:
             return Status(False, f"{path.name} is from another safesparse version (rebuild: "
                                  "`pip install .`)", "none", str(path), None)
+        _bind(lib)
+        _DTYPES.update(_dtype_codes(lib))
     except (OSError, AttributeError) as exc:
         return Status(False, f"{path.name} could not be loaded: {exc}", "none", str(path), None)
     want = os.environ.get("SAFESPARSE_NATIVE_ISA", "").strip().lower()
@@ -183,6 +241,15 @@ def disabled() -> Iterator[None]:
         _forced_off = saved
 
 
+def region_stats() -> tuple[int, int]:
+    """(parallel regions opened so far, the region up to which products run on the calling
+    thread): the second above the first means the busy-machine back-off fired."""
+    out = (ctypes.c_int64 * 2)()
+    if available():
+        _lib.ss_region_stats(out)
+    return int(out[0]), int(out[1])
+
+
 def _threads() -> int:
     return 1 if in_forked_child() else max(1, torch.get_num_threads())
 
@@ -207,31 +274,6 @@ def _cached(cache: dict[Hashable, Any] | None, key: Hashable, make: Any) -> Any:
     return hit
 
 
-def _block_rows(crow: T, nnzb: int) -> T:
-    return torch.repeat_interleave(crow.diff(), output_size=nnzb)
-
-
-def _long(t: T) -> T:
-    return t.to(torch.int64).contiguous()
-
-
-def _by_rows(compressed: T, plain: T, n_plain: int) -> tuple[T, T, T]:
-    """The pattern grouped by the plain dimension: (pointers, compressed index of each block
-    in that order, stored position of each)."""
-    plain = _long(plain)
-    order = torch.argsort(plain, stable=True)
-    rows = _block_rows(_long(compressed), plain.numel())
-    ptr = torch.zeros(n_plain + 1, dtype=torch.int64)
-    torch.cumsum(torch.bincount(plain, minlength=n_plain), 0, out=ptr[1:])
-    return ptr, rows[order].contiguous(), order
-
-
-def _block_shape(layout: torch.layout, values: T) -> tuple[int, int]:
-    if layout in _BLOCK_LAYOUTS:
-        return int(values.shape[1]), int(values.shape[2])
-    return 1, 1
-
-
 def _value_strides(layout: torch.layout, values: T) -> tuple[int, int, int]:
     if layout in _BLOCK_LAYOUTS:
         return values.stride(0), values.stride(1), values.stride(2)
@@ -253,7 +295,7 @@ class _Rows:
 def _rowwise(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
              n_cols: int, transposed: bool, cache: dict[Hashable, Any] | None) -> _Rows:
     """``M = A`` (or ``A.T``) read by block rows, over ``values`` (any strides)."""
-    rs, cs = _block_shape(layout, values)
+    rs, cs = block_shape(layout, values.shape)
     sp, s1, s2 = _value_strides(layout, values)
     row_major = layout in _ROW_LAYOUTS
     if row_major != transposed:
@@ -263,7 +305,7 @@ def _rowwise(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: i
     else:
         n_plain = n_cols // cs if row_major else n_rows // rs
         crow, col, order = _cached(cache, ("native", "by_plain", n_plain),
-                                   lambda: _by_rows(compressed, plain, n_plain))
+                                   lambda: by_rows(compressed, plain, n_plain))
     if not transposed:
         return _Rows(crow, col, order, rs, cs, sp, s1, s2)  # M's blocks are A's
     return _Rows(crow, col, order, cs, rs, sp, s2, s1)      # A's blocks, transposed
@@ -274,7 +316,7 @@ def _outer(layout: torch.layout, compressed: T, plain: T,
     """Block row and block column of each stored block, in stored order."""
     def make() -> tuple[T, T]:
         inner = _long(plain)
-        outer = _block_rows(_long(compressed), inner.numel()).contiguous()
+        outer = block_rows(compressed, inner.numel()).contiguous()
         return (outer, inner) if layout in _ROW_LAYOUTS else (inner, outer)
     # (keyed by the orientation: the same members may be proven for a CSR and a CSC matrix)
     pair: tuple[T, T] = _cached(cache, ("native", "outer", layout in _ROW_LAYOUTS), make)
@@ -283,10 +325,6 @@ def _outer(layout: torch.layout, compressed: T, plain: T,
 
 def _ptr_of(t: T | None) -> int | None:
     return None if t is None else t.data_ptr()
-
-
-def _compute(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,7 +339,7 @@ def product(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: in
     ``Y[row, n] = y[row * yi + n * yn]`` (``y`` fresh, written whole); False when the library
     refused (the caller computes with torch ops)."""
     rows = _rowwise(layout, compressed, plain, values, n_rows, n_cols, transposed, cache)
-    work = _compute(x.dtype)
+    work = compute_dtype(x.dtype)
     vals = values if values.dtype == work else values.to(work)
     if vals is not values:
         rows.sp, rows.sa, rows.sb = _value_strides(layout, vals)
@@ -309,10 +347,19 @@ def product(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: in
             rows.sa, rows.sb = rows.sb, rows.sa
     b = None if bias is None else bias.to(work).contiguous()
     n_in = n_rows if transposed else n_cols
-    rc = _lib.ss_product(rows.crow.numel() - 1, rows.r, rows.c, rows.crow.data_ptr(),
+    # bounds from the shapes (never from index data): n_br, nnzb, n_in
+    n_br = (n_cols // rows.r if transposed else n_rows // rows.r)
+    nnzb = min(rows.col.numel(), int(values.shape[0]))
+    if rows.crow.numel() != n_br + 1:
+        raise IndexDataError(f"the compressed indices hold {rows.crow.numel()} entries where "
+                             f"{n_br + 1} are needed: the index data changed after it was "
+                             "validated")
+    rc = _lib.ss_product(n_br, rows.r, rows.c, nnzb, rows.crow.data_ptr(),
                          rows.col.data_ptr(), _ptr_of(rows.order), vals.data_ptr(), rows.sp,
                          rows.sa, rows.sb, x.data_ptr(), _DTYPES[x.dtype], xk, xn, n_in, n,
                          y.data_ptr(), _DTYPES[y.dtype], yi, yn, _ptr_of(b), _threads())
+    if rc == _E_INDEX:
+        _raise_fault(_PRODUCT_NAMES if rows.order is None else _BY_PLAIN_NAMES)
     return bool(rc == 0)
 
 
@@ -323,16 +370,18 @@ def values_grad(layout: torch.layout, compressed: T, plain: T, values_shape: tor
     values' shape and ``dtype``; ``L[row, n] = l_[row * li + n * ln]``, likewise ``R``;
     operands in float32 / float64 (their common dtype). None when the library refused this
     operand layout."""
-    if layout in _BLOCK_LAYOUTS:
-        r, c = int(values_shape[1]), int(values_shape[2])
-    else:
-        r, c = 1, 1
+    r, c = block_shape(layout, values_shape)
     rows, cols = _outer(layout, compressed, plain, cache)
-    nnzb = rows.numel()
+    nnzb = int(values_shape[0])
+    if rows.numel() != nnzb or cols.numel() != nnzb:
+        raise IndexDataError(f"the pattern holds {cols.numel()} stored blocks where the values "
+                             f"hold {nnzb}: the index data changed after it was validated")
     g = torch.empty((nnzb, r, c), dtype=l_.dtype)
-    rc = _lib.ss_values_grad(nnzb, r, c, rows.data_ptr(), cols.data_ptr(), l_.data_ptr(), li,
-                             ln, r_.data_ptr(), ri, rn, n, _DTYPES[l_.dtype], g.data_ptr(),
-                             _threads())
+    rc = _lib.ss_values_grad(nnzb, r, c, l_.shape[0], r_.shape[0], rows.data_ptr(),
+                             cols.data_ptr(), l_.data_ptr(), li, ln, r_.data_ptr(), ri, rn, n,
+                             _DTYPES[l_.dtype], g.data_ptr(), _threads())
+    if rc == _E_INDEX:
+        _raise_fault(_VG_NAMES)
     if rc != 0:
         return None
     return g.view(values_shape).to(dtype)

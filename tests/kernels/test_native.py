@@ -195,7 +195,8 @@ def test_cache_keeps_each_orientation_apart() -> None:
         got = ops.matmul_grad_values(crow, col, vals, name, 6, 6, g, x)
         p = Pattern(layout, crow, col, vals, 6, 6, torch.zeros(6, 6, dtype=torch.float64))
         want = values_grad_reference(p, g.double() @ x.double().T)
-        torch.testing.assert_close(got.double(), want)
+        # float32 products against float64: float32's tolerance (random inputs)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
 
 
 def _child(code: str, **env: str) -> subprocess.CompletedProcess[str]:

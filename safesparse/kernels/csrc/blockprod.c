@@ -11,9 +11,16 @@
  * against no runtime, so the process holds exactly one). Work is taken from a shared counter, so
  * a descheduled thread delays the region by one task at most.
  *
- * Trust: the caller (safesparse's operators) hands in index data that safesparse validated;
- * nothing here checks it.
+ * Bounds: the caller (safesparse's operators) hands in index data that safesparse validated,
+ * but that memory stays writable (a racing in-place write can change it after the proof). So
+ * every index is read once (a relaxed atomic load: never re-read after its check) and checked
+ * against the bound the caller gave from the tensors' shapes (nnzb, the block columns) before
+ * anything is addressed with it; a bad one stops the product with SS_E_INDEX, and
+ * ss_last_error() says which array, where and what it held. No read or write out of bounds,
+ * whatever the indices.
  */
+#include "blockprod.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +31,7 @@
 #include <immintrin.h>
 #endif
 
-enum { DT_F32 = 0, DT_F64 = 1, DT_F16 = 2, DT_BF16 = 3 };
+enum { DT_F32 = SS_DT_F32, DT_F64 = SS_DT_F64, DT_F16 = SS_DT_F16, DT_BF16 = SS_DT_BF16 };
 
 /* ------------------------------------------------------------------------------------------ */
 /* dtype conversions (scalar, portable; round to nearest even as torch does) */
@@ -239,10 +246,62 @@ static void run_tasks(task_fn fn, void *ctx, int64_t ntasks, int nthreads)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* index faults: the first bad index a product meets (any thread), reported by ss_last_error */
+
+
+typedef struct {
+    int flag;
+    int64_t member, pos, value, bound;
+} ss_fault;
+
+#define LD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+
+static void fault_set(ss_fault *f, int64_t member, int64_t pos, int64_t value, int64_t bound)
+{
+    int zero = 0;
+    if (__atomic_compare_exchange_n(&f->flag, &zero, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+        f->member = member;
+        f->pos = pos;
+        f->value = value;
+        f->bound = bound;
+    }
+}
+
+static inline int faulted(ss_fault *f) { return __atomic_load_n(&f->flag, __ATOMIC_RELAXED); }
+
+/* the calling thread's last fault: member, position, value, bound */
+static __thread int64_t g_last_fault[4];
+
+static int fault_result(const ss_fault *f)
+{
+    if (!f->flag) return 0;
+    g_last_fault[0] = f->member;
+    g_last_fault[1] = f->pos;
+    g_last_fault[2] = f->value;
+    g_last_fault[3] = f->bound;
+    return SS_E_INDEX;
+}
+
+/* Block row i's stored range [*q0, *q1) read once and checked (0 <= q0 <= q1 <= nnzb);
+ * 0 and a fault when it is not. */
+static inline int row_range(const int64_t *crow, int64_t i, int64_t nnzb, ss_fault *f,
+                            int64_t *q0, int64_t *q1)
+{
+    int64_t a = LD(crow + i), b = LD(crow + i + 1);
+    if (a < 0 || a > nnzb) { fault_set(f, SS_M_PTR, i, a, nnzb); return 0; }
+    if (b < a || b > nnzb) { fault_set(f, SS_M_PTR, i + 1, b, nnzb); return 0; }
+    *q0 = a;
+    *q1 = b;
+    return 1;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* contexts */
 
 typedef struct {
     int64_t n_br, r, c, N, n_in;
+    int64_t nnzb, n_bc, maxq; /* bounds: stored blocks, M's block columns, a row's blocks */
+    ss_fault *fault;
     const int64_t *crow, *col, *order;
     const void *vals;
     int64_t sp, sa, sb;
@@ -258,10 +317,15 @@ typedef struct {
     void **bufs;
     int64_t *buf_chunk;
     void **pack;
+    void *packed; /* M's blocks packed once per call (batch-major, several row tiles) */
 } prod_ctx;
 
 typedef struct {
     int64_t r, c, N;
+    int64_t n_lb, n_rb; /* bounds: L's row blocks, R's row blocks */
+    ss_fault *fault;
+    int64_t n0, n1; /* the batch rows of this region (outer form) */
+    int accum;      /* 1: add to G (a later row tile) */
     const int64_t *rows, *cols;
     const void *l;
     int64_t li, ln;
@@ -271,174 +335,24 @@ typedef struct {
 } vg_ctx;
 
 typedef struct {
-    task_fn prod, rowdot, vg_outer, vg_dot, bm;
+    task_fn prod, small, vg_outer, vg_dot, bm, pack;
     int lanes;
 } kernel_set;
 
 /* ------------------------------------------------------------------------------------------ */
 /* instantiations */
 
+#define SS_PACK 16 /* blocks per task of the packing pass */
+
 #ifdef SS_X86
-/* float32 lanes stored as bfloat16 / float16 (round to nearest even, NaN kept), cnt <= 16 */
-__attribute__((target("avx512f"))) static inline int ss_store_half16(void *y, int dt, int64_t i,
-                                                                    __m512 v, int64_t cnt)
-{
-    __m256i h;
-    if (dt == DT_BF16) {
-        __m512i u = _mm512_castps_si512(v);
-        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-        __m512i r = _mm512_srli_epi32(
-            _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-        __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-        __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-        h = _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, q));
-    } else if (dt == DT_F16) {
-        h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    } else {
-        return 0;
-    }
-    uint16_t *dst = (uint16_t *)y + i;
-    if (cnt >= 16) _mm256_storeu_si256((__m256i *)dst, h);
-    else {
-        uint16_t tmp[16];
-        _mm256_storeu_si256((__m256i *)tmp, h);
-        memcpy(dst, tmp, (size_t)cnt * 2);
-    }
-    return 1;
-}
-
-/* AVX-512F, float32 */
-#define SUF avx512_f32
-#define STORE_HALF(y, dt, i, v, cnt) ss_store_half16((y), (dt), (i), (v), (cnt))
-#define TARGET __attribute__((target("avx512f,fma")))
-#define R float
-#define VT __m512
-#define W 16
-#define MT __mmask16
-#define MASK(k) ((__mmask16)((1u << (k)) - 1u))
-#define LOADU(p) _mm512_loadu_ps(p)
-#define LOADM(p, m) _mm512_maskz_loadu_ps((m), (p))
-#define STOREU(p, v) _mm512_storeu_ps((p), (v))
-#define STOREM(p, m, v) _mm512_mask_storeu_ps((p), (m), (v))
-#define SET1(s) _mm512_set1_ps(s)
-#define ZERO() _mm512_setzero_ps()
-#define FMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
-#define ADD(a, b) _mm512_add_ps((a), (b))
-#define HSUM(v) _mm512_reduce_add_ps(v)
-#define RT_PROD 8
-#define RT_OUT1 16
-#define RT_OUT2 8
-#define RT_DOT 4
-#define CT_DOT 4
-#define BM_NB 8
-#define DT_SELF DT_F32
-#include "kern.h"
-#undef STORE_HALF
-#include "kern_dtype_end.h"
-
-/* AVX-512F, float64 */
-#define SUF avx512_f64
-#define R double
-#define VT __m512d
-#define W 8
-#define MT __mmask8
-#define MASK(k) ((__mmask8)((1u << (k)) - 1u))
-#define LOADU(p) _mm512_loadu_pd(p)
-#define LOADM(p, m) _mm512_maskz_loadu_pd((m), (p))
-#define STOREU(p, v) _mm512_storeu_pd((p), (v))
-#define STOREM(p, m, v) _mm512_mask_storeu_pd((p), (m), (v))
-#define SET1(s) _mm512_set1_pd(s)
-#define ZERO() _mm512_setzero_pd()
-#define FMA(a, b, c) _mm512_fmadd_pd((a), (b), (c))
-#define ADD(a, b) _mm512_add_pd((a), (b))
-#define HSUM(v) _mm512_reduce_add_pd(v)
-#define DT_SELF DT_F64
-#include "kern.h"
-#include "kern_dtype_end.h"
-#undef TARGET
-#undef RT_PROD
-#undef RT_OUT1
-#undef RT_OUT2
-#undef RT_DOT
-#undef CT_DOT
-#undef BM_NB
-
-/* AVX2 + FMA helpers */
-__attribute__((target("avx2,fma"))) static inline __m256i ss_mask32(int64_t k)
-{
-    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)k), idx);
-}
-__attribute__((target("avx2,fma"))) static inline __m256i ss_mask64(int64_t k)
-{
-    const __m256i idx = _mm256_setr_epi64x(0, 1, 2, 3);
-    return _mm256_cmpgt_epi64(_mm256_set1_epi64x(k), idx);
-}
-__attribute__((target("avx2,fma"))) static inline float ss_hsum256(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-__attribute__((target("avx2,fma"))) static inline double ss_hsum256d(__m256d v)
-{
-    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-    s = _mm_add_sd(s, _mm_unpackhi_pd(s, s));
-    return _mm_cvtsd_f64(s);
-}
-
-/* AVX2 + FMA, float32 */
-#define SUF avx2_f32
-#define TARGET __attribute__((target("avx2,fma")))
-#define R float
-#define VT __m256
-#define W 8
-#define MT __m256i
-#define MASK(k) ss_mask32(k)
-#define LOADU(p) _mm256_loadu_ps(p)
-#define LOADM(p, m) _mm256_maskload_ps((p), (m))
-#define STOREU(p, v) _mm256_storeu_ps((p), (v))
-#define STOREM(p, m, v) _mm256_maskstore_ps((p), (m), (v))
-#define SET1(s) _mm256_set1_ps(s)
-#define ZERO() _mm256_setzero_ps()
-#define FMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
-#define ADD(a, b) _mm256_add_ps((a), (b))
-#define HSUM(v) ss_hsum256(v)
-#define RT_PROD 6
-#define RT_OUT1 8
-#define RT_OUT2 6
-#define RT_DOT 2
-#define CT_DOT 4
-#define BM_NB 6
-#define DT_SELF DT_F32
-#include "kern.h"
-#include "kern_dtype_end.h"
-
-/* AVX2 + FMA, float64 */
-#define SUF avx2_f64
-#define R double
-#define VT __m256d
-#define W 4
-#define MT __m256i
-#define MASK(k) ss_mask64(k)
-#define LOADU(p) _mm256_loadu_pd(p)
-#define LOADM(p, m) _mm256_maskload_pd((p), (m))
-#define STOREU(p, v) _mm256_storeu_pd((p), (v))
-#define STOREM(p, m, v) _mm256_maskstore_pd((p), (m), (v))
-#define SET1(s) _mm256_set1_pd(s)
-#define ZERO() _mm256_setzero_pd()
-#define FMA(a, b, c) _mm256_fmadd_pd((a), (b), (c))
-#define ADD(a, b) _mm256_add_pd((a), (b))
-#define HSUM(v) ss_hsum256d(v)
-#define DT_SELF DT_F64
-#include "kern.h"
+#include "simd_avx512.h"
+#include "simd_avx2.h"
 #endif /* SS_X86 */
 
 /* ------------------------------------------------------------------------------------------ */
 /* dispatch */
 
-enum { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+enum { ISA_NONE = SS_ISA_NONE, ISA_AVX2 = SS_ISA_AVX2, ISA_AVX512 = SS_ISA_AVX512 };
 static int g_isa = -1;
 
 /* The best instruction set this CPU has (2: AVX-512F, 1: AVX2+FMA, 0: none) */
@@ -481,28 +395,79 @@ static const kernel_set *kernels_for(int cdt)
 
 #define SS_CHUNK 64
 
+/* The most blocks in one row (sizes the per-thread buffers; each task checks its row against
+ * it again, the pointers may change meanwhile), or -1 and a fault. */
+static int64_t longest_row(const int64_t *crow, int64_t n_br, int64_t nnzb, ss_fault *fault)
+{
+    int64_t maxq = 0;
+    for (int64_t i = 0; i < n_br; i++) {
+        int64_t q0, q1;
+        if (!row_range(crow, i, nnzb, fault, &q0, &q1)) return -1;
+        if (q1 - q0 > maxq) maxq = q1 - q0;
+    }
+    return maxq;
+}
+
+/* Per-thread lists of a row's block pointers and columns where a row holds more than the 64 a
+ * task keeps on its stack; 0 when out of memory (those allocated are null or freed by the
+ * caller: every slot is set). */
+static int row_buffers(void **ptrs, int nth, int64_t maxq)
+{
+    int ok = 1;
+    for (int t = 0; t < nth; t++) {
+        ptrs[t] = maxq > 64 ? malloc((size_t)maxq * (sizeof(void *) + sizeof(int64_t))) : 0;
+        if (maxq > 64 && !ptrs[t]) ok = 0;
+    }
+    return ok;
+}
+#ifndef SS_SMALL_N
+#define SS_SMALL_N 32 /* batches up to this many rows take the whole-block tiles */
+#endif
+#ifndef SS_VG_ROWS
+#define SS_VG_ROWS 128 /* batch rows per region of the values gradient (outer form) */
+#endif
+#ifndef SS_BM_ROWS
+#define SS_BM_ROWS 128 /* batch rows per task of the batch-major product (a row tile) */
+#endif
+
 /* Y[row, n] = bias[row] + sum_q sum_b M_q[a, b] X[col_q * c + b, n] for a matrix M stored by
- * block rows (n_br of them, blocks r x c): block q of row i (crow[i] <= q < crow[i+1]) is at
- * block column col[q] and has the values vals[p * sp + a * sa + b * sb], p = order[q] (or q).
- * X[k, n] = x[k * xk + n * xn] (k < n_in, n < N), Y[row, n] = y[row * yi + n * yn]. vals and
- * bias (nullable) are in the compute type (float64 when xdt is, float32 otherwise); x and y in
- * xdt / ydt. Returns 0, or -1 (no kernels), -2 (out of memory). */
-int ss_product(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, const int64_t *col,
-               const int64_t *order, const void *vals, int64_t sp, int64_t sa, int64_t sb,
-               const void *x, int xdt, int64_t xk, int64_t xn, int64_t n_in, int64_t N,
-               void *y, int ydt, int64_t yi, int64_t yn, const void *bias, int nthreads)
+ * block rows (n_br of them, blocks r x c, nnzb stored): block q of row i (crow[i] <= q <
+ * crow[i+1]) is at block column col[q] and has the values vals[p * sp + a * sa + b * sb],
+ * p = order[q] (or q). X[k, n] = x[k * xk + n * xn] (k < n_in, n < N), Y[row, n] = y[row * yi +
+ * n * yn]. vals and bias (nullable) are in the compute type (float64 when xdt is, float32
+ * otherwise); x and y in xdt / ydt. Every index is checked as it is read (0 <= crow[i] <=
+ * crow[i+1] <= nnzb, 0 <= order[q] < nnzb, 0 <= col[q] < n_in / c). Returns 0, or SS_E_NOKERNEL,
+ * SS_E_NOMEM, SS_E_INDEX (ss_last_error says where; y is then partly written). */
+int ss_product(int64_t n_br, int64_t r, int64_t c, int64_t nnzb, const int64_t *crow,
+               const int64_t *col, const int64_t *order, const void *vals, int64_t sp,
+               int64_t sa, int64_t sb, const void *x, int xdt, int64_t xk, int64_t xn,
+               int64_t n_in, int64_t N, void *y, int ydt, int64_t yi, int64_t yn,
+               const void *bias, int nthreads)
 {
     int cdt = xdt == DT_F64 ? DT_F64 : DT_F32;
     const kernel_set *ks = kernels_for(cdt);
-    if (!ks) return -1;
+    if (!ks) return SS_E_NOKERNEL;
     if (N <= 0 || n_br <= 0) return 0;
-    prod_ctx k = {n_br, r, c, N, n_in, crow, col, order, vals, sp, sa, sb, x, xdt, xk, xn,
-                  y, ydt, yi, yn, bias, SS_CHUNK, 0, 0, 0, 0};
+    ss_fault fault = {0, 0, 0, 0, 0};
+    prod_ctx k = {n_br, r, c, N, n_in, nnzb, c > 0 ? n_in / c : 0, 0, &fault, crow, col, order,
+                  vals, sp, sa, sb, x, xdt, xk, xn, y, ydt, yi, yn, bias, SS_CHUNK, 0, 0, 0, 0,
+                  0};
     if (nthreads < 1) nthreads = 1;
-    /* a few batch rows, features contiguous: dot products along the block rows */
-    if (N <= 4 && sb == 1 && xk == 1 && c >= ks->lanes / 2 && xdt == cdt) {
-        run_tasks(ks->rowdot, &k, n_br, nthreads);
-        return 0;
+    /* small batches, M's rows and the features contiguous: whole-block tiles */
+    if (N <= SS_SMALL_N && sb == 1 && xk == 1 && c >= ks->lanes / 2 && xdt == cdt) {
+        int64_t maxq = longest_row(crow, n_br, nnzb, &fault);
+        if (maxq < 0) return fault_result(&fault);
+        k.maxq = maxq;
+        int nth = nthreads < n_br ? nthreads : (int)n_br;
+        if (nth > 256) nth = 256;
+        void *ptrs[256];
+        int ok = row_buffers(ptrs, nth, maxq);
+        if (ok) {
+            k.bufs = ptrs;
+            run_tasks(ks->small, &k, n_br, nth);
+        }
+        for (int t = 0; t < nth; t++) free(ptrs[t]);
+        return ok ? fault_result(&fault) : SS_E_NOMEM;
     }
     int64_t nchunk = (N + SS_CHUNK - 1) / SS_CHUNK;
     int64_t ntasks = nchunk * n_br;
@@ -517,30 +482,42 @@ int ss_product(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, const in
         int64_t want = (int64_t)nth * 4, per = want <= n_br ? 1 : (want + n_br - 1) / n_br;
         int64_t bnt = (N + per - 1) / per;
         bnt = (bnt + 7) / 8 * 8;
+        /* row tiles: the tile of X and of Y stays in cache across the block rows (tasks run
+         * tile by tile), so the cost per row stays flat however large the batch */
+        if (bnt > SS_BM_ROWS) bnt = SS_BM_ROWS;
         k.nt = bnt;
-        ntasks = ((N + bnt - 1) / bnt) * n_br;
-        int64_t maxq = 0;
-        for (int64_t i = 0; i < n_br; i++)
-            if (crow[i + 1] - crow[i] > maxq) maxq = crow[i + 1] - crow[i];
+        int64_t ntiles = (N + bnt - 1) / bnt;
+        ntasks = ntiles * n_br;
+        int64_t maxq = longest_row(crow, n_br, nnzb, &fault);
+        if (maxq < 0) return fault_result(&fault);
+        k.maxq = maxq;
         void *packs[256], *ptrs[256];
-        int ok = 1;
+        int ok = row_buffers(ptrs, nth, maxq);
         for (int t = 0; t < nth; t++) {
             packs[t] = sa == 1 ? 0 : malloc((size_t)(maxq > 0 ? maxq : 1) * r * c * esz);
-            ptrs[t] = maxq > 64 ? malloc((size_t)maxq * sizeof(void *)) : 0;
-            if ((sa != 1 && !packs[t]) || (maxq > 64 && !ptrs[t])) ok = 0;
+            if (sa != 1 && !packs[t]) ok = 0;
         }
-        if (ok) {
+        /* several row tiles and M's rows strided: pack the blocks once, not per tile */
+        void *packed = 0;
+        if (ok && sa != 1 && ntiles > 1) {
+            packed = malloc((size_t)(nnzb > 0 ? nnzb : 1) * r * c * esz);
+            if (!packed) ok = 0;
+            k.packed = packed;
+            if (ok) run_tasks(ks->pack, &k, (nnzb + SS_PACK - 1) / SS_PACK, nth);
+        }
+        if (ok && !fault.flag) {
             k.pack = packs;
             k.bufs = ptrs;
             run_tasks(ks->bm, &k, ntasks, nth);
         }
         for (int t = 0; t < nth; t++) { free(packs[t]); free(ptrs[t]); }
-        return ok ? 0 : -2;
+        free(packed);
+        return ok ? fault_result(&fault) : SS_E_NOMEM;
     }
     if (xdt == cdt && xn == 1) {
         k.direct = 1;
         run_tasks(ks->prod, &k, ntasks, nth);
-        return 0;
+        return fault_result(&fault);
     }
     void *bufs[256];
     int64_t chunks[256];
@@ -556,30 +533,52 @@ int ss_product(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, const in
         run_tasks(ks->prod, &k, ntasks, nth);
     }
     for (int t = 0; t < nth; t++) free(bufs[t]);
-    return ok ? 0 : -2;
+    return ok ? fault_result(&fault) : SS_E_NOMEM;
 }
 
 /* G_p[a, b] = sum_n L[rows[p] * r + a, n] * R[cols[p] * c + b, n] for p < nnzb, G contiguous
  * (nnzb, r, c) in the compute type (float64 or float32, = the operands' dtype here).
- * L[row, n] = l[row * li + n * ln], R[col, n] = rgt[col * ri + n * rn]. Returns 0, -1 (no
- * kernels for this layout of the operands: the caller makes them contiguous along the batch). */
-int ss_values_grad(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows, const int64_t *cols,
-                   const void *l, int64_t li, int64_t ln, const void *rgt, int64_t ri,
-                   int64_t rn, int64_t N, int dt, void *g, int nthreads)
+ * L[row, n] = l[row * li + n * ln] (row < n_l), R[col, n] = rgt[col * ri + n * rn] (col < n_r).
+ * Every index is checked as it is read (0 <= rows[p] < n_l / r, 0 <= cols[p] < n_r / c).
+ * Returns 0, SS_E_NOKERNEL (no kernels for this layout of the operands: the caller makes them
+ * contiguous along the batch), SS_E_INDEX (ss_last_error says where). */
+int ss_values_grad(int64_t nnzb, int64_t r, int64_t c, int64_t n_l, int64_t n_r,
+                   const int64_t *rows, const int64_t *cols, const void *l, int64_t li,
+                   int64_t ln, const void *rgt, int64_t ri, int64_t rn, int64_t N, int dt,
+                   void *g, int nthreads)
 {
     const kernel_set *ks = kernels_for(dt);
-    if (!ks || (dt != DT_F32 && dt != DT_F64)) return -1;
-    vg_ctx k = {r, c, N, rows, cols, l, li, ln, rgt, ri, rn, g};
+    if (!ks || (dt != DT_F32 && dt != DT_F64)) return SS_E_NOKERNEL;
+    ss_fault fault = {0, 0, 0, 0, 0};
+    vg_ctx k = {r, c, N, r > 0 ? n_l / r : 0, c > 0 ? n_r / c : 0, &fault, 0, N, 0, rows,
+                cols, l, li, ln, rgt, ri, rn, g};
     if (nthreads < 1) nthreads = 1;
     if (ri == 1 && c >= ks->lanes / 2) {
-        run_tasks(ks->vg_outer, &k, nnzb, nthreads);
-        return 0;
+        /* row tiles (one region each, G accumulated): the tiles of L and R stay in cache
+         * across the blocks, so the cost per row stays flat however large the batch */
+        int64_t tile = N > 2 * SS_VG_ROWS ? SS_VG_ROWS : (N > 0 ? N : 1);
+        for (int64_t n0 = 0; n0 < N || n0 == 0; n0 += tile) {
+            k.n0 = n0;
+            k.n1 = n0 + tile < N ? n0 + tile : N;
+            k.accum = n0 > 0;
+            run_tasks(ks->vg_outer, &k, nnzb, nthreads);
+            if (fault.flag) break;
+        }
+        return fault_result(&fault);
     }
     if (ln == 1 && rn == 1) {
         run_tasks(ks->vg_dot, &k, nnzb, nthreads);
-        return 0;
+        return fault_result(&fault);
     }
-    return -1;
+    return SS_E_NOKERNEL;
+}
+
+/* The calling thread's last index fault (after SS_E_INDEX): out[0] the array (SS_M_PTR: the
+ * pointers crow, SS_M_IDX: col, SS_M_ORDER: order, SS_M_ROWS / SS_M_COLS: values_grad's rows /
+ * cols), out[1] its position, out[2] the value read there, out[3] the bound it broke. */
+void ss_last_error(int64_t *out)
+{
+    for (int t = 0; t < 4; t++) out[t] = g_last_fault[t];
 }
 
 /* dst[i] = src[i] converted (for the dtypes' round trips in tests) */
@@ -589,7 +588,9 @@ int ss_convert(const void *src, int sdt, void *dst, int ddt, int64_t n)
     return 0;
 }
 
-int ss_abi_version(void) { return 1; }
+int ss_abi_version(void) { return SS_ABI_VERSION; }
+
+const char *ss_dtype_names(void) { return SS_DTYPE_NAMES; }
 
 /* Regions opened so far and the region up to which products run on the calling thread (the
  * busy-machine back-off), for diagnostics. */

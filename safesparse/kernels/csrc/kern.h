@@ -21,8 +21,9 @@
 /* -------------------------------------------------------------------------------------------
  * Product: Y[row, n] = bias[row] + sum over M's block row of M_q[a, b] * X[col_q * c + b, n],
  * the batch read from a feature-major tile (xt[k * ldx + n]) two vectors at a time. */
-INL void FN(prod_tile)(const prod_ctx *k, int64_t i, int64_t a0, const int RTN, const R *xt,
-                       int64_t ldx, int64_t n_abs, int64_t cnt, const int full)
+INL void FN(prod_tile)(const prod_ctx *k, int64_t i, int64_t q0, int64_t q1, int64_t a0,
+                       const int RTN, const R *xt, int64_t ldx, int64_t n_abs, int64_t cnt,
+                       const int full)
 {
     VT acc[RT_PROD][2];
     MT m0 = MASK(cnt >= W ? W : cnt), m1 = MASK(cnt >= 2 * W ? W : (cnt > W ? cnt - W : 0));
@@ -33,11 +34,13 @@ INL void FN(prod_tile)(const prod_ctx *k, int64_t i, int64_t a0, const int RTN, 
         acc[ra][1] = b0;
     }
     const R *vals = (const R *)k->vals;
-    const int64_t c = k->c, sa = k->sa, sb = k->sb;
-    for (int64_t q = k->crow[i]; q < k->crow[i + 1]; q++) {
-        int64_t p = k->order ? k->order[q] : q;
+    const int64_t c = k->c, sa = k->sa, sb = k->sb, nnzb = k->nnzb, n_bc = k->n_bc;
+    for (int64_t q = q0; q < q1; q++) {
+        int64_t p = k->order ? LD(k->order + q) : q, j = LD(k->col + q);
+        if ((uint64_t)p >= (uint64_t)nnzb) { fault_set(k->fault, SS_M_ORDER, q, p, nnzb); return; }
+        if ((uint64_t)j >= (uint64_t)n_bc) { fault_set(k->fault, SS_M_IDX, q, j, n_bc); return; }
         const R *w = vals + p * k->sp + a0 * sa;
-        const R *xr = xt + k->col[q] * c * ldx;
+        const R *xr = xt + j * c * ldx;
         for (int64_t b = 0; b < c; b++, xr += ldx, w += sb) {
             VT x0 = full ? LOADU(xr) : LOADM(xr, m0);
             VT x1 = full ? LOADU(xr + W) : LOADM(xr + W, m1);
@@ -83,6 +86,8 @@ static TARGET void FN(prod_task)(void *vctx, int64_t task, int tid)
     prod_ctx *k = (prod_ctx *)vctx;
     int64_t chunk = task / k->n_br, i = task % k->n_br;
     int64_t n0 = chunk * k->nt, nt = k->N - n0 < k->nt ? k->N - n0 : k->nt;
+    int64_t q0, q1;
+    if (faulted(k->fault) || !row_range(k->crow, i, k->nnzb, k->fault, &q0, &q1)) return;
     const R *xt;
     int64_t ldx;
     int full_ok;
@@ -107,8 +112,8 @@ static TARGET void FN(prod_task)(void *vctx, int64_t task, int tid)
             int64_t cnt = nt - nn < 2 * W ? nt - nn : 2 * W;
             int full = full_ok || cnt == 2 * W;
             switch (rt) {
-#define PCASE(RTV) case RTV: { if (full) FN(prod_tile)(k, i, a0, RTV, xt + nn, ldx, n0 + nn, cnt, 1); \
-                             else FN(prod_tile)(k, i, a0, RTV, xt + nn, ldx, n0 + nn, cnt, 0); } break;
+#define PCASE(RTV) case RTV: { if (full) FN(prod_tile)(k, i, q0, q1, a0, RTV, xt + nn, ldx, n0 + nn, cnt, 1); \
+                             else FN(prod_tile)(k, i, q0, q1, a0, RTV, xt + nn, ldx, n0 + nn, cnt, 0); } break;
             PCASE(RT_PROD)
 #if RT_PROD != 4
             PCASE(4)
@@ -122,22 +127,40 @@ static TARGET void FN(prod_task)(void *vctx, int64_t task, int tid)
     }
 }
 
+/* The blocks q0 .. q0 + nq - 1 of a row: their values (wq: in vals, or in the blocks packed
+ * once per call) and block columns (colq), each index read once and checked; 0 and a fault
+ * when one is out of range. */
+INL int FN(row_blocks)(const prod_ctx *k, int64_t q0, int64_t nq, const R **wq, int64_t *colq)
+{
+    const R *vals = (const R *)k->vals, *packed = (const R *)k->packed;
+    const int64_t nnzb = k->nnzb, n_bc = k->n_bc, rc = k->r * k->c;
+    for (int64_t qq = 0; qq < nq; qq++) {
+        int64_t q = q0 + qq, p = packed || !k->order ? q : LD(k->order + q), j = LD(k->col + q);
+        if ((uint64_t)p >= (uint64_t)nnzb) { fault_set(k->fault, SS_M_ORDER, q, p, nnzb); return 0; }
+        if ((uint64_t)j >= (uint64_t)n_bc) { fault_set(k->fault, SS_M_IDX, q, j, n_bc); return 0; }
+        wq[qq] = packed ? packed + p * rc : vals + p * k->sp;
+        colq[qq] = j;
+    }
+    return 1;
+}
+
 /* Batch-major product: Y[n, row] (yi == 1) with X[n, k] read in place (broadcasts), the
  * output rows of a block row in vectors; block q's column b of M_q at w_q + b * wsb, its rows
  * contiguous. NBN batch rows x VN vectors of output rows. */
 INL void FN(bm_tile)(const prod_ctx *k, const R *const *wq, int64_t wsb, int64_t nq,
                      const int64_t *colq, int64_t i, int64_t n, const int NBN, const int VN,
-                     int64_t a0, int64_t ac)
+                     const int FULL, int64_t a0, int64_t ac)
 {
+    /* FULL (a compile-time constant): the VN vectors of output rows are all whole, loads and
+     * stores unmasked; a run-time choice here made GCC keep the accumulators on the stack */
     VT acc[BM_NB][2];
-    int fv0 = ac >= W, fv1 = ac >= 2 * W;
     MT m0 = MASK(ac >= W ? W : ac), m1 = MASK(ac >= 2 * W ? W : (ac > W ? ac - W : 0));
     const R *bias = (const R *)k->bias;
     VT b0 = ZERO(), b1 = ZERO();
     if (bias) {
         const R *bp = bias + i * k->r + a0;
-        b0 = fv0 ? LOADU(bp) : LOADM(bp, m0);
-        if (VN == 2) b1 = fv1 ? LOADU(bp + W) : LOADM(bp + W, m1);
+        b0 = FULL ? LOADU(bp) : LOADM(bp, m0);
+        if (VN == 2) b1 = FULL ? LOADU(bp + W) : LOADM(bp + W, m1);
     }
     for (int nb = 0; nb < NBN; nb++) {
         acc[nb][0] = b0;
@@ -149,9 +172,9 @@ INL void FN(bm_tile)(const prod_ctx *k, const R *const *wq, int64_t wsb, int64_t
         const R *w = wq[qq] + a0;
         const R *xb = xs + colq[qq] * c * xk;
         for (int64_t b = 0; b < c; b++, w += wsb, xb += xk) {
-            VT w0 = fv0 ? LOADU(w) : LOADM(w, m0);
+            VT w0 = FULL ? LOADU(w) : LOADM(w, m0);
             VT w1 = ZERO();
-            if (VN == 2) w1 = fv1 ? LOADU(w + W) : LOADM(w + W, m1);
+            if (VN == 2) w1 = FULL ? LOADU(w + W) : LOADM(w + W, m1);
             for (int nb = 0; nb < NBN; nb++) {
                 VT s = SET1(xb[nb * xn]);
                 acc[nb][0] = FMA(s, w0, acc[nb][0]);
@@ -163,8 +186,8 @@ INL void FN(bm_tile)(const prod_ctx *k, const R *const *wq, int64_t wsb, int64_t
     if (k->ydt == DT_SELF) {
         for (int nb = 0; nb < NBN; nb++) {
             R *y = (R *)k->y + (n + nb) * k->yn + row0;
-            if (fv0) STOREU(y, acc[nb][0]); else STOREM(y, m0, acc[nb][0]);
-            if (VN == 2) { if (fv1) STOREU(y + W, acc[nb][1]); else STOREM(y + W, m1, acc[nb][1]); }
+            if (FULL) STOREU(y, acc[nb][0]); else STOREM(y, m0, acc[nb][0]);
+            if (VN == 2) { if (FULL) STOREU(y + W, acc[nb][1]); else STOREM(y + W, m1, acc[nb][1]); }
         }
         return;
     }
@@ -191,7 +214,10 @@ static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
     prod_ctx *k = (prod_ctx *)vctx;
     int64_t chunk = task / k->n_br, i = task % k->n_br;
     int64_t n0 = chunk * k->nt, nt = k->N - n0 < k->nt ? k->N - n0 : k->nt;
-    int64_t q0 = k->crow[i], nq = k->crow[i + 1] - q0;
+    int64_t q0, q1;
+    if (faulted(k->fault) || !row_range(k->crow, i, k->nnzb, k->fault, &q0, &q1)) return;
+    int64_t nq = q1 - q0;
+    if (nq > k->maxq) { fault_set(k->fault, SS_M_PTR, i + 1, q1, q0 + k->maxq); return; }
     if (nq == 0) { /* an empty block row: the bias, or zeros */
         R tmp[1];
         for (int64_t n = n0; n < n0 + nt; n++)
@@ -202,20 +228,17 @@ static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
         return;
     }
     const R *wq_stack[64];
+    int64_t colq_stack[64];
     const R **wq = nq <= 64 ? wq_stack : (const R **)k->bufs[tid];
-    const R *vals = (const R *)k->vals;
-    int64_t wsb = k->sb;
-    if (k->sa == 1) {
-        for (int64_t qq = 0; qq < nq; qq++) {
-            int64_t p = k->order ? k->order[q0 + qq] : q0 + qq;
-            wq[qq] = vals + p * k->sp;
-        }
-    } else { /* pack the row's blocks: column b of block qq at pk + qq * c * r + b * r */
+    int64_t *colq = nq <= 64 ? colq_stack : (int64_t *)(wq + k->maxq);
+    if (!FN(row_blocks)(k, q0, nq, wq, colq)) return;
+    const int packed = k->packed != 0;
+    int64_t wsb = packed ? k->r : k->sb;
+    if (k->sa != 1 && !packed) { /* pack the row's blocks: column b of block qq at pk + qq * c * r + b * r */
         R *pk = (R *)k->pack[tid];
         const int64_t r = k->r, c = k->c;
         for (int64_t qq = 0; qq < nq; qq++) {
-            int64_t p = k->order ? k->order[q0 + qq] : q0 + qq;
-            const R *src = vals + p * k->sp;
+            const R *src = wq[qq];
             R *dst = pk + qq * c * r;
             for (int64_t a = 0; a < r; a++)
                 for (int64_t b = 0; b < c; b++) dst[b * r + a] = src[a * k->sa + b * k->sb];
@@ -223,16 +246,18 @@ static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
         }
         wsb = r;
     }
-    const int64_t *colq = k->col + q0;
     for (int64_t a0 = 0; a0 < k->r; a0 += 2 * W) {
         int64_t ac = k->r - a0 < 2 * W ? k->r - a0 : 2 * W;
-        int two = ac > W;
+        int two = ac > W, full = ac == W || ac == 2 * W;
         for (int64_t n = n0; n < n0 + nt;) {
             int64_t left = n0 + nt - n;
             int nb = left >= BM_NB ? BM_NB : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-            switch (nb * 4 + two) {
-#define BCASE(NBV) case NBV * 4: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 1, a0, ac); break; \
-                   case NBV * 4 + 1: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 2, a0, ac); break;
+            switch (nb * 4 + two * 2 + full) {
+#define BCASE(NBV) \
+    case NBV * 4: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 1, 0, a0, ac); break; \
+    case NBV * 4 + 1: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 1, 1, a0, ac); break; \
+    case NBV * 4 + 2: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 2, 0, a0, ac); break; \
+    case NBV * 4 + 3: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 2, 1, a0, ac); break;
             BCASE(BM_NB) BCASE(4) BCASE(2) BCASE(1)
 #undef BCASE
             default: break;
@@ -242,79 +267,164 @@ static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
     }
 }
 
-/* Row-dot product for a few batch rows (inference): Y[row, n] = sum M_q[a, b:b+W] . X[n, ...],
- * needs M's rows and X's features contiguous (sb == 1, xk == 1). */
-INL void FN(rowdot_tile)(const prod_ctx *k, int64_t i, int64_t a0, const int RTN, int64_t n)
+/* -------------------------------------------------------------------------------------------
+ * Small batches, M's rows and X's features contiguous (sb == 1, xk == 1): whole-block tiles.
+ * For block row i, a group of RTN (<= W) output rows and batch row n: RTN accumulators (one per
+ * output row); per block one load of X's segment, RTN row loads and RTN FMAs; at the end one
+ * transpose-reduction of the accumulators into one vector of RTN sums. Loop order block row ->
+ * row group -> batch row -> block (the row's blocks stay in L1 across the batch); values read in
+ * place, no packing. CF (compile-time): c == W (one unmasked vector per block row). */
+INL void FN(sb_tile)(const prod_ctx *k, const R *const *wq, const int64_t *colq, int64_t nq,
+                     int64_t i, int64_t a0, const int RTN, const int CF, int64_t n)
 {
-    VT acc[4];
-    for (int ra = 0; ra < RTN; ra++) acc[ra] = ZERO();
-    const R *vals = (const R *)k->vals;
-    const R *x = (const R *)k->x + n * k->xn;
+    VT acc[W];
+    for (int ra = 0; ra < W; ra++) acc[ra] = ZERO();
     const int64_t c = k->c, sa = k->sa;
-    for (int64_t q = k->crow[i]; q < k->crow[i + 1]; q++) {
-        int64_t p = k->order ? k->order[q] : q;
-        const R *w = vals + p * k->sp + a0 * sa;
-        const R *xr = x + k->col[q] * c;
-        int64_t b = 0;
-        for (; b + W <= c; b += W) {
-            VT xv = LOADU(xr + b);
-            for (int ra = 0; ra < RTN; ra++) acc[ra] = FMA(LOADU(w + ra * sa + b), xv, acc[ra]);
-        }
-        if (b < c) {
-            MT m = MASK(c - b);
-            VT xv = LOADM(xr + b, m);
-            for (int ra = 0; ra < RTN; ra++) acc[ra] = FMA(LOADM(w + ra * sa + b, m), xv, acc[ra]);
+    const R *xs = (const R *)k->x + n * k->xn;
+    for (int64_t qq = 0; qq < nq; qq++) {
+        const R *w = wq[qq] + a0 * sa;
+        const R *xr = xs + colq[qq] * c;
+        if (CF) {
+            VT xv = LOADU(xr);
+            for (int ra = 0; ra < RTN; ra++) acc[ra] = FMA(LOADU(w + ra * sa), xv, acc[ra]);
+        } else {
+            for (int64_t b = 0; b < c; b += W) {
+                if (c - b >= W) {
+                    VT xv = LOADU(xr + b);
+                    for (int ra = 0; ra < RTN; ra++)
+                        acc[ra] = FMA(LOADU(w + ra * sa + b), xv, acc[ra]);
+                } else {
+                    MT m = MASK(c - b);
+                    VT xv = LOADM(xr + b, m);
+                    for (int ra = 0; ra < RTN; ra++)
+                        acc[ra] = FMA(LOADM(w + ra * sa + b, m), xv, acc[ra]);
+                }
+            }
         }
     }
+#ifdef ROWSUMS
+    VT sum = ROWSUMS(acc); /* lane ra: the sum of acc[ra] (acc[ra] zero for ra >= RTN) */
+#else
+    R part[W];
+    for (int ra = 0; ra < W; ra++) part[ra] = ra < RTN ? HSUM(acc[ra]) : (R)0;
+    VT sum = LOADU(part);
+#endif
+    int64_t row0 = i * k->r + a0;
     const R *bias = (const R *)k->bias;
-    for (int ra = 0; ra < RTN; ra++) {
-        int64_t row = i * k->r + a0 + ra;
-        R s = HSUM(acc[ra]) + (bias ? bias[row] : (R)0);
-        put_el(k->y, k->ydt, row * k->yi + n * k->yn, (double)s);
+    MT m = MASK(RTN);
+    if (bias) sum = ADD(sum, RTN == W ? LOADU(bias + row0) : LOADM(bias + row0, m));
+    if (k->ydt == DT_SELF && k->yi == 1) {
+        R *y = (R *)k->y + n * k->yn + row0;
+        if (RTN == W) STOREU(y, sum); else STOREM(y, m, sum);
+        return;
+    }
+    R out[W];
+    STOREU(out, sum);
+    for (int ra = 0; ra < RTN; ra++)
+        put_el(k->y, k->ydt, (row0 + ra) * k->yi + n * k->yn, (double)out[ra]);
+}
+
+static TARGET void FN(sb_task)(void *vctx, int64_t i, int tid)
+{
+    prod_ctx *k = (prod_ctx *)vctx;
+    int64_t q0, q1;
+    if (faulted(k->fault) || !row_range(k->crow, i, k->nnzb, k->fault, &q0, &q1)) return;
+    int64_t nq = q1 - q0;
+    if (nq > k->maxq) { fault_set(k->fault, SS_M_PTR, i + 1, q1, q0 + k->maxq); return; }
+    const R *wq_stack[64];
+    int64_t colq_stack[64];
+    const R **wq = nq <= 64 ? wq_stack : (const R **)k->bufs[tid];
+    int64_t *colq = nq <= 64 ? colq_stack : (int64_t *)(wq + k->maxq);
+    if (!FN(row_blocks)(k, q0, nq, wq, colq)) return;
+    const int cf = k->c == W;
+    for (int64_t a0 = 0; a0 < k->r;) {
+        int64_t left = k->r - a0;
+        int rt = left >= W ? W : left >= W / 2 ? W / 2 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+        for (int64_t n = 0; n < k->N; n++) {
+            switch (rt * 2 + cf) {
+#define SCASE(RTV) case RTV * 2: FN(sb_tile)(k, wq, colq, nq, i, a0, RTV, 0, n); break; \
+                   case RTV * 2 + 1: FN(sb_tile)(k, wq, colq, nq, i, a0, RTV, 1, n); break;
+            SCASE(W)
+#if W / 2 > 4
+            SCASE(W / 2)
+#endif
+#if W > 4
+            SCASE(4)
+#endif
+            SCASE(2) SCASE(1)
+#undef SCASE
+            default: break;
+            }
+        }
+        a0 += rt;
     }
 }
 
-static TARGET void FN(rowdot_task)(void *vctx, int64_t i, int tid)
+/* Pack M's blocks once per call (tasks of SS_PACK blocks): block q (M's order) at packed +
+ * q * r * c, column b contiguous over the rows (packed[q][b * r + a] = M_q[a, b]). */
+static TARGET void FN(pack_task)(void *vctx, int64_t task, int tid)
 {
     (void)tid;
     prod_ctx *k = (prod_ctx *)vctx;
-    for (int64_t n = 0; n < k->N; n++)
-        for (int64_t a0 = 0; a0 < k->r;) {
-            int64_t left = k->r - a0;
-            if (left >= 4) { FN(rowdot_tile)(k, i, a0, 4, n); a0 += 4; }
-            else if (left >= 2) { FN(rowdot_tile)(k, i, a0, 2, n); a0 += 2; }
-            else { FN(rowdot_tile)(k, i, a0, 1, n); a0 += 1; }
-        }
+    if (faulted(k->fault)) return;
+    const int64_t r = k->r, c = k->c, nnzb = k->nnzb;
+    const R *vals = (const R *)k->vals;
+    R *packed = (R *)k->packed;
+    int64_t q1 = (task + 1) * SS_PACK < nnzb ? (task + 1) * SS_PACK : nnzb;
+    for (int64_t q = task * SS_PACK; q < q1; q++) {
+        int64_t p = k->order ? LD(k->order + q) : q;
+        if ((uint64_t)p >= (uint64_t)nnzb) { fault_set(k->fault, SS_M_ORDER, q, p, nnzb); return; }
+        const R *src = vals + p * k->sp;
+        R *dst = packed + q * r * c;
+        for (int64_t a = 0; a < r; a++)
+            for (int64_t b = 0; b < c; b++) dst[b * r + a] = src[a * k->sa + b * k->sb];
+    }
+}
+
+/* Block p's block row and column, read once and checked; 0 and a fault when out of range. */
+static inline int FN(vg_block)(vg_ctx *k, int64_t p, int64_t *bi, int64_t *bj)
+{
+    int64_t i = LD(k->rows + p), j = LD(k->cols + p);
+    if ((uint64_t)i >= (uint64_t)k->n_lb) { fault_set(k->fault, SS_M_ROWS, p, i, k->n_lb); return 0; }
+    if ((uint64_t)j >= (uint64_t)k->n_rb) { fault_set(k->fault, SS_M_COLS, p, j, k->n_rb); return 0; }
+    *bi = i;
+    *bj = j;
+    return 1;
 }
 
 /* -------------------------------------------------------------------------------------------
  * Values gradient, outer form: G_p[a, b] = sum_n L[i*r + a, n] * R[j*c + b, n] with R's block
  * columns contiguous (ri == 1): per batch step, VN vectors of R's row, RTN broadcasts of L. */
-INL void FN(vgo_tile)(const vg_ctx *k, int64_t p, int64_t a0, int64_t b0, const int RTN,
-                      const int VN, int64_t bc)
+INL void FN(vgo_tile)(const vg_ctx *k, int64_t p, int64_t bi, int64_t bj, int64_t a0,
+                      int64_t b0, const int RTN, const int VN, const int FULL, int64_t bc)
 {
+    /* FULL (compile-time): the VN vectors of the block's columns are whole (no masks) */
     VT acc[RT_OUT1][2];
-    for (int ra = 0; ra < RTN; ra++)
-        for (int v = 0; v < VN; v++) acc[ra][v] = ZERO();
     MT m0 = MASK(bc >= W ? W : bc), m1 = MASK(bc >= 2 * W ? W : (bc > W ? bc - W : 0));
-    int full0 = bc >= W, full1 = bc >= 2 * W;
-    const R *l = (const R *)k->l + (k->rows[p] * k->r + a0) * k->li;
-    const R *rr = (const R *)k->rgt + (k->cols[p] * k->c + b0);
-    for (int64_t n = 0; n < k->N; n++, l += k->ln, rr += k->rn) {
-        VT x0 = full0 ? LOADU(rr) : LOADM(rr, m0);
+    R *g = (R *)k->g + p * k->r * k->c + a0 * k->c + b0;
+    for (int ra = 0; ra < RTN; ra++) { /* batch rows after the first tile add to G */
+        acc[ra][0] = !k->accum ? ZERO() : FULL ? LOADU(g + ra * k->c) : LOADM(g + ra * k->c, m0);
+        if (VN == 2)
+            acc[ra][1] = !k->accum ? ZERO() : FULL ? LOADU(g + ra * k->c + W)
+                                                   : LOADM(g + ra * k->c + W, m1);
+    }
+    const int64_t n0 = k->n0, n1 = k->n1, li = k->li, ln = k->ln, rn = k->rn;
+    const R *l = (const R *)k->l + (bi * k->r + a0) * li + n0 * ln;
+    const R *rr = (const R *)k->rgt + (bj * k->c + b0) + n0 * rn;
+    for (int64_t n = n0; n < n1; n++, l += ln, rr += rn) {
+        VT x0 = FULL ? LOADU(rr) : LOADM(rr, m0);
         VT x1 = ZERO();
-        if (VN == 2) x1 = full1 ? LOADU(rr + W) : LOADM(rr + W, m1);
+        if (VN == 2) x1 = FULL ? LOADU(rr + W) : LOADM(rr + W, m1);
         for (int ra = 0; ra < RTN; ra++) {
-            VT s = SET1(l[ra * k->li]);
+            VT s = SET1(l[ra * li]);
             acc[ra][0] = FMA(s, x0, acc[ra][0]);
             if (VN == 2) acc[ra][1] = FMA(s, x1, acc[ra][1]);
         }
     }
-    R *g = (R *)k->g + p * k->r * k->c + a0 * k->c + b0;
     for (int ra = 0; ra < RTN; ra++) {
-        if (full0) STOREU(g + ra * k->c, acc[ra][0]); else STOREM(g + ra * k->c, m0, acc[ra][0]);
+        if (FULL) STOREU(g + ra * k->c, acc[ra][0]); else STOREM(g + ra * k->c, m0, acc[ra][0]);
         if (VN == 2) {
-            if (full1) STOREU(g + ra * k->c + W, acc[ra][1]);
+            if (FULL) STOREU(g + ra * k->c + W, acc[ra][1]);
             else STOREM(g + ra * k->c + W, m1, acc[ra][1]);
         }
     }
@@ -324,22 +434,28 @@ static TARGET void FN(vgo_task)(void *vctx, int64_t p, int tid)
 {
     (void)tid;
     vg_ctx *k = (vg_ctx *)vctx;
+    int64_t bi, bj;
+    if (faulted(k->fault) || !FN(vg_block)(k, p, &bi, &bj)) return;
     for (int64_t b0 = 0; b0 < k->c; b0 += 2 * W) {
         int64_t bc = k->c - b0 < 2 * W ? k->c - b0 : 2 * W;
-        int two = bc > W;
+        int two = bc > W, full = bc == W || bc == 2 * W;
         for (int64_t a0 = 0; a0 < k->r;) {
             int64_t left = k->r - a0;
             int cap = two ? RT_OUT2 : RT_OUT1;
             int rt = left >= cap ? cap : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-            switch (rt * 4 + two) {
-#define VCASE(RTV) case RTV * 4 + 0: FN(vgo_tile)(k, p, a0, b0, RTV, 1, bc); break; \
-                   case RTV * 4 + 1: FN(vgo_tile)(k, p, a0, b0, RTV, 2, bc); break;
+            switch (rt * 4 + two * 2 + full) {
+#define VCASE(RTV) \
+    case RTV * 4 + 0: FN(vgo_tile)(k, p, bi, bj, a0, b0, RTV, 1, 0, bc); break; \
+    case RTV * 4 + 1: FN(vgo_tile)(k, p, bi, bj, a0, b0, RTV, 1, 1, bc); break; \
+    case RTV * 4 + 2: FN(vgo_tile)(k, p, bi, bj, a0, b0, RTV, 2, 0, bc); break; \
+    case RTV * 4 + 3: FN(vgo_tile)(k, p, bi, bj, a0, b0, RTV, 2, 1, bc); break;
             VCASE(1) VCASE(2) VCASE(4)
 #if RT_OUT2 != 4
             VCASE(RT_OUT2)
 #endif
 #if RT_OUT1 != 4 && RT_OUT1 != RT_OUT2
-            case RT_OUT1 * 4 + 0: FN(vgo_tile)(k, p, a0, b0, RT_OUT1, 1, bc); break;
+            case RT_OUT1 * 4 + 0: FN(vgo_tile)(k, p, bi, bj, a0, b0, RT_OUT1, 1, 0, bc); break;
+            case RT_OUT1 * 4 + 1: FN(vgo_tile)(k, p, bi, bj, a0, b0, RT_OUT1, 1, 1, bc); break;
 #endif
 #undef VCASE
             default: break;
@@ -350,14 +466,14 @@ static TARGET void FN(vgo_task)(void *vctx, int64_t p, int tid)
 }
 
 /* Values gradient, dot form: both operands contiguous along the batch (ln == rn == 1). */
-INL void FN(vgd_tile)(const vg_ctx *k, int64_t p, int64_t a0, int64_t b0, const int RTN,
-                      const int CTN)
+INL void FN(vgd_tile)(const vg_ctx *k, int64_t p, int64_t bi, int64_t bj, int64_t a0,
+                      int64_t b0, const int RTN, const int CTN)
 {
     VT acc[RT_DOT][CT_DOT];
     for (int ra = 0; ra < RTN; ra++)
         for (int cb = 0; cb < CTN; cb++) acc[ra][cb] = ZERO();
-    const R *l = (const R *)k->l + (k->rows[p] * k->r + a0) * k->li;
-    const R *rr = (const R *)k->rgt + (k->cols[p] * k->c + b0) * k->ri;
+    const R *l = (const R *)k->l + (bi * k->r + a0) * k->li;
+    const R *rr = (const R *)k->rgt + (bj * k->c + b0) * k->ri;
     int64_t n = 0, N = k->N;
     for (; n + W <= N; n += W) {
         VT lv[RT_DOT], rv[CT_DOT];
@@ -402,9 +518,11 @@ static TARGET void FN(vgd_task)(void *vctx, int64_t p, int tid)
 {
     (void)tid;
     vg_ctx *k = (vg_ctx *)vctx;
+    int64_t bi, bj;
+    if (faulted(k->fault) || !FN(vg_block)(k, p, &bi, &bj)) return;
     if (k->r == 1 && k->c == 1) {
-        ((R *)k->g)[p] = FN(vgd_one)((const R *)k->l + k->rows[p] * k->li,
-                                     (const R *)k->rgt + k->cols[p] * k->ri, k->N);
+        ((R *)k->g)[p] = FN(vgd_one)((const R *)k->l + bi * k->li,
+                                     (const R *)k->rgt + bj * k->ri, k->N);
         return;
     }
     for (int64_t a0 = 0; a0 < k->r;) {
@@ -412,19 +530,19 @@ static TARGET void FN(vgd_task)(void *vctx, int64_t p, int tid)
         for (int64_t b0 = 0; b0 < k->c;) {
             int ct = k->c - b0 >= CT_DOT ? CT_DOT : k->c - b0 >= 2 ? 2 : 1;
             switch (rt * 8 + ct) {
-            case RT_DOT * 8 + CT_DOT: FN(vgd_tile)(k, p, a0, b0, RT_DOT, CT_DOT); break;
-            case RT_DOT * 8 + 2: FN(vgd_tile)(k, p, a0, b0, RT_DOT, 2); break;
-            case RT_DOT * 8 + 1: FN(vgd_tile)(k, p, a0, b0, RT_DOT, 1); break;
+            case RT_DOT * 8 + CT_DOT: FN(vgd_tile)(k, p, bi, bj, a0, b0, RT_DOT, CT_DOT); break;
+            case RT_DOT * 8 + 2: FN(vgd_tile)(k, p, bi, bj, a0, b0, RT_DOT, 2); break;
+            case RT_DOT * 8 + 1: FN(vgd_tile)(k, p, bi, bj, a0, b0, RT_DOT, 1); break;
 #if RT_DOT != 2
-            case 2 * 8 + CT_DOT: FN(vgd_tile)(k, p, a0, b0, 2, CT_DOT); break;
-            case 2 * 8 + 2: FN(vgd_tile)(k, p, a0, b0, 2, 2); break;
-            case 2 * 8 + 1: FN(vgd_tile)(k, p, a0, b0, 2, 1); break;
+            case 2 * 8 + CT_DOT: FN(vgd_tile)(k, p, bi, bj, a0, b0, 2, CT_DOT); break;
+            case 2 * 8 + 2: FN(vgd_tile)(k, p, bi, bj, a0, b0, 2, 2); break;
+            case 2 * 8 + 1: FN(vgd_tile)(k, p, bi, bj, a0, b0, 2, 1); break;
 #endif
-            case 1 * 8 + CT_DOT: FN(vgd_tile)(k, p, a0, b0, 1, CT_DOT); break;
+            case 1 * 8 + CT_DOT: FN(vgd_tile)(k, p, bi, bj, a0, b0, 1, CT_DOT); break;
 #if CT_DOT != 2
-            case 1 * 8 + 2: FN(vgd_tile)(k, p, a0, b0, 1, 2); break;
+            case 1 * 8 + 2: FN(vgd_tile)(k, p, bi, bj, a0, b0, 1, 2); break;
 #endif
-            case 1 * 8 + 1: FN(vgd_tile)(k, p, a0, b0, 1, 1); break;
+            case 1 * 8 + 1: FN(vgd_tile)(k, p, bi, bj, a0, b0, 1, 1); break;
             default: break;
             }
             b0 += ct;
@@ -433,8 +551,8 @@ static TARGET void FN(vgd_task)(void *vctx, int64_t p, int tid)
     }
 }
 
-static const kernel_set FN(kernels) = {FN(prod_task), FN(rowdot_task), FN(vgo_task),
-                                       FN(vgd_task), FN(bm_task), W};
+static const kernel_set FN(kernels) = {FN(prod_task), FN(sb_task), FN(vgo_task),
+                                       FN(vgd_task), FN(bm_task), FN(pack_task), W};
 
 #undef FN
 #undef INL

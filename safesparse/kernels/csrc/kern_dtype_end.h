@@ -17,3 +17,4 @@
 #undef ADD
 #undef HSUM
 #undef DT_SELF
+#undef ROWSUMS

@@ -1,0 +1,182 @@
+"""The native block kernels alone, against torch's dense GEMMs: one thread, CPU time.
+
+    python benchmarks/bench_native_kernels.py [--batches 1,8,32,256,4096] [--densities 5,10,25]
+        [--size 1024] [--block 16] [--rounds 7] [--threads 1] [--lib PATH --abi N]
+
+For each density and batch, the three products of ``y = x W^T`` with ``W`` a BSR matrix
+(``size`` x ``size``, ``block`` x ``block`` blocks, a random pattern at that density): forward,
+gradient to the input (``g W``, the pattern read by block columns), gradient to the values;
+each called straight through ctypes (no Python layers: the kernel's own cost), side by side with
+``x @ W.T``, ``g @ W`` and ``g.T @ x`` of the dense ``W`` in one process, interleaved, the min
+of ``rounds`` rounds (``time.process_time``: CPU time, honest on a loaded machine). Prints the
+ratio to dense per product and for fwd+bwd. ``--lib`` measures another build of the library
+(``--abi 1``: the argument lists before the bounds checks) beside this one, for A/B figures:
+the columns ``other`` and ``ratio new/other``. ``--threads 2 --wall`` measures the two-thread
+split (wall time; the last line says whether the busy-machine back-off has fired).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from safesparse.kernels import native
+from safesparse.kernels.pattern import by_rows
+
+I64, PTR, INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+
+
+def load(path: str, abi: int) -> Any:
+    lib = ctypes.CDLL(path)
+    if abi == 1:
+        lib.ss_product.argtypes = [I64, I64, I64, PTR, PTR, PTR, PTR, I64, I64, I64, PTR, INT,
+                                   I64, I64, I64, I64, PTR, INT, I64, I64, PTR, INT]
+        lib.ss_values_grad.argtypes = [I64, I64, I64, PTR, PTR, PTR, I64, I64, PTR, I64, I64,
+                                       I64, INT, PTR, INT]
+    else:  # the two products' signatures only (an older build may lack later functions)
+        lib.ss_product.argtypes = [I64, I64, I64, I64, PTR, PTR, PTR, PTR, I64, I64, I64, PTR,
+                                   INT, I64, I64, I64, I64, PTR, INT, I64, I64, PTR, INT]
+        lib.ss_values_grad.argtypes = [I64, I64, I64, I64, I64, PTR, PTR, PTR, I64, I64, PTR,
+                                       I64, I64, I64, INT, PTR, INT]
+    lib.ss_product.restype = INT
+    lib.ss_values_grad.restype = INT
+    return lib
+
+
+class Problem:
+    """One BSR weight, its pattern data as the operators cache it, and the operands."""
+
+    def __init__(self, size: int, block: int, density: float, batch: int, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        nb = size // block
+        mask = torch.rand(nb, nb, generator=gen) < density
+        dense = torch.randn(size, size, generator=gen) * mask.repeat_interleave(
+            block, 0).repeat_interleave(block, 1)
+        w = dense.to_sparse_bsr((block, block))
+        self.dense = dense
+        self.crow = w.crow_indices().contiguous()
+        self.col = w.col_indices().contiguous()
+        self.vals = w.values().contiguous()
+        self.ptr, self.rows_t, self.order = by_rows(self.crow, self.col, nb)
+        self.outer = torch.repeat_interleave(self.crow.diff(), output_size=self.col.numel())
+        self.nnzb, self.nb, self.block, self.size, self.batch = (
+            self.col.numel(), nb, block, size, batch)
+        self.x = torch.randn(batch, size, generator=gen)
+        self.g = torch.randn(batch, size, generator=gen)
+        self.y = torch.empty(batch, size)
+        self.gv = torch.empty(self.nnzb, block, block)
+
+    def calls(self, lib: Any, abi: int) -> dict[str, Callable[[], int]]:
+        b, n, s = self.block, self.batch, self.size
+        bs2, bs = b * b, b
+        nnz = [self.nnzb] if abi >= 2 else []
+        dims = [s, s] if abi >= 2 else []
+        vp = self.vals.data_ptr()
+
+        def fwd() -> int:
+            return int(lib.ss_product(self.nb, b, b, *nnz, self.crow.data_ptr(),
+                                      self.col.data_ptr(), None, vp, bs2, bs, 1,
+                                      self.x.data_ptr(), 0, 1, s, s, n, self.y.data_ptr(), 0, 1,
+                                      s, None, torch.get_num_threads()))
+
+        def bwd_in() -> int:
+            return int(lib.ss_product(self.nb, b, b, *nnz, self.ptr.data_ptr(),
+                                      self.rows_t.data_ptr(), self.order.data_ptr(), vp, bs2, 1,
+                                      bs, self.g.data_ptr(), 0, 1, s, s, n, self.y.data_ptr(), 0,
+                                      1, s, None, torch.get_num_threads()))
+
+        def bwd_vals() -> int:
+            return int(lib.ss_values_grad(self.nnzb, b, b, *dims, self.outer.data_ptr(),
+                                          self.col.data_ptr(), self.g.data_ptr(), 1, s,
+                                          self.x.data_ptr(), 1, s, n, 0, self.gv.data_ptr(),
+                                          torch.get_num_threads()))
+
+        return {"fwd": fwd, "grad_in": bwd_in, "grad_vals": bwd_vals}
+
+    def dense_calls(self) -> dict[str, Callable[[], Any]]:
+        w, x, g = self.dense, self.x, self.g
+        return {"fwd": lambda: torch.mm(x, w.t()), "grad_in": lambda: torch.mm(g, w),
+                "grad_vals": lambda: torch.mm(g.t(), x)}
+
+
+CLOCK = time.process_time
+
+
+def cpu_time(fn: Callable[[], Any], reps: int) -> float:
+    t0 = CLOCK()
+    for _ in range(reps):
+        fn()
+    return (CLOCK() - t0) / reps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--batches", default="1,8,32,256,1024,4096")
+    ap.add_argument("--densities", default="5,10,25")
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--block", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--wall", action="store_true",
+                    help="wall time instead of CPU time (for --threads 2 on a quiet machine)")
+    ap.add_argument("--lib", default=None, help="another build of the library (A/B)")
+    ap.add_argument("--abi", type=int, default=2, help="the --lib build's argument lists")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    global CLOCK
+    if args.wall:
+        CLOCK = time.perf_counter
+    if not native.available():
+        raise SystemExit(f"native kernels: {native.status().reason}")
+    mine = native._lib
+    other = load(args.lib, args.abi) if args.lib else None
+    print(f"# {native.status().describe()}; threads {args.threads}; {args.size}^2, "
+          f"{args.block}x{args.block} blocks; min of {args.rounds} rounds, "
+          f"{'wall' if args.wall else 'CPU'} time")
+    head = f"{'dens':>4} {'batch':>5} {'product':>9} {'dense us':>9} {'kernel us':>9} {'ratio':>6}"
+    print(head + (f" {'other us':>9} {'new/other':>9}" if other else ""))
+    for dens in (int(d) for d in args.densities.split(",")):
+        for batch in (int(b) for b in args.batches.split(",")):
+            p = Problem(args.size, args.block, dens / 100, batch, seed=dens)
+            work = 2.0 * batch * args.size * args.size
+            reps = max(1, int(2e8 / work))
+            kern = p.calls(mine, 2)
+            alt = p.calls(other, args.abi) if other else None
+            dense = p.dense_calls()
+            best: dict[tuple[str, str], float] = {}
+            for rnd in range(args.rounds):
+                for name in kern:
+                    runs = [("dense", dense[name]), ("kernel", kern[name]),
+                            *((("other", alt[name]),) if alt else ())]
+                    # each in turn first (the one after the dense GEMM finds colder caches)
+                    runs = runs[rnd % len(runs):] + runs[:rnd % len(runs)]
+                    for tag, fn in runs:
+                        fn()
+                        t = cpu_time(fn, reps)
+                        best[tag, name] = min(best.get((tag, name), t), t)
+            for name in (*kern, "fwd+bwd"):
+                if name == "fwd+bwd":
+                    d = sum(best["dense", k] for k in kern)
+                    k_ = sum(best["kernel", k] for k in kern)
+                    o = sum(best["other", k] for k in kern) if alt else 0.0
+                else:
+                    d, k_ = best["dense", name], best["kernel", name]
+                    o = best["other", name] if alt else 0.0
+                line = (f"{dens:>4} {batch:>5} {name:>9} {d * 1e6:>9.1f} {k_ * 1e6:>9.1f} "
+                        f"{k_ / d:>6.3f}")
+                if alt:
+                    line += f" {o * 1e6:>9.1f} {k_ / o:>9.3f}"
+                print(line, flush=True)
+    regions, serial_until = native.region_stats()
+    fired = serial_until > regions
+    print(f"# parallel regions so far {regions}; busy-machine back-off "
+          f"{'active' if fired else 'not active'} (one thread up to region {serial_until})")
+
+
+if __name__ == "__main__":
+    main()

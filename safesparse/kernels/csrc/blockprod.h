@@ -1,0 +1,62 @@
+/* safesparse native block kernels: the library's interface (loaded with ctypes by
+ * safesparse/kernels/native.py; tests/kernels/test_interface.py checks its bindings against the
+ * declarations below). Plain C, no torch or Python headers.
+ *
+ * Conventions: sizes, strides and indices are int64_t, strides in elements; index arrays are
+ * int64 (the caller converts); a dtype is one of the codes below. Index data is never trusted
+ * for addressing: every index is checked as it is read against bounds given from the tensors'
+ * shapes, and a bad one ends the call with SS_E_INDEX (ss_last_error says where).
+ */
+#ifndef SS_BLOCKPROD_H
+#define SS_BLOCKPROD_H
+
+#include <stdint.h>
+
+/* The version of this interface: native.py refuses a library whose ss_abi_version() differs
+ * from the one its bindings were written for. */
+#define SS_ABI_VERSION 2
+
+/* dtype codes; ss_dtype_names() lists torch's names for them in code order */
+enum { SS_DT_F32 = 0, SS_DT_F64 = 1, SS_DT_F16 = 2, SS_DT_BF16 = 3 };
+#define SS_DTYPE_NAMES "float32 float64 float16 bfloat16"
+
+/* return codes */
+enum { SS_OK = 0, SS_E_NOKERNEL = -1, SS_E_NOMEM = -2, SS_E_INDEX = -3 };
+
+/* the index arrays ss_last_error names */
+enum { SS_M_PTR = 1, SS_M_IDX = 2, SS_M_ORDER = 3, SS_M_ROWS = 4, SS_M_COLS = 5 };
+
+/* instruction sets */
+enum { SS_ISA_NONE = 0, SS_ISA_AVX2 = 1, SS_ISA_AVX512 = 2 };
+
+int ss_abi_version(void);
+const char *ss_dtype_names(void);
+
+/* torch's OpenMP runtime (GOMP_parallel, omp_get_thread_num); 1 when both are set */
+int ss_set_runtime(void *parallel, void *thread_num);
+
+int ss_cpu_isa(void);
+int ss_select_isa(int isa);
+int ss_isa(void);
+
+/* Y = M @ X (+ bias) for M stored by block rows (see blockprod.c) */
+int ss_product(int64_t n_br, int64_t r, int64_t c, int64_t nnzb, const int64_t *crow,
+               const int64_t *col, const int64_t *order, const void *vals, int64_t sp,
+               int64_t sa, int64_t sb, const void *x, int xdt, int64_t xk, int64_t xn,
+               int64_t n_in, int64_t N, void *y, int ydt, int64_t yi, int64_t yn,
+               const void *bias, int nthreads);
+
+/* G_p = L[rows_p] R[cols_p]^T per stored block (see blockprod.c) */
+int ss_values_grad(int64_t nnzb, int64_t r, int64_t c, int64_t n_l, int64_t n_r,
+                   const int64_t *rows, const int64_t *cols, const void *l, int64_t li,
+                   int64_t ln, const void *rgt, int64_t ri, int64_t rn, int64_t N, int dt,
+                   void *g, int nthreads);
+
+/* after SS_E_INDEX, on the calling thread: the array (SS_M_*), position, value, bound */
+void ss_last_error(int64_t *out);
+
+int ss_convert(const void *src, int sdt, void *dst, int ddt, int64_t n);
+void ss_region_stats(int64_t *out);
+void ss_reset_backoff(void);
+
+#endif /* SS_BLOCKPROD_H */

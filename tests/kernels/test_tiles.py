@@ -1,0 +1,89 @@
+"""Every tile of the kernels at every batch size, on both paths, against float64 dense.
+
+Claims: at batches 1, 2, 3, 8, 16, 17, 31, 32, 33 (the whole-block small-batch tiles, up to 32
+rows, and their edges), 255 (one batch-major row tile and a partial one) and 4096 (many row
+tiles of the batch-major products and of the values gradient, the blocks packed once), the six
+products (``linear`` with and without a bias, ``linear_grad_input``, ``linear_grad_values``,
+``matmul``, ``matmul_grad_input``, ``matmul_grad_values``) equal the float64 dense products of
+the same inputs, for every layout, whole-vector blocks (16 x 16) and blocks that need masks
+(5 x 17, 8 x 4), float32 and float64, with each instruction set this CPU has (native) and
+with the torch-op kernels (whose batch chunks are 64 rows: up to 255 there). Matrices are small
+so that the large batches stay fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from test_blocks import check_all, close, pattern, random_mask
+
+from safesparse.kernels import blocks as bk
+from safesparse.kernels import native
+
+BUILT = native.status().native
+LAYOUTS = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+BATCHES = (1, 2, 3, 8, 16, 17, 31, 32, 33, 255, 4096)
+
+
+def _paths() -> list[str]:
+    out = ["torch ops"]
+    if BUILT:
+        best = int(native._lib.ss_cpu_isa())
+        out += [{1: "avx2", 2: "avx512"}[i] for i in range(1, best + 1)]
+    return out
+
+
+@pytest.fixture(params=_paths())
+def path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The torch-op kernels, or the native ones with one instruction set (restored after)."""
+    if request.param == "torch ops":
+        with native.disabled():
+            yield "torch ops"
+        return
+    lib = native._lib
+    saved = int(lib.ss_isa())
+    want = {"avx2": 1, "avx512": 2}[request.param]
+    assert int(lib.ss_select_isa(want)) == want
+    try:
+        yield request.param
+    finally:
+        lib.ss_select_isa(saved)
+
+
+def _blocks(layout: torch.layout) -> list[tuple[int, int]]:
+    if layout in (torch.sparse_bsr, torch.sparse_bsc):
+        return [(16, 16), (5, 17), (8, 4)]
+    return [(1, 1)]
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One thread: the tiles are the same with two (tests/kernels/test_native.py runs those),
+    and a loaded machine's spinning second thread made this file 3x slower."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64), ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_every_batch_and_tile(layout: torch.layout, dtype: torch.dtype, path: str) -> None:
+    for block in _blocks(layout):
+        mask = random_mask(3, 4, 0.6, seed=block[0] + block[1])
+        mask[1, :] = False                       # an empty block row
+        p = pattern(layout, mask, block, dtype)
+        gen = torch.Generator().manual_seed(7)
+        bias = torch.randn(p.n_rows, generator=gen, dtype=torch.float64).to(dtype)
+        for batch in BATCHES:
+            if batch == 4096 and (path == "torch ops" or block == (8, 4)):
+                continue  # the torch-op kernels have no row tiles (their 64-row chunks: 255)
+            check_all(p, batch, dtype, seed=batch)
+            x = torch.randn(batch, p.n_cols, generator=gen, dtype=torch.float64).to(dtype)
+            close(bk.linear(x, *p.members, bias=bias),
+                  x.double() @ p.dense.T + bias.double(), dtype)
