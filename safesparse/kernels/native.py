@@ -393,7 +393,7 @@ def values_grad(layout: torch.layout, compressed: T, plain: T, values_shape: tor
 #: The slots of :func:`pack_product`'s array that change per call (``ss_product``'s order):
 #: the operand's data pointer, its stride between batch columns (``xk`` or ``xn``: see
 #: :func:`pack_product`), the batch size, the output's data pointer and its stride.
-SLOT_X, SLOT_N, SLOT_Y, SLOT_XK, SLOT_YI, SLOT_THREADS = 10, 15, 16, 12, 18, 21
+SLOT_X, SLOT_N, SLOT_Y, SLOT_XK, SLOT_YI, SLOT_THREADS = 11, 16, 17, 13, 19, 22
 PackedArgs = ctypes.Array[ctypes.c_int64]
 
 
@@ -419,8 +419,13 @@ def pack_product(layout: torch.layout, compressed: T, plain: T, values: T, n_row
         rows.sp, rows.sa, rows.sb = _value_strides(layout, vals)
     b = None if bias is None else bias.to(work).contiguous()
     xk, xn, yi, yn = (1, n_cols, 1, n_rows) if batch_major else (0, 1, 0, 1)
-    args = (ctypes.c_int64 * 22)(
-        rows.crow.numel() - 1, rows.r, rows.c, rows.crow.data_ptr(), rows.col.data_ptr(),
+    # bounds from the shapes (never from index data), as product() passes them
+    n_br = n_rows // rows.r
+    nnzb = min(rows.col.numel(), int(values.shape[0]))
+    if rows.crow.numel() != n_br + 1:
+        return None
+    args = (ctypes.c_int64 * 23)(
+        n_br, rows.r, rows.c, nnzb, rows.crow.data_ptr(), rows.col.data_ptr(),
         _ptr_of(rows.order) or 0, vals.data_ptr(), rows.sp, rows.sa, rows.sb, 0,
         _DTYPES[x_dtype], xk, xn, n_cols, 0, 0, _DTYPES[y_dtype], yi, yn, _ptr_of(b) or 0,
         _threads())

@@ -54,6 +54,9 @@ from ..kernels import native
 from ..state import checked, members_proof
 from .operators import linear_grad_input, linear_grad_values
 
+_SLOT_X, _SLOT_N, _SLOT_Y = native.SLOT_X, native.SLOT_N, native.SLOT_Y
+_SLOT_XK, _SLOT_YI = native.SLOT_XK, native.SLOT_YI
+
 __all__ = ["PlanSlot", "linear", "matmul", "plan_of"]
 
 T = torch.Tensor
@@ -198,12 +201,12 @@ class _Plan:
         if self.thread != _ident():  # (another thread: its own copy of the array)
             args = type(args).from_buffer_copy(args)
             addr = addressof(args)
-        args[10] = x.data_ptr()
-        args[15] = n
-        args[16] = y.data_ptr()
+        args[_SLOT_X] = x.data_ptr()
+        args[_SLOT_N] = n
+        args[_SLOT_Y] = y.data_ptr()
         if not self.batch_major:
-            args[12] = n
-            args[18] = n
+            args[_SLOT_XK] = n
+            args[_SLOT_YI] = n
         if self.entry(addr) != 0:
             return None
         return y

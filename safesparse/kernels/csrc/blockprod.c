@@ -612,10 +612,10 @@ void ss_reset_backoff(void)
  * only the slots that change (the eager fast path of safesparse.nn, safesparse/nn/eager.py). */
 int ss_product_packed(const int64_t *a)
 {
-    return ss_product(a[0], a[1], a[2], (const int64_t *)(intptr_t)a[3],
-                      (const int64_t *)(intptr_t)a[4], (const int64_t *)(intptr_t)a[5],
-                      (const void *)(intptr_t)a[6], a[7], a[8], a[9],
-                      (const void *)(intptr_t)a[10], (int)a[11], a[12], a[13], a[14], a[15],
-                      (void *)(intptr_t)a[16], (int)a[17], a[18], a[19],
-                      (const void *)(intptr_t)a[20], (int)a[21]);
+    return ss_product(a[0], a[1], a[2], a[3], (const int64_t *)(intptr_t)a[4],
+                      (const int64_t *)(intptr_t)a[5], (const int64_t *)(intptr_t)a[6],
+                      (const void *)(intptr_t)a[7], a[8], a[9], a[10],
+                      (const void *)(intptr_t)a[11], (int)a[12], a[13], a[14], a[15], a[16],
+                      (void *)(intptr_t)a[17], (int)a[18], a[19], a[20],
+                      (const void *)(intptr_t)a[21], (int)a[22]);
 }

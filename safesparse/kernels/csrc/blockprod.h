@@ -46,6 +46,10 @@ int ss_product(int64_t n_br, int64_t r, int64_t c, int64_t nnzb, const int64_t *
                int64_t n_in, int64_t N, void *y, int ydt, int64_t yi, int64_t yn,
                const void *bias, int nthreads);
 
+/* ss_product with its 23 arguments in one array, in ss_product's order (the eager fast path
+   of safesparse.nn: one ctypes argument per call) */
+int ss_product_packed(const int64_t *args);
+
 /* G_p = L[rows_p] R[cols_p]^T per stored block (see blockprod.c) */
 int ss_values_grad(int64_t nnzb, int64_t r, int64_t c, int64_t n_l, int64_t n_r,
                    const int64_t *rows, const int64_t *cols, const void *l, int64_t li,
