@@ -91,7 +91,8 @@ class OptionalBuildExt(build_ext):
 NATIVE = Extension(
     "safesparse.kernels._blockprod",
     sources=["safesparse/kernels/csrc/blockprod.c"],
-    depends=["safesparse/kernels/csrc/kern.h", "safesparse/kernels/csrc/kern_dtype_end.h"],
+    depends=["safesparse/kernels/csrc/kern.h", "safesparse/kernels/csrc/kern_dtype_end.h",
+             "safesparse/kernels/csrc/kern_bf16.h"],
     extra_compile_args=["-O3", "-std=gnu11", "-fno-strict-aliasing"],
     optional=True,
 )

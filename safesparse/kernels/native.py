@@ -299,6 +299,11 @@ def product(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: in
     ``Y[row, n] = y[row * yi + n * yn]`` (``y`` fresh, written whole); False when the library
     refused (the caller computes with torch ops)."""
     rows = _rowwise(layout, compressed, plain, values, n_rows, n_cols, transposed, cache)
+    if x.dtype == torch.bfloat16 and layout in _BLOCK_LAYOUTS and yi == 1:
+        if _product_bf16(rows, values, n_rows if transposed else n_cols, x, xk, xn, n, y, yn,
+                         bias):
+            return True
+        x = _widened(x)  # no bfloat16 kernels here: the float32 route
     work = _compute(x.dtype)
     vals = values if values.dtype == work else values.to(work)
     if vals is not values:
@@ -327,6 +332,11 @@ def values_grad(layout: torch.layout, compressed: T, plain: T, values_shape: tor
         r, c = 1, 1
     rows, cols = _outer(layout, compressed, plain, cache)
     nnzb = rows.numel()
+    if l_.dtype == torch.bfloat16:
+        got = _values_grad_bf16(rows, cols, r, c, l_, li, ln, r_, ri, rn, n, values_shape)
+        if got is not None:
+            return got.to(dtype)
+        l_, r_ = _widened(l_), _widened(r_)  # the float32 route
     g = torch.empty((nnzb, r, c), dtype=l_.dtype)
     rc = _lib.ss_values_grad(nnzb, r, c, rows.data_ptr(), cols.data_ptr(), l_.data_ptr(), li,
                              ln, r_.data_ptr(), ri, rn, n, _DTYPES[l_.dtype], g.data_ptr(),
@@ -334,3 +344,89 @@ def values_grad(layout: torch.layout, compressed: T, plain: T, values_shape: tor
     if rc != 0:
         return None
     return g.view(values_shape).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# bfloat16 computed in bfloat16 (csrc/kern_bf16.h: AVX512_BF16, float32 sums, no float32 copy
+# of the values, the input or the gradient). Elsewhere (no AVX512_BF16, CSR / CSC, operands
+# not batch-major) bfloat16 is computed in float32 from float32 copies, as before.
+
+_bf16_bound: bool | None = None
+
+
+def _bf16_library() -> bool:
+    """Whether the loaded library has the bfloat16 kernels and this CPU runs them
+    (``SAFESPARSE_NATIVE_ISA=avx2`` or ``avx512f`` turns them off, for measurements)."""
+    global _bf16_bound
+    if _bf16_bound is None:
+        want = os.environ.get("SAFESPARSE_NATIVE_ISA", "").strip().lower()
+        try:
+            lib = _lib
+            lib.ss_bf16_supported.restype = _int
+            lib.ss_product_bf16.restype = _int
+            lib.ss_product_bf16.argtypes = [_i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _i64, _ptr,
+                                            _i64, _i64, _i64, _i64, _ptr, _i64, _i64, _ptr,
+                                            _i64, _ptr, _int]
+            lib.ss_values_grad_bf16.restype = _int
+            lib.ss_values_grad_bf16.argtypes = [_i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr,
+                                                _i64, _ptr, _i64, _i64, _ptr, _int]
+            _bf16_bound = want not in ("avx2", "avx512f") and bool(lib.ss_bf16_supported())
+        except AttributeError:
+            _bf16_bound = False
+    return _bf16_bound
+
+
+def reads_bf16(dtype: torch.dtype, layout: torch.layout) -> bool:
+    """Whether the native products of a ``layout`` matrix read ``dtype`` operands as they are
+    (bfloat16 computed in bfloat16): the callers then hand them in without a float32 copy."""
+    return (dtype == torch.bfloat16 and layout in _BLOCK_LAYOUTS and available()
+            and _bf16_library())
+
+
+def _widened(t: T) -> T:
+    """``t`` in float32 with the same strides (the float32 route's operand)."""
+    out = torch.empty_strided(t.shape, t.stride(), dtype=torch.float32)
+    return out.copy_(t)
+
+
+def _index_error() -> RuntimeError:
+    return RuntimeError(
+        "safesparse: the native bfloat16 kernel read a block index out of range (index "
+        "members written while the product ran?); nothing out of bounds was read\n  Do not "
+        "write a matrix's index members while a product runs on them.")
+
+
+def _product_bf16(rows: _Rows, values: T, n_in: int, x: T, xk: int, xn: int, n: int, y: T,
+                  yn: int, bias: T | None) -> bool:
+    """The batch-major product in bfloat16 (:func:`product`'s ``yi == 1``); False where the
+    bfloat16 kernels do not run it."""
+    if (not _bf16_library() or xk != 1 or values.dtype != torch.bfloat16
+            or y.dtype != torch.bfloat16 or (bias is not None and bias.dtype != torch.bfloat16)):
+        return False
+    b = None if bias is None else bias.contiguous()
+    nnzb = rows.col.numel()
+    rc = _lib.ss_product_bf16(rows.crow.numel() - 1, rows.r, rows.c, rows.crow.data_ptr(),
+                              rows.col.data_ptr(), _ptr_of(rows.order), nnzb, n_in // rows.c,
+                              values.data_ptr(), int(values.shape[0]), rows.sp, rows.sa,
+                              rows.sb, x.data_ptr(), xn, n, y.data_ptr(), yn, _ptr_of(b),
+                              _threads())
+    if rc == -3:
+        raise _index_error()
+    return bool(rc == 0)
+
+
+def _values_grad_bf16(rows: T, cols: T, r: int, c: int, l_: T, li: int, ln: int, r_: T,
+                      ri: int, rn: int, n: int, values_shape: torch.Size) -> T | None:
+    """:func:`values_grad` in bfloat16 for batch-major operands (``li == ri == 1``), or
+    None."""
+    if (not _bf16_library() or li != 1 or ri != 1 or r_.dtype != torch.bfloat16
+            or len(values_shape) != 3):
+        return None
+    nnzb = rows.numel()
+    g = torch.empty((nnzb, r, c), dtype=torch.bfloat16)
+    rc = _lib.ss_values_grad_bf16(nnzb, r, c, rows.data_ptr(), cols.data_ptr(),
+                                  l_.shape[0] // r, r_.shape[0] // c, l_.data_ptr(), ln,
+                                  r_.data_ptr(), rn, n, g.data_ptr(), _threads())
+    if rc == -3:
+        raise _index_error()
+    return g.view(values_shape) if rc == 0 else None

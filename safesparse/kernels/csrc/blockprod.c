@@ -605,3 +605,7 @@ void ss_reset_backoff(void)
     __atomic_store_n(&g_serial_until, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&g_backoff, SS_BACKOFF, __ATOMIC_RELAXED);
 }
+
+/* bfloat16 computed in bfloat16 (AVX512_BF16): ss_bf16_supported, ss_product_bf16,
+ * ss_values_grad_bf16 */
+#include "kern_bf16.h"
