@@ -23,7 +23,6 @@
 #define BF_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
 #define BF_INL static inline __attribute__((always_inline)) BF_TARGET
 #define BF_LANES 16
-#define BF_VG_CHUNK 64 /* batch rows whose pairs one values-gradient step holds */
 #ifndef BF_NB
 #define BF_NB 8 /* batch rows of the product tile */
 #endif
@@ -102,15 +101,14 @@ static BF_TARGET void bf_pack_block(const bfp_ctx *k, const uint16_t *src, uint3
                                            : _mm256_setzero_si256();
                 _mm512_storeu_si512(d + t * BF_LANES, bf_interleave(lo, hi));
             }
-        } else if (sb == 1 && (c & 1) == 0 && 15 * sa < (1LL << 30)) {
-            /* pairs contiguous in M's rows: one gather of 16 rows per pair */
-            const __m512i idx = _mm512_mullo_epi32(
-                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                _mm512_set1_epi32((int)sa));
-            for (int64_t t = 0; t < np; t++) {
-                __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx,
-                                                        (const void *)(s + 2 * t), 2);
-                _mm512_storeu_si512(d + t * BF_LANES, v);
+        } else if (sb == 1 && (c & 1) == 0) {
+            /* pairs contiguous in M's rows: 32-bit moves (vpgatherdd measured slower) */
+            for (int64_t l = 0; l < BF_LANES; l++) {
+                const uint16_t *row = s + l * sa;
+                if (l < left)
+                    for (int64_t t = 0; t < np; t++) memcpy(d + t * BF_LANES + l, row + 2 * t, 4);
+                else
+                    for (int64_t t = 0; t < np; t++) d[t * BF_LANES + l] = 0;
             }
         } else {
             for (int64_t t = 0; t < np; t++)
@@ -258,73 +256,90 @@ int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, con
 /* The values gradient */
 
 typedef struct {
-    int64_t r, c, N, n_br, n_bc;
-    const int64_t *rows, *cols;
+    int64_t r, c, N, n_br, n_bc, nac, npairs;
+    const int64_t *rows, *cols, *starts;
     const uint16_t *l;
     int64_t ln;
     const uint16_t *rgt;
     int64_t rn;
     uint16_t *g;
+    uint32_t **pairs;
     int err;
 } bfv_ctx;
 
-/* RT rows (a0 ..) x the lanes of columns b0 .. (mask mb) of block p: per pair of batch rows,
- * R's pair interleaved in registers, L's pair interleaved and broadcast lane by lane. */
-BF_INL void bf_vg_tile(const bfv_ctx *k, const uint16_t *lp, const uint16_t *rp, uint16_t *gp,
-                       __mmask16 mb, const int RT)
+/* RT rows x the lanes of columns b0 .. (mask mb) of one block: L's pairs read from the
+ * run's packed buffer (lpair[t * 16 + ra]: rows n = 2t, 2t + 1), R's pair interleaved in
+ * registers. */
+BF_INL void bf_vg_tile(const bfv_ctx *k, const uint32_t *lpair, const uint16_t *rp,
+                       uint16_t *gp, __mmask16 mb, const int RT)
 {
     __m512 acc[16];
     for (int ra = 0; ra < RT; ra++) acc[ra] = _mm512_setzero_ps();
-    const __mmask16 ma = bf_mask(RT);
-    const int64_t N = k->N, ln = k->ln, rn = k->rn;
-    /* L's pairs for a chunk of the batch, interleaved ahead of their use (no store-to-load
-     * forwarding in the loop that reads them) */
-    uint32_t pairs[BF_VG_CHUNK / 2][16] __attribute__((aligned(64)));
-    for (int64_t n0 = 0; n0 < N; n0 += BF_VG_CHUNK) {
-        int64_t cnt = N - n0 < BF_VG_CHUNK ? N - n0 : BF_VG_CHUNK, np = (cnt + 1) / 2;
-        for (int64_t t = 0; t < np; t++) {
-            int64_t n = n0 + 2 * t;
-            __m256i hi = n + 1 < N ? _mm256_maskz_loadu_epi16(ma, lp + (n + 1) * ln)
-                                   : _mm256_setzero_si256();
-            _mm512_store_si512(pairs[t],
-                               bf_interleave(_mm256_maskz_loadu_epi16(ma, lp + n * ln), hi));
-        }
-        for (int64_t t = 0; t < np; t++) {
-            int64_t n = n0 + 2 * t;
-            __m256i hi = n + 1 < N ? _mm256_maskz_loadu_epi16(mb, rp + (n + 1) * rn)
-                                   : _mm256_setzero_si256();
-            __m512bh xv = (__m512bh)bf_interleave(_mm256_maskz_loadu_epi16(mb, rp + n * rn), hi);
-            for (int ra = 0; ra < RT; ra++)
-                acc[ra] = _mm512_dpbf16_ps(acc[ra], xv,
-                                           (__m512bh)_mm512_set1_epi32((int)pairs[t][ra]));
-        }
+    const int64_t N = k->N, rn = k->rn, full = N >> 1;
+    int64_t t = 0;
+    for (; t < full; t++, rp += 2 * rn, lpair += BF_LANES) {
+        __m512bh xv = (__m512bh)bf_interleave(_mm256_maskz_loadu_epi16(mb, rp),
+                                              _mm256_maskz_loadu_epi16(mb, rp + rn));
+        for (int ra = 0; ra < RT; ra++)
+            acc[ra] = _mm512_dpbf16_ps(acc[ra], xv, (__m512bh)_mm512_set1_epi32((int)lpair[ra]));
+    }
+    if (N & 1) { /* the last batch row alone */
+        __m512bh xv = (__m512bh)bf_interleave(_mm256_maskz_loadu_epi16(mb, rp),
+                                              _mm256_setzero_si256());
+        for (int ra = 0; ra < RT; ra++)
+            acc[ra] = _mm512_dpbf16_ps(acc[ra], xv, (__m512bh)_mm512_set1_epi32((int)lpair[ra]));
     }
     for (int ra = 0; ra < RT; ra++) _mm256_mask_storeu_epi16(gp + ra * k->c, mb, bf_round(acc[ra]));
 }
 
-static BF_TARGET void bf_vg_task(void *vctx, int64_t p, int tid)
+/* One run of blocks with the same block row (consecutive in stored order: a BSR matrix's
+ * block rows): L's rows of that block row packed once in pairs along the batch (contiguous,
+ * read by every block of the run), then each block. */
+static BF_TARGET void bf_vg_task(void *vctx, int64_t run, int tid)
 {
-    (void)tid;
     bfv_ctx *k = (bfv_ctx *)vctx;
-    int64_t i = k->rows[p], j = k->cols[p];
-    if (i < 0 || i >= k->n_br || j < 0 || j >= k->n_bc) {
+    const int64_t p0 = k->starts[run], p1 = k->starts[run + 1];
+    const int64_t r = k->r, c = k->c, N = k->N, ln = k->ln, np = k->npairs;
+    int64_t i = k->rows[p0];
+    if (i < 0 || i >= k->n_br) {
         __atomic_store_n(&k->err, 1, __ATOMIC_RELAXED);
         return;
     }
-    const int64_t r = k->r, c = k->c;
-    uint16_t *g = k->g + p * r * c;
-    for (int64_t b0 = 0; b0 < c; b0 += BF_LANES) {
-        __mmask16 mb = bf_mask(c - b0);
-        const uint16_t *rp = k->rgt + j * c + b0;
-        for (int64_t a0 = 0; a0 < r;) {
-            int64_t left = r - a0;
-            const uint16_t *lp = k->l + i * r + a0;
-            uint16_t *gp = g + a0 * c + b0;
-            if (left >= 16) { bf_vg_tile(k, lp, rp, gp, mb, 16); a0 += 16; }
-            else if (left >= 8) { bf_vg_tile(k, lp, rp, gp, mb, 8); a0 += 8; }
-            else if (left >= 4) { bf_vg_tile(k, lp, rp, gp, mb, 4); a0 += 4; }
-            else if (left >= 2) { bf_vg_tile(k, lp, rp, gp, mb, 2); a0 += 2; }
-            else { bf_vg_tile(k, lp, rp, gp, mb, 1); a0 += 1; }
+    uint32_t *buf = k->pairs[tid];
+    for (int64_t ac = 0; ac < k->nac; ac++) {
+        __mmask16 ma = bf_mask(r - ac * BF_LANES);
+        const uint16_t *lp = k->l + i * r + ac * BF_LANES;
+        uint32_t *d = buf + ac * np * BF_LANES;
+        for (int64_t t = 0; t < np; t++) {
+            int64_t n = 2 * t;
+            __m256i hi = n + 1 < N ? _mm256_maskz_loadu_epi16(ma, lp + (n + 1) * ln)
+                                   : _mm256_setzero_si256();
+            _mm512_storeu_si512(d + t * BF_LANES,
+                                bf_interleave(_mm256_maskz_loadu_epi16(ma, lp + n * ln), hi));
+        }
+    }
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t j = k->cols[p];
+        if (j < 0 || j >= k->n_bc) {
+            __atomic_store_n(&k->err, 1, __ATOMIC_RELAXED);
+            return;
+        }
+        uint16_t *g = k->g + p * r * c;
+        for (int64_t b0 = 0; b0 < c; b0 += BF_LANES) {
+            __mmask16 mb = bf_mask(c - b0);
+            const uint16_t *rp = k->rgt + j * c + b0;
+            for (int64_t a0 = 0; a0 < r;) {
+                int64_t left = r - a0;
+                const uint32_t *lpair = buf + (a0 / BF_LANES) * np * BF_LANES + a0 % BF_LANES;
+                uint16_t *gp = g + a0 * c + b0;
+                int64_t lane_left = BF_LANES - a0 % BF_LANES;
+                if (left > lane_left) left = lane_left;
+                if (left >= 16) { bf_vg_tile(k, lpair, rp, gp, mb, 16); a0 += 16; }
+                else if (left >= 8) { bf_vg_tile(k, lpair, rp, gp, mb, 8); a0 += 8; }
+                else if (left >= 4) { bf_vg_tile(k, lpair, rp, gp, mb, 4); a0 += 4; }
+                else if (left >= 2) { bf_vg_tile(k, lpair, rp, gp, mb, 2); a0 += 2; }
+                else { bf_vg_tile(k, lpair, rp, gp, mb, 1); a0 += 1; }
+            }
         }
     }
 }
@@ -332,7 +347,8 @@ static BF_TARGET void bf_vg_task(void *vctx, int64_t p, int tid)
 /* G_p[a, b] = sum_n L[n, rows[p] * r + a] * R[n, cols[p] * c + b] for p < nnzb, G contiguous
  * (nnzb, r, c) in bfloat16 (float32 sums); L[n, k] = l[n * ln + k] (rows[p] < n_br),
  * R[n, k] = rgt[n * rn + k] (cols[p] < n_bc), both bfloat16. Returns 0, -1 (no bfloat16
- * kernels on this CPU), SS_EINDEX (an index out of range: g is then partly written). */
+ * kernels on this CPU), -2 (out of memory), SS_EINDEX (an index out of range: g is then
+ * partly written). */
 int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
                         const int64_t *cols, int64_t n_br, int64_t n_bc, const void *l,
                         int64_t ln, const void *rgt, int64_t rn, int64_t N, void *g,
@@ -345,16 +361,38 @@ int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
         memset(g, 0, (size_t)(nnzb * r * c) * 2);
         return 0;
     }
-    bfv_ctx k = {r, c, N, n_br, n_bc, rows, cols, (const uint16_t *)l, ln,
-                 (const uint16_t *)rgt, rn, (uint16_t *)g, 0};
-    run_tasks(bf_vg_task, &k, nnzb, nthreads < 1 ? 1 : nthreads);
+    /* runs of blocks with the same block row, at most 64 blocks each (work to share) */
+    int64_t *starts = (int64_t *)malloc((size_t)(nnzb + 1) * sizeof(int64_t));
+    if (!starts) return -2;
+    int64_t nruns = 0;
+    for (int64_t p = 0; p < nnzb; p++)
+        if (p == 0 || rows[p] != rows[p - 1] || p - starts[nruns - 1] >= 64) starts[nruns++] = p;
+    starts[nruns] = nnzb;
+    if (nthreads < 1) nthreads = 1;
+    int nth = nthreads < nruns ? nthreads : (int)nruns;
+    if (nth > 256) nth = 256;
+    bfv_ctx k = {r, c, N, n_br, n_bc, (r + BF_LANES - 1) / BF_LANES, (N + 1) / 2, rows, cols,
+                 starts, (const uint16_t *)l, ln, (const uint16_t *)rgt, rn, (uint16_t *)g, 0,
+                 0};
+    uint32_t *bufs[256];
+    int ok = 1;
+    for (int t = 0; t < nth; t++) {
+        bufs[t] = (uint32_t *)malloc((size_t)(k.nac * k.npairs * BF_LANES) * 4);
+        if (!bufs[t]) ok = 0;
+    }
+    if (ok) {
+        k.pairs = bufs;
+        run_tasks(bf_vg_task, &k, nruns, nth);
+    }
+    for (int t = 0; t < nth; t++) free(bufs[t]);
+    free(starts);
+    if (!ok) return -2;
     return k.err ? SS_EINDEX : 0;
 }
 
 #undef BF_TARGET
 #undef BF_INL
 #undef BF_LANES
-#undef BF_VG_CHUNK
 #else  /* not x86-64: no bfloat16 kernels (the callers keep their float32 route) */
 int ss_bf16_supported(void) { return 0; }
 int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, const int64_t *col,
