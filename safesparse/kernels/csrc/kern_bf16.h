@@ -84,6 +84,50 @@ typedef struct {
     int err;
 } bfp_ctx;
 
+/* The (up to) 16 rows of 16 bfloat16 at s + l * sa (rows l >= left read as zeros) as 8
+ * vectors d[t * 16 + l] = (row l's elements 2t, 2t + 1): a 16 x 8 transpose of 32-bit pairs,
+ * three rounds of two-source permutes. */
+static BF_TARGET void bf_pack_rows16(const uint16_t *s, int64_t sa, int64_t left, uint32_t *d)
+{
+    __m512i z[8], q[8], rr[8];
+    for (int k = 0; k < 8; k++) {
+        __m256i lo = 2 * k < left ? _mm256_loadu_si256((const __m256i *)(s + 2 * k * sa))
+                                  : _mm256_setzero_si256();
+        __m256i hi = 2 * k + 1 < left
+                         ? _mm256_loadu_si256((const __m256i *)(s + (2 * k + 1) * sa))
+                         : _mm256_setzero_si256();
+        z[k] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
+    int i1[2][16], i2[2][16], i3[2][16];
+    for (int l = 0; l < 16; l++) {
+        int tl = l / 4, rl = l % 4, tj = l / 8, r8 = l % 8;
+        for (int h = 0; h < 2; h++) i1[h][l] = (rl < 2 ? 0 : 16) + (rl % 2) * 8 + 4 * h + tl;
+        for (int p = 0; p < 2; p++) i2[p][l] = (r8 < 4 ? 0 : 16) + (2 * p + tj) * 4 + r8 % 4;
+        for (int j = 0; j < 2; j++) i3[j][l] = (l < 8 ? 0 : 16) + j * 8 + l % 8;
+    }
+    /* q[u * 2 + h]: rows 4u .. 4u + 3, pairs 4h .. 4h + 3 (lane: pair * 4 + row) */
+    for (int h = 0; h < 2; h++) {
+        __m512i ix = _mm512_loadu_si512(i1[h]);
+        for (int u = 0; u < 4; u++) q[u * 2 + h] = _mm512_permutex2var_epi32(z[2 * u], ix, z[2 * u + 1]);
+    }
+    /* rr[(v * 2 + h) * 2 + p]: rows 8v .. 8v + 7, pairs 4h + 2p, + 1 (lane: pair * 8 + row) */
+    for (int p = 0; p < 2; p++) {
+        __m512i ix = _mm512_loadu_si512(i2[p]);
+        for (int v = 0; v < 2; v++)
+            for (int h = 0; h < 2; h++)
+                rr[(v * 2 + h) * 2 + p] = _mm512_permutex2var_epi32(q[(2 * v) * 2 + h], ix,
+                                                                   q[(2 * v + 1) * 2 + h]);
+    }
+    for (int j = 0; j < 2; j++) {
+        __m512i ix = _mm512_loadu_si512(i3[j]);
+        for (int h = 0; h < 2; h++)
+            for (int p = 0; p < 2; p++)
+                _mm512_storeu_si512(d + (4 * h + 2 * p + j) * BF_LANES,
+                                    _mm512_permutex2var_epi32(rr[h * 2 + p], ix,
+                                                              rr[(2 + h) * 2 + p]));
+    }
+}
+
 /* Block `src` (M_q[a, b] = src[a * sa + b * sb]) packed: for row chunk ac and pair t, 16
  * lanes (rows ac * 16 + l) of (M[a, 2t], M[a, 2t + 1]), zero past the block. */
 static BF_TARGET void bf_pack_block(const bfp_ctx *k, const uint16_t *src, uint32_t *dst)
@@ -101,6 +145,8 @@ static BF_TARGET void bf_pack_block(const bfp_ctx *k, const uint16_t *src, uint3
                                            : _mm256_setzero_si256();
                 _mm512_storeu_si512(d + t * BF_LANES, bf_interleave(lo, hi));
             }
+        } else if (sb == 1 && c == 16) { /* 16 x 8 pairs transposed in registers */
+            bf_pack_rows16(s, sa, left, d);
         } else if (sb == 1 && (c & 1) == 0) {
             /* pairs contiguous in M's rows: 32-bit moves (vpgatherdd measured slower) */
             for (int64_t l = 0; l < BF_LANES; l++) {
