@@ -324,6 +324,10 @@ BF_INL void bf_vg_tile(const bfv_ctx *k, const uint32_t *lpair, const uint16_t *
     const int64_t N = k->N, rn = k->rn, full = N >> 1;
     int64_t t = 0;
     for (; t < full; t++, rp += 2 * rn, lpair += BF_LANES) {
+        /* R's rows are strided (a row of the input apart): the hardware prefetchers stop at
+         * page boundaries, so fetch 16 rows ahead (harmless past the end: a hint) */
+        _mm_prefetch((const char *)(rp + 16 * rn), _MM_HINT_T0);
+        _mm_prefetch((const char *)(rp + 17 * rn), _MM_HINT_T0);
         __m512bh xv = (__m512bh)bf_interleave(_mm256_maskz_loadu_epi16(mb, rp),
                                               _mm256_maskz_loadu_epi16(mb, rp + rn));
         for (int ra = 0; ra < RT; ra++)
