@@ -134,17 +134,20 @@ def _memory(args: argparse.Namespace, density: float) -> None:
     dense_floor = (f * f + n * f + n * f + f) * size / 2**20
     for route, on in (("bf16", True), ("f32 route", False)):
         _switch(on)
-        for _ in range(2):
-            _step_peak(layer, x, g)
-        peak = min(_step_peak(layer, x, g) for _ in range(3))
-        print(f"| {density:.2f} | SparseLinear | {route} | {peak:.2f} | {floor:.2f} | "
-              f"{peak / floor:.2f} |")
+        _row(density, "SparseLinear", route, _min_peak(layer, x, g), floor)
     _switch(True)
+    _row(density, "nn.Linear", "dense", _min_peak(dense, x, g), dense_floor)
+
+
+def _min_peak(layer: torch.nn.Module, x: torch.Tensor, g: torch.Tensor) -> float:
     for _ in range(2):
-        _step_peak(dense, x, g)
-    peak = min(_step_peak(dense, x, g) for _ in range(3))
-    print(f"| {density:.2f} | nn.Linear | dense | {peak:.2f} | {dense_floor:.2f} | "
-          f"{peak / dense_floor:.2f} |")
+        _step_peak(layer, x, g)
+    return min(_step_peak(layer, x, g) for _ in range(3))
+
+
+def _row(density: float, name: str, route: str, peak: float, floor: float) -> None:
+    print(f"| {density:.2f} | {name} | {route} | {peak:.2f} | {floor:.2f} | "
+          f"{peak / floor:.2f} |")
 
 
 def main() -> None:

@@ -44,10 +44,12 @@ elements, no transposed copies), in batch chunks whose gathered blocks stay in c
 (CSR / CSC elements) one dot product per stored element, torch's per-sample-weight gradient
 of ``embedding_bag``.
 
-dtypes: float32 and float64 run natively; float16 and bfloat16 are computed in float32 and the
-result is cast back (one code path for every dtype, sums accumulated in float32, which is the
-more accurate; torch's MKL sparse kernels have no half kernels at all); the casts are
-O(inputs + nnz), small beside the products.
+dtypes: float32 and float64 run natively; bfloat16 products of block layouts run in bfloat16
+where the CPU has AVX512_BF16 (:func:`native.reads_bf16`: the operands are handed in as they
+are, sums in float32, no float32 copy); otherwise float16 and bfloat16 are computed in float32
+and the result is cast back (one code path for every dtype, sums accumulated in float32, which
+is the more accurate; torch's MKL sparse kernels have no half kernels at all); the casts are
+O(inputs + nnz), small beside the products (but three times the step's memory floor).
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 The library is a plain shared object built by ``pip install .`` when a C compiler is at hand
 (``setup.py``: an optional build that never fails the install) and loaded here with ctypes; it
 has no torch headers, so one build serves every torch version. Its micro-kernels exist per
-instruction set (AVX-512F, AVX2 + FMA) and are chosen at load from what the CPU has.
+instruction set (AVX-512F, AVX2 + FMA) and are chosen at load from what the CPU has; bfloat16
+products of block layouts run in bfloat16 where the CPU has AVX512_BF16 (``csrc/kern_bf16.h``,
+:func:`reads_bf16`; the end of this module).
 
 :func:`status` says whether the native path runs and why not: no library (no compiler at
 install, a non-x86 machine), a CPU without AVX2 + FMA, or ``SAFESPARSE_NATIVE=0`` in the

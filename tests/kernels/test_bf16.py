@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 import torch
-from test_blocks import Pattern, pattern, random_mask, values_grad_reference
+from test_blocks import Pattern, pattern, values_grad_reference
+from test_native import _mask
 
 from safesparse.kernels import blocks as bk
 from safesparse.kernels import native
@@ -61,15 +62,6 @@ PATHS: dict[str, Callable[[], AbstractContextManager[None]]] = {"torch ops": nat
 if BUILT:
     PATHS["native"] = nullcontext
     PATHS["native, no bf16 instructions"] = _avx512_without_bf16
-
-
-def _mask(block: tuple[int, int]) -> torch.Tensor:
-    """Several block rows and columns, one empty block row and one empty block column."""
-    n = 4 if max(block) >= 16 else 7
-    mask = random_mask(n, n + 1, 0.5, seed=sum(block))
-    mask[1, :] = False
-    mask[:, 2] = False
-    return mask
 
 
 def _within_bf16(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor,

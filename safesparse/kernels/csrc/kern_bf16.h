@@ -23,6 +23,9 @@
 #define BF_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
 #define BF_INL static inline __attribute__((always_inline)) BF_TARGET
 #define BF_LANES 16
+#ifndef BF_ROWS
+#define BF_ROWS 256 /* batch rows per product task: a chunk of the input and the output in L2 */
+#endif
 #ifndef BF_NB
 #define BF_NB 8 /* batch rows of the product tile */
 #endif
@@ -268,7 +271,7 @@ int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, con
                  0, 0, 0};
     /* batch rows per task: 256 (a chunk of the input stays in L2 while every block row reads
      * it), fewer where the block rows alone do not give each thread several tasks */
-    int64_t nt = N < 256 ? N : 256;
+    int64_t nt = N < BF_ROWS ? N : BF_ROWS;
     if (nthreads > 1 && n_br < 4 * nthreads) {
         int64_t per = (4 * nthreads + n_br - 1) / n_br;
         int64_t want = (N + per - 1) / per;
