@@ -301,11 +301,12 @@ def product(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: in
     ``Y[row, n] = y[row * yi + n * yn]`` (``y`` fresh, written whole); False when the library
     refused (the caller computes with torch ops)."""
     rows = _rowwise(layout, compressed, plain, values, n_rows, n_cols, transposed, cache)
-    if x.dtype == torch.bfloat16 and layout in _BLOCK_LAYOUTS and yi == 1:
-        if _product_bf16(rows, values, n_rows if transposed else n_cols, x, xk, xn, n, y, yn,
-                         bias):
+    if x.dtype == torch.bfloat16 and layout in _BLOCK_LAYOUTS:
+        if _product_bf16(rows, values, n_rows if transposed else n_cols, x, xk, xn, n, y, yi,
+                         yn, bias):
             return True
-        x = _widened(x)  # no bfloat16 kernels here: the float32 route
+        if yi == 1:
+            x = _widened(x)  # no bfloat16 kernels here: the float32 route
     work = _compute(x.dtype)
     vals = values if values.dtype == work else values.to(work)
     if vals is not values:
@@ -367,8 +368,8 @@ def _bf16_library() -> bool:
             lib.ss_bf16_supported.restype = _int
             lib.ss_product_bf16.restype = _int
             lib.ss_product_bf16.argtypes = [_i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _i64, _ptr,
-                                            _i64, _i64, _i64, _i64, _ptr, _i64, _i64, _ptr,
-                                            _i64, _ptr, _int]
+                                            _i64, _i64, _i64, _i64, _ptr, _i64, _i64, _i64,
+                                            _ptr, _i64, _i64, _ptr, _int]
             lib.ss_values_grad_bf16.restype = _int
             lib.ss_values_grad_bf16.argtypes = [_i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr,
                                                 _i64, _ptr, _i64, _i64, _ptr, _int]
@@ -399,10 +400,11 @@ def _index_error() -> RuntimeError:
 
 
 def _product_bf16(rows: _Rows, values: T, n_in: int, x: T, xk: int, xn: int, n: int, y: T,
-                  yn: int, bias: T | None) -> bool:
-    """The batch-major product in bfloat16 (:func:`product`'s ``yi == 1``); False where the
-    bfloat16 kernels do not run it."""
-    if (not _bf16_library() or xk != 1 or values.dtype != torch.bfloat16
+                  yi: int, yn: int, bias: T | None) -> bool:
+    """:func:`product` in bfloat16, batch-major (``xk == yi == 1``) or feature-major
+    (``xn == yn == 1``); False where the bfloat16 kernels do not run it."""
+    if (not _bf16_library() or not ((xk == 1 and yi == 1) or (xn == 1 and yn == 1))
+            or values.dtype != torch.bfloat16
             or y.dtype != torch.bfloat16 or (bias is not None and bias.dtype != torch.bfloat16)):
         return False
     b = None if bias is None else bias.contiguous()
@@ -410,8 +412,8 @@ def _product_bf16(rows: _Rows, values: T, n_in: int, x: T, xk: int, xn: int, n: 
     rc = _lib.ss_product_bf16(rows.crow.numel() - 1, rows.r, rows.c, rows.crow.data_ptr(),
                               rows.col.data_ptr(), _ptr_of(rows.order), nnzb, n_in // rows.c,
                               values.data_ptr(), int(values.shape[0]), rows.sp, rows.sa,
-                              rows.sb, x.data_ptr(), xn, n, y.data_ptr(), yn, _ptr_of(b),
-                              _threads())
+                              rows.sb, x.data_ptr(), xk, xn, n, y.data_ptr(), yi, yn,
+                              _ptr_of(b), _threads())
     if rc == -3:
         raise _index_error()
     return bool(rc == 0)

@@ -8,7 +8,8 @@
  * registers along the batch for the values gradient). Products served:
  *   ss_product_bf16      Y[n, row] = bias[row] + sum M_q[a, b] X[n, col_q * c + b] for M stored
  *                        by block rows, batch-major (the forward of a SparseLinear, M = W, and
- *                        its gradient to the input, M = W.T read by block columns);
+ *                        its gradient to the input, M = W.T read by block columns), or
+ *                        feature-major (Y[row, n], X[k, n]: a SparseMatmul's A @ x, A.T @ g);
  *   ss_values_grad_bf16  G_p[a, b] = sum_n L[n, rows_p * r + a] R[n, cols_p * c + b] (the
  *                        gradient to the values of a SparseLinear: L = g, R = x, batch-major).
  * Any block shape (r x c; lanes of 16 rows, pairs of columns, masked tails).
@@ -77,10 +78,11 @@ typedef struct {
     const uint16_t *vals;
     int64_t sp, sa, sb;
     const uint16_t *x;
-    int64_t xn;
+    int64_t xk, xn;
     uint16_t *y;
-    int64_t yn;
+    int64_t yi, yn;
     const uint16_t *bias;
+    int feature_major; /* X[k, n] = x[k * xk + n], Y[row, n] = y[row * yi + n] */
     int64_t nt, maxq, nac, np; /* batch rows per task; blocks per row; row lanes; pairs */
     uint32_t **pack;
     int64_t **xoff;
@@ -207,6 +209,41 @@ BF_INL void bf_fwd_tile(const bfp_ctx *k, const uint32_t *pk, const int64_t *xof
     for (int nb = 0; nb < NB; nb++) _mm256_mask_storeu_epi16(y + nb * k->yn, m, bf_round(acc[nb]));
 }
 
+/* Feature-major: 16 batch columns from n (cnt of them) in the lanes, the 16 rows of row chunk
+ * ac of block row i; per pair t of a block, X's rows 2t, 2t + 1 interleaved in registers and
+ * each row's packed pair broadcast. */
+BF_INL void bf_fm_tile(const bfp_ctx *k, const uint32_t *pk, const int64_t *xoff, int64_t nq,
+                       int64_t i, int64_t ac, int64_t n, int64_t cnt)
+{
+    __m512 acc[16];
+    const int64_t a0 = ac * BF_LANES, np = k->np, c = k->c, xk = k->xk;
+    const int64_t left = k->r - a0 < BF_LANES ? k->r - a0 : BF_LANES;
+    const __mmask16 mn = bf_mask(cnt);
+#pragma GCC unroll 16
+    for (int l = 0; l < BF_LANES; l++)
+        acc[l] = k->bias && l < left ? _mm512_set1_ps(bf16_to_f32(k->bias[i * k->r + a0 + l]))
+                                     : _mm512_setzero_ps();
+    const int64_t stride = k->nac * np * BF_LANES;
+    const uint32_t *w = pk + ac * np * BF_LANES;
+    for (int64_t qq = 0; qq < nq; qq++, w += stride) {
+        const uint16_t *xb = k->x + xoff[qq] * xk + n;
+        for (int64_t t = 0; t < np; t++) {
+            __m256i hi = 2 * t + 1 < c ? _mm256_maskz_loadu_epi16(mn, xb + (2 * t + 1) * xk)
+                                       : _mm256_setzero_si256();
+            __m512bh xv = (__m512bh)bf_interleave(_mm256_maskz_loadu_epi16(mn, xb + 2 * t * xk),
+                                                  hi);
+            const uint32_t *wt = w + t * BF_LANES;
+#pragma GCC unroll 16
+            for (int l = 0; l < BF_LANES; l++)
+                acc[l] = _mm512_dpbf16_ps(acc[l], xv, (__m512bh)_mm512_set1_epi32((int)wt[l]));
+        }
+    }
+    uint16_t *y = k->y + (i * k->r + a0) * k->yi + n;
+#pragma GCC unroll 16
+    for (int l = 0; l < BF_LANES; l++)
+        if (l < left) _mm256_mask_storeu_epi16(y + l * k->yi, mn, bf_round(acc[l]));
+}
+
 static BF_TARGET void bf_fwd_task(void *vctx, int64_t task, int tid)
 {
     bfp_ctx *k = (bfp_ctx *)vctx;
@@ -231,6 +268,12 @@ static BF_TARGET void bf_fwd_task(void *vctx, int64_t task, int tid)
         xoff[qq] = j * k->c;
         bf_pack_block(k, k->vals + p * k->sp, pk + qq * blk);
     }
+    if (k->feature_major) {
+        for (int64_t ac = 0; ac < k->nac; ac++)
+            for (int64_t n = n0; n < n0 + nt; n += BF_LANES)
+                bf_fm_tile(k, pk, xoff, nq, i, ac, n, n0 + nt - n);
+        return;
+    }
     for (int64_t ac = 0; ac < k->nac; ac++)
         for (int64_t n = n0; n < n0 + nt;) {
             int64_t left = n0 + nt - n;
@@ -242,19 +285,23 @@ static BF_TARGET void bf_fwd_task(void *vctx, int64_t task, int tid)
         }
 }
 
-/* Y[n, row] = bias[row] + sum_q sum_b M_q[a, b] X[n, col_q * c + b] (row = i * r + a), all in
+/* Y[row, n] = bias[row] + sum_q sum_b M_q[a, b] X[col_q * c + b, n] (row = i * r + a), all in
  * bfloat16 with float32 sums: M stored by block rows (n_br of them, blocks r x c), block q of
  * row i (crow[i] <= q < crow[i+1] <= nnzb) at block column col[q] < n_bc with the values
- * vals[p * sp + a * sa + b * sb], p = order[q] (or q) < n_vals. X[n, k] = x[n * xn + k],
- * Y[n, row] = y[n * yn + row] (written whole), bias nullable (bfloat16). Returns 0, -1 (no
- * bfloat16 kernels on this CPU), -2 (out of memory), SS_EINDEX (an index out of range: y is
- * then partly written). */
+ * vals[p * sp + a * sa + b * sb], p = order[q] (or q) < n_vals. X[k, n] = x[k * xk + n * xn],
+ * Y[row, n] = y[row * yi + n * yn] (written whole), bias nullable (bfloat16); batch-major
+ * (xk == yi == 1) or feature-major (xn == yn == 1). Returns 0, -1 (no bfloat16 kernels on this
+ * CPU, or operands neither batch- nor feature-major), -2 (out of memory), SS_EINDEX (an index
+ * out of range: y is then partly written). */
 int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, const int64_t *col,
                     const int64_t *order, int64_t nnzb, int64_t n_bc, const void *vals,
                     int64_t n_vals, int64_t sp, int64_t sa, int64_t sb, const void *x,
-                    int64_t xn, int64_t N, void *y, int64_t yn, const void *bias, int nthreads)
+                    int64_t xk, int64_t xn, int64_t N, void *y, int64_t yi, int64_t yn,
+                    const void *bias, int nthreads)
 {
     if (!ss_bf16_supported()) return -1;
+    int fm = !(xk == 1 && yi == 1);
+    if (fm && !(xn == 1 && yn == 1)) return -1;
     if (N <= 0 || n_br <= 0) return 0;
     if (r <= 0 || c <= 0) return -1;
     if (!order && nnzb > n_vals) return SS_EINDEX;
@@ -266,8 +313,8 @@ int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, con
     }
     if (nthreads < 1) nthreads = 1;
     bfp_ctx k = {n_br, r, c, N, nnzb, n_bc, n_vals, crow, col, order, (const uint16_t *)vals,
-                 sp, sa, sb, (const uint16_t *)x, xn, (uint16_t *)y, yn,
-                 (const uint16_t *)bias, 0, maxq, (r + BF_LANES - 1) / BF_LANES, (c + 1) / 2,
+                 sp, sa, sb, (const uint16_t *)x, xk, xn, (uint16_t *)y, yi, yn,
+                 (const uint16_t *)bias, fm, 0, maxq, (r + BF_LANES - 1) / BF_LANES, (c + 1) / 2,
                  0, 0, 0};
     /* batch rows per task: 256 (a chunk of the input stays in L2 while every block row reads
      * it), fewer where the block rows alone do not give each thread several tasks */
@@ -451,7 +498,8 @@ int ss_bf16_supported(void) { return 0; }
 int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, const int64_t *col,
                     const int64_t *order, int64_t nnzb, int64_t n_bc, const void *vals,
                     int64_t n_vals, int64_t sp, int64_t sa, int64_t sb, const void *x,
-                    int64_t xn, int64_t N, void *y, int64_t yn, const void *bias, int nthreads)
+                    int64_t xk, int64_t xn, int64_t N, void *y, int64_t yi, int64_t yn,
+                    const void *bias, int nthreads)
 {
     return -1;
 }
