@@ -352,7 +352,8 @@ def values_grad(layout: torch.layout, compressed: T, plain: T, values_shape: tor
 # ---------------------------------------------------------------------------------------------
 # bfloat16 computed in bfloat16 (csrc/kern_bf16.h: AVX512_BF16, float32 sums, no float32 copy
 # of the values, the input or the gradient). Elsewhere (no AVX512_BF16, CSR / CSC, operands
-# not batch-major) bfloat16 is computed in float32 from float32 copies, as before.
+# neither batch- nor feature-major) bfloat16 is computed in float32 from float32 copies, as
+# before (measured: the copies' memory is twice the step's floor).
 
 _bf16_bound: bool | None = None
 
@@ -372,7 +373,7 @@ def _bf16_library() -> bool:
                                             _ptr, _i64, _i64, _ptr, _int]
             lib.ss_values_grad_bf16.restype = _int
             lib.ss_values_grad_bf16.argtypes = [_i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr,
-                                                _i64, _ptr, _i64, _i64, _ptr, _int]
+                                                _i64, _i64, _ptr, _i64, _i64, _i64, _ptr, _int]
             _bf16_bound = want not in ("avx2", "avx512f") and bool(lib.ss_bf16_supported())
         except AttributeError:
             _bf16_bound = False
@@ -421,16 +422,17 @@ def _product_bf16(rows: _Rows, values: T, n_in: int, x: T, xk: int, xn: int, n: 
 
 def _values_grad_bf16(rows: T, cols: T, r: int, c: int, l_: T, li: int, ln: int, r_: T,
                       ri: int, rn: int, n: int, values_shape: torch.Size) -> T | None:
-    """:func:`values_grad` in bfloat16 for batch-major operands (``li == ri == 1``), or
-    None."""
-    if (not _bf16_library() or li != 1 or ri != 1 or r_.dtype != torch.bfloat16
+    """:func:`values_grad` in bfloat16 for batch-major operands (``li == ri == 1``) or
+    operands contiguous along the batch (``ln == rn == 1``), or None."""
+    if (not _bf16_library() or not ((li == 1 and ri == 1) or (ln == 1 and rn == 1))
+            or r_.dtype != torch.bfloat16
             or len(values_shape) != 3):
         return None
     nnzb = rows.numel()
     g = torch.empty((nnzb, r, c), dtype=torch.bfloat16)
     rc = _lib.ss_values_grad_bf16(nnzb, r, c, rows.data_ptr(), cols.data_ptr(),
-                                  l_.shape[0] // r, r_.shape[0] // c, l_.data_ptr(), ln,
-                                  r_.data_ptr(), rn, n, g.data_ptr(), _threads())
+                                  l_.shape[0] // r, r_.shape[0] // c, l_.data_ptr(), li, ln,
+                                  r_.data_ptr(), ri, rn, n, g.data_ptr(), _threads())
     if rc == -3:
         raise _index_error()
     return g.view(values_shape) if rc == 0 else None

@@ -1,9 +1,11 @@
 """bfloat16 computed in bfloat16 (csrc/kern_bf16.h, issue 45 item 3).
 
 Claims: on a CPU with AVX512_BF16 the three products of a ``SparseLinear`` (forward with and
-without bias, gradient to the input, gradient to the values) of a BSR or BSC weight run in the
-bfloat16 kernels, with no float32 copy of the values, the input or the gradient (the float32
-entry points and the float32 widening are never called), for every block shape (16 x 16,
+without bias, gradient to the input, gradient to the values: batch-major operands) and of a
+``SparseMatmul`` (``A @ x``, ``A.T @ g``, the values gradient: feature-major operands) of a BSR
+or BSC matrix run in the bfloat16 kernels, with no float32 copy of the values, the input or
+the gradient (the float32 entry points and the float32 widening are never called), for every
+block shape (16 x 16,
 32 x 32, 8 x 8, odd and non-square, a block taller than 16 rows and not a multiple of 16) and
 batches 1, 2, 3, 8, 16, 17, 31, 32, 33, 255 and 1100. On every path (the bfloat16 kernels, the
 float32 native route where the instruction set has no bfloat16 dot products, the torch-op
@@ -82,8 +84,8 @@ def _within_bf16(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.
 
 
 def _check_products(p: Pattern, batch: int, seed: int = 1, bias_after: bool = False) -> None:
-    """The three products against float64; ``bias_after``: the bias is added to the product
-    rounded to bfloat16 (the torch-op kernels), not in its float32 sums."""
+    """SparseLinear's and SparseMatmul's products against float64; ``bias_after``: the bias is
+    added to the product rounded to bfloat16 (the torch-op kernels), not in its float32 sums."""
     gen = torch.Generator().manual_seed(seed + batch)
     x = torch.randn(batch, p.n_cols, generator=gen, dtype=torch.float64).to(torch.bfloat16)
     g = torch.randn(batch, p.n_rows, generator=gen, dtype=torch.float64).to(torch.bfloat16)
@@ -96,6 +98,12 @@ def _check_products(p: Pattern, batch: int, seed: int = 1, bias_after: bool = Fa
     _within_bf16(bk.linear_grad_input(g, *p.members), gd @ w, ag @ aw)
     layout, comp, plain, values, n_rows, n_cols = p.members
     _within_bf16(bk.linear_grad_values(g, x, layout, comp, plain, values.shape, n_rows, n_cols),
+                 values_grad_reference(p, gd.T @ xd), values_grad_reference(p, ag.T @ ax))
+    # SparseMatmul's products: feature-major operands (n_cols, N), (n_rows, N)
+    xm, gm = x.T.contiguous(), g.T.contiguous()
+    _within_bf16(bk.matmul(*p.members, xm), w @ xd.T, aw @ ax.T)
+    _within_bf16(bk.matmul_grad_input(*p.members, gm), w.T @ gd.T, aw.T @ ag.T)
+    _within_bf16(bk.matmul_grad_values(gm, xm, layout, comp, plain, values, n_rows, n_cols),
                  values_grad_reference(p, gd.T @ xd), values_grad_reference(p, ag.T @ ax))
 
 
@@ -129,8 +137,8 @@ def test_bf16_kernels_no_float32_copy(layout: torch.layout, block: tuple[int, in
     p = pattern(layout, _mask(block), block, torch.bfloat16)
     for batch in BATCHES:
         _check_products(p, batch)
-    assert no_float32_copies["ss_product_bf16"] == 3 * len(BATCHES)
-    assert no_float32_copies["ss_values_grad_bf16"] == len(BATCHES)
+    assert no_float32_copies["ss_product_bf16"] == 5 * len(BATCHES)
+    assert no_float32_copies["ss_values_grad_bf16"] == 2 * len(BATCHES)
 
 
 @pytest.mark.parametrize("path", list(PATHS), ids=str)

@@ -11,7 +11,8 @@
  *                        its gradient to the input, M = W.T read by block columns), or
  *                        feature-major (Y[row, n], X[k, n]: a SparseMatmul's A @ x, A.T @ g);
  *   ss_values_grad_bf16  G_p[a, b] = sum_n L[n, rows_p * r + a] R[n, cols_p * c + b] (the
- *                        gradient to the values of a SparseLinear: L = g, R = x, batch-major).
+ *                        gradient to the values of a SparseLinear: L = g, R = x, batch-major;
+ *                        of a SparseMatmul: contiguous along the batch).
  * Any block shape (r x c; lanes of 16 rows, pairs of columns, masked tails).
  *
  * Defence in depth: every block index is checked against its dimension as it is read (the
@@ -89,18 +90,19 @@ typedef struct {
     int err;
 } bfp_ctx;
 
-/* The (up to) 16 rows of 16 bfloat16 at s + l * sa (rows l >= left read as zeros) as 8
+/* The (up to) 16 rows of 16 bfloat16 at s + l * sa (rows l >= left, and the elements outside
+ * mask m, read as zeros) as 8
  * vectors d[t * 16 + l] = (row l's elements 2t, 2t + 1): a 16 x 8 transpose of 32-bit pairs,
  * three rounds of two-source permutes. */
-static BF_TARGET void bf_pack_rows16(const uint16_t *s, int64_t sa, int64_t left, uint32_t *d)
+static BF_TARGET void bf_pack_rows16(const uint16_t *s, int64_t sa, int64_t left, __mmask16 m,
+                                     uint32_t *d)
 {
     __m512i z[8], q[8], rr[8];
-    for (int k = 0; k < 8; k++) {
-        __m256i lo = 2 * k < left ? _mm256_loadu_si256((const __m256i *)(s + 2 * k * sa))
+    for (int k = 0; k < 8; k++) { /* (the first m elements of each row) */
+        __m256i lo = 2 * k < left ? _mm256_maskz_loadu_epi16(m, s + 2 * k * sa)
                                   : _mm256_setzero_si256();
-        __m256i hi = 2 * k + 1 < left
-                         ? _mm256_loadu_si256((const __m256i *)(s + (2 * k + 1) * sa))
-                         : _mm256_setzero_si256();
+        __m256i hi = 2 * k + 1 < left ? _mm256_maskz_loadu_epi16(m, s + (2 * k + 1) * sa)
+                                      : _mm256_setzero_si256();
         z[k] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
     }
     int i1[2][16], i2[2][16], i3[2][16];
@@ -151,7 +153,7 @@ static BF_TARGET void bf_pack_block(const bfp_ctx *k, const uint16_t *src, uint3
                 _mm512_storeu_si512(d + t * BF_LANES, bf_interleave(lo, hi));
             }
         } else if (sb == 1 && c == 16) { /* 16 x 8 pairs transposed in registers */
-            bf_pack_rows16(s, sa, left, d);
+            bf_pack_rows16(s, sa, left, (__mmask16)0xffff, d);
         } else if (sb == 1 && (c & 1) == 0) {
             /* pairs contiguous in M's rows: 32-bit moves (vpgatherdd measured slower) */
             for (int64_t l = 0; l < BF_LANES; l++) {
@@ -355,9 +357,10 @@ typedef struct {
     int64_t r, c, N, n_br, n_bc, nac, npairs;
     const int64_t *rows, *cols, *starts;
     const uint16_t *l;
-    int64_t ln;
+    int64_t li, ln;
     const uint16_t *rgt;
-    int64_t rn;
+    int64_t ri, rn;
+    int dot; /* operands contiguous along the batch (ln == rn == 1), not across it */
     uint16_t *g;
     uint32_t **pairs;
     int err;
@@ -392,6 +395,60 @@ BF_INL void bf_vg_tile(const bfv_ctx *k, const uint32_t *lpair, const uint16_t *
     for (int ra = 0; ra < RT; ra++) _mm256_mask_storeu_epi16(gp + ra * k->c, mb, bf_round(acc[ra]));
 }
 
+/* Dot form (both operands contiguous along the batch): RT rows from lp (L's row a0), the
+ * lanes of R's rows from rp (bleft of them, mask mb); per 16 batch columns R's panel is
+ * transposed into pairs (in registers, through a 1 KiB buffer) and L's pairs, contiguous,
+ * are broadcast from memory. */
+BF_INL void bf_vgd_tile(const bfv_ctx *k, const uint16_t *lp, const uint16_t *rp,
+                        int64_t bleft, uint16_t *gp, __mmask16 mb, const int RT)
+{
+    __m512 acc[16];
+    uint32_t tr[8 * BF_LANES] __attribute__((aligned(64)));
+    for (int ra = 0; ra < RT; ra++) acc[ra] = _mm512_setzero_ps();
+    const int64_t N = k->N, li = k->li;
+    for (int64_t n0 = 0; n0 < N; n0 += 16) {
+        int64_t cnt = N - n0 < 16 ? N - n0 : 16, full = cnt >> 1;
+        bf_pack_rows16(rp + n0, k->ri, bleft, bf_mask(cnt), tr);
+        for (int64_t t = 0; t < full; t++) {
+            __m512bh xv = (__m512bh)_mm512_load_si512(tr + t * BF_LANES);
+            for (int ra = 0; ra < RT; ra++) {
+                uint32_t pair;
+                memcpy(&pair, lp + ra * li + n0 + 2 * t, 4);
+                acc[ra] = _mm512_dpbf16_ps(acc[ra], xv, (__m512bh)_mm512_set1_epi32((int)pair));
+            }
+        }
+        if (cnt & 1) { /* the last batch column alone */
+            __m512bh xv = (__m512bh)_mm512_load_si512(tr + full * BF_LANES);
+            for (int ra = 0; ra < RT; ra++) {
+                uint32_t one = lp[ra * li + n0 + cnt - 1];
+                acc[ra] = _mm512_dpbf16_ps(acc[ra], xv, (__m512bh)_mm512_set1_epi32((int)one));
+            }
+        }
+    }
+    for (int ra = 0; ra < RT; ra++) _mm256_mask_storeu_epi16(gp + ra * k->c, mb, bf_round(acc[ra]));
+}
+
+static BF_TARGET void bf_vgd_block(const bfv_ctx *k, int64_t p, int64_t i, int64_t j)
+{
+    const int64_t r = k->r, c = k->c;
+    uint16_t *g = k->g + p * r * c;
+    for (int64_t b0 = 0; b0 < c; b0 += BF_LANES) {
+        int64_t bleft = c - b0 < BF_LANES ? c - b0 : BF_LANES;
+        __mmask16 mb = bf_mask(bleft);
+        const uint16_t *rp = k->rgt + (j * c + b0) * k->ri;
+        for (int64_t a0 = 0; a0 < r;) {
+            int64_t left = r - a0;
+            const uint16_t *lp = k->l + (i * r + a0) * k->li;
+            uint16_t *gp = g + a0 * c + b0;
+            if (left >= 16) { bf_vgd_tile(k, lp, rp, bleft, gp, mb, 16); a0 += 16; }
+            else if (left >= 8) { bf_vgd_tile(k, lp, rp, bleft, gp, mb, 8); a0 += 8; }
+            else if (left >= 4) { bf_vgd_tile(k, lp, rp, bleft, gp, mb, 4); a0 += 4; }
+            else if (left >= 2) { bf_vgd_tile(k, lp, rp, bleft, gp, mb, 2); a0 += 2; }
+            else { bf_vgd_tile(k, lp, rp, bleft, gp, mb, 1); a0 += 1; }
+        }
+    }
+}
+
 /* One run of blocks with the same block row (consecutive in stored order: a BSR matrix's
  * block rows): L's rows of that block row packed once in pairs along the batch (contiguous,
  * read by every block of the run), then each block. */
@@ -403,6 +460,17 @@ static BF_TARGET void bf_vg_task(void *vctx, int64_t run, int tid)
     int64_t i = k->rows[p0];
     if (i < 0 || i >= k->n_br) {
         __atomic_store_n(&k->err, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    if (k->dot) {
+        for (int64_t p = p0; p < p1; p++) {
+            int64_t j = k->cols[p];
+            if (j < 0 || j >= k->n_bc) {
+                __atomic_store_n(&k->err, 1, __ATOMIC_RELAXED);
+                return;
+            }
+            bf_vgd_block(k, p, i, j);
+        }
         return;
     }
     uint32_t *buf = k->pairs[tid];
@@ -444,17 +512,20 @@ static BF_TARGET void bf_vg_task(void *vctx, int64_t run, int tid)
     }
 }
 
-/* G_p[a, b] = sum_n L[n, rows[p] * r + a] * R[n, cols[p] * c + b] for p < nnzb, G contiguous
- * (nnzb, r, c) in bfloat16 (float32 sums); L[n, k] = l[n * ln + k] (rows[p] < n_br),
- * R[n, k] = rgt[n * rn + k] (cols[p] < n_bc), both bfloat16. Returns 0, -1 (no bfloat16
- * kernels on this CPU), -2 (out of memory), SS_EINDEX (an index out of range: g is then
+/* G_p[a, b] = sum_n L[rows[p] * r + a, n] * R[cols[p] * c + b, n] for p < nnzb, G contiguous
+ * (nnzb, r, c) in bfloat16 (float32 sums); L[k, n] = l[k * li + n * ln] (rows[p] < n_br),
+ * R[k, n] = rgt[k * ri + n * rn] (cols[p] < n_bc), both bfloat16, batch-major (li == ri == 1)
+ * or contiguous along the batch (ln == rn == 1). Returns 0, -1 (no bfloat16 kernels on this
+ * CPU, or other strides), -2 (out of memory), SS_EINDEX (an index out of range: g is then
  * partly written). */
 int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
                         const int64_t *cols, int64_t n_br, int64_t n_bc, const void *l,
-                        int64_t ln, const void *rgt, int64_t rn, int64_t N, void *g,
-                        int nthreads)
+                        int64_t li, int64_t ln, const void *rgt, int64_t ri, int64_t rn,
+                        int64_t N, void *g, int nthreads)
 {
     if (!ss_bf16_supported()) return -1;
+    int dot = !(li == 1 && ri == 1);
+    if (dot && !(ln == 1 && rn == 1)) return -1;
     if (r <= 0 || c <= 0) return -1;
     if (nnzb <= 0) return 0;
     if (N <= 0) {
@@ -472,13 +543,13 @@ int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
     int nth = nthreads < nruns ? nthreads : (int)nruns;
     if (nth > 256) nth = 256;
     bfv_ctx k = {r, c, N, n_br, n_bc, (r + BF_LANES - 1) / BF_LANES, (N + 1) / 2, rows, cols,
-                 starts, (const uint16_t *)l, ln, (const uint16_t *)rgt, rn, (uint16_t *)g, 0,
-                 0};
+                 starts, (const uint16_t *)l, li, ln, (const uint16_t *)rgt, ri, rn, dot,
+                 (uint16_t *)g, 0, 0};
     uint32_t *bufs[256];
     int ok = 1;
     for (int t = 0; t < nth; t++) {
-        bufs[t] = (uint32_t *)malloc((size_t)(k.nac * k.npairs * BF_LANES) * 4);
-        if (!bufs[t]) ok = 0;
+        bufs[t] = dot ? 0 : (uint32_t *)malloc((size_t)(k.nac * k.npairs * BF_LANES) * 4);
+        if (!dot && !bufs[t]) ok = 0;
     }
     if (ok) {
         k.pairs = bufs;
@@ -505,8 +576,8 @@ int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, con
 }
 int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
                         const int64_t *cols, int64_t n_br, int64_t n_bc, const void *l,
-                        int64_t ln, const void *rgt, int64_t rn, int64_t N, void *g,
-                        int nthreads)
+                        int64_t li, int64_t ln, const void *rgt, int64_t ri, int64_t rn,
+                        int64_t N, void *g, int nthreads)
 {
     return -1;
 }
