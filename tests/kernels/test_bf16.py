@@ -3,16 +3,15 @@
 Claims: on a CPU with AVX512_BF16 the three products of a ``SparseLinear`` (forward with and
 without bias, gradient to the input, gradient to the values: batch-major operands) and of a
 ``SparseMatmul`` (``A @ x``, ``A.T @ g``, the values gradient: feature-major operands) of a BSR
-or BSC matrix run in the bfloat16 kernels, with no float32 copy of the values, the input or
-the gradient (the float32 entry points and the float32 widening are never called), for every
-block shape (16 x 16,
-32 x 32, 8 x 8, odd and non-square, a block taller than 16 rows and not a multiple of 16) and
-batches 1, 2, 3, 8, 16, 17, 31, 32, 33, 255 and 1100. On every path (the bfloat16 kernels, the
-float32 native route where the instruction set has no bfloat16 dot products, the torch-op
-kernels of ``SAFESPARSE_NATIVE=0``) each result equals the float64 dense product of the same
-bfloat16 inputs within bfloat16 rounding (half a unit in the last place of the result, plus
-float32 accumulation). A block index out of range (index members written while a product runs)
-makes the bfloat16 kernels raise, never read out of bounds.
+or BSC matrix run in the bfloat16 kernels, with no float32 copy of the values, the input or the
+gradient (the float32 entry points and the float32 widening are never called), for every block
+shape (16 x 16, 32 x 32, 8 x 8, odd and non-square, a block taller than 16 rows and not a
+multiple of 16) and batches 1, 2, 3, 8, 16, 17, 31, 32, 33, 255 and 1100. On every path (the
+bfloat16 kernels, the float32 native route where the instruction set has no bfloat16 dot
+products, the torch-op kernels of ``SAFESPARSE_NATIVE=0``) each result equals the float64 dense
+product of the same bfloat16 inputs within bfloat16 rounding (half a unit in the last place of
+the result, plus float32 accumulation). A block index out of range (index members written while
+a product runs) makes the bfloat16 kernels raise, never read out of bounds.
 """
 
 from __future__ import annotations
