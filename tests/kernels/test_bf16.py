@@ -230,6 +230,11 @@ for name, plain in bad_plain.items():
                                            p.n_cols))
     run(name, "values", lambda: bk.linear_grad_values(g, x, p.layout, p.compressed, plain,
                                                       p.values.shape, p.n_rows, p.n_cols))
+    xm, gm = x.T.contiguous(), g.T.contiguous()  # SparseMatmul's (feature-major) products
+    run(name, "matmul", lambda: bk.matmul(p.layout, p.compressed, plain, p.values, p.n_rows,
+                                          p.n_cols, xm))
+    run(name, "matmul values", lambda: bk.matmul_grad_values(
+        gm, xm, p.layout, p.compressed, plain, p.values.shape, p.n_rows, p.n_cols))
 crow = p.compressed.clone()
 crow[2] = 10**6
 run("row pointer", "forward", lambda: bk.linear(x, p.layout, crow, p.plain, p.values, p.n_rows,
@@ -263,6 +268,8 @@ def test_index_out_of_range_is_an_error_not_a_read() -> None:
     assert done.returncode == 0, done.stderr
     assert sorted(done.stdout.splitlines()) == sorted([
         "column forward refused True", "column values refused True",
+        "column matmul refused True", "column matmul values refused True",
         "negative column forward refused True", "negative column values refused True",
+        "negative column matmul refused True", "negative column matmul values refused True",
         "row pointer forward refused True", "decreasing row pointer forward refused True",
         "block row input refused True", "stored position input refused True"])
