@@ -686,6 +686,7 @@ def run_info(out: TextIO | None = None) -> int:
     st = native.status()
     out.write(f"safesparse {_version()}, torch {torch.__version__}\n")
     out.write(f"block kernels on CPU: {st.describe()}\n")
+    out.write(f"bfloat16 products on CPU: {native.bf16_describe()}\n")
     out.write(f"threads: {torch.get_num_threads()} (torch.get_num_threads(); one in a forked "
               "child)\n")
     return EXIT_OK

@@ -387,6 +387,16 @@ def reads_bf16(dtype: torch.dtype, layout: torch.layout) -> bool:
             and _bf16_library())
 
 
+def bf16_describe() -> str:
+    """How bfloat16 products run on CPU (for ``python -m safesparse info``)."""
+    if not available():
+        return "in float32 (torch ops)"
+    if _bf16_library():
+        return ("in bfloat16 (AVX512_BF16 vdpbf16ps, float32 sums) for BSR / BSC; CSR / CSC "
+                "in float32")
+    return "in float32 (no AVX512_BF16 kernels on this CPU or instruction set)"
+
+
 def _widened(t: T) -> T:
     """``t`` in float32 with the same strides (the float32 route's operand)."""
     out = torch.empty_strided(t.shape, t.stride(), dtype=torch.float32)

@@ -273,3 +273,14 @@ def test_index_out_of_range_is_an_error_not_a_read() -> None:
         "negative column matmul refused True", "negative column matmul values refused True",
         "row pointer forward refused True", "decreasing row pointer forward refused True",
         "block row input refused True", "stored position input refused True"])
+
+
+def test_info_says_how_bf16_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from safesparse.cli import main
+
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    expected = "in bfloat16 (AVX512_BF16" if BF16 else "in float32 ("
+    assert f"bfloat16 products on CPU: {expected}" in out
+    with native.disabled():
+        assert native.bf16_describe() == "in float32 (torch ops)"
