@@ -689,6 +689,7 @@ def run_info(out: TextIO | None = None) -> int:
     out.write(f"block kernels on CPU: {st.describe()}\n")
     for line in _native_origin(native.library_path()):
         out.write(f"  {line}\n")
+    out.write(f"bfloat16 products on CPU: {native.bf16_describe()}\n")
     out.write(f"threads: {torch.get_num_threads()} (torch.get_num_threads(); one in a forked "
               "child)\n")
     return EXIT_OK

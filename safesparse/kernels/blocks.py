@@ -44,10 +44,12 @@ elements, no transposed copies), in batch chunks whose gathered blocks stay in c
 (CSR / CSC elements) one dot product per stored element, torch's per-sample-weight gradient
 of ``embedding_bag``.
 
-dtypes: float32 and float64 run natively; float16 and bfloat16 are computed in float32 and the
-result is cast back (one code path for every dtype, sums accumulated in float32, which is the
-more accurate; torch's MKL sparse kernels have no half kernels at all); the casts are
-O(inputs + nnz), small beside the products.
+dtypes: float32 and float64 run natively; bfloat16 products of block layouts run in bfloat16
+where the CPU has AVX512_BF16 (:func:`native.reads_bf16`: the operands are handed in as they
+are, sums in float32, no float32 copy); otherwise float16 and bfloat16 are computed in float32
+and the result is cast back (one code path for every dtype, sums accumulated in float32, which
+is the more accurate; torch's MKL sparse kernels have no half kernels at all); the casts are
+O(inputs + nnz), small beside the products (but three times the step's memory floor).
 """
 
 from __future__ import annotations
@@ -289,7 +291,7 @@ def _linear_product(src: T, layout: torch.layout, compressed: T, plain: T, value
     n_out = in_features if transposed else out_features
     y = src.new_empty(n, n_out)
     # half types: the operand converted once (the kernels read it in place, float32)
-    work = src.to(_compute_dtype(src.dtype))
+    work = src if native.reads_bf16(src.dtype, layout) else src.to(_compute_dtype(src.dtype))
     if native.product(layout, compressed, plain, values, out_features, in_features,
                       transposed, work, work.stride(1), work.stride(0), n, y, 1, n_out,
                       bias=bias, cache=cache):
@@ -405,7 +407,7 @@ def _native_values_grad(layout: torch.layout, compressed: T, plain: T, shape: to
                         left: T, right_t: T, dtype: torch.dtype, cache: Cache) -> T | None:
     """Native values gradient for ``left`` (rows of A, K) and ``right_t`` (columns of A, K),
     any strides; operands made contiguous along K where the kernels need it."""
-    work = _compute_dtype(dtype)
+    work = dtype if native.reads_bf16(dtype, layout) else _compute_dtype(dtype)
     left, right_t = left.to(work), right_t.to(work)
     k = left.shape[1]
     got = native.values_grad(layout, compressed, plain, shape, left, left.stride(0),

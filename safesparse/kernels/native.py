@@ -3,7 +3,9 @@
 The library is a plain shared object built by ``pip install .`` when a C compiler is at hand
 (``setup.py``: an optional build that never fails the install) and loaded here with ctypes; it
 has no torch headers, so one build serves every torch version. Its micro-kernels exist per
-instruction set (AVX-512F, AVX2 + FMA) and are chosen at load from what the CPU has.
+instruction set (AVX-512F, AVX2 + FMA) and are chosen at load from what the CPU has; bfloat16
+products of block layouts run in bfloat16 where the CPU has AVX512_BF16 (``csrc/kern_bf16.h``,
+:func:`reads_bf16`; the end of this module).
 
 :func:`status` says whether the native path runs and why not: no library (no compiler at
 install, a non-x86 machine), a CPU without AVX2 + FMA, or ``SAFESPARSE_NATIVE=0`` in the
@@ -339,6 +341,12 @@ def product(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: in
     ``Y[row, n] = y[row * yi + n * yn]`` (``y`` fresh, written whole); False when the library
     refused (the caller computes with torch ops)."""
     rows = _rowwise(layout, compressed, plain, values, n_rows, n_cols, transposed, cache)
+    if x.dtype == torch.bfloat16 and layout in _BLOCK_LAYOUTS:
+        if _product_bf16(rows, values, n_rows if transposed else n_cols, x, xk, xn, n, y, yi,
+                         yn, bias):
+            return True
+        if yi == 1:
+            x = _widened(x)  # no bfloat16 kernels here: the float32 route
     work = compute_dtype(x.dtype)
     vals = values if values.dtype == work else values.to(work)
     if vals is not values:
@@ -376,6 +384,11 @@ def values_grad(layout: torch.layout, compressed: T, plain: T, values_shape: tor
     if rows.numel() != nnzb or cols.numel() != nnzb:
         raise IndexDataError(f"the pattern holds {cols.numel()} stored blocks where the values "
                              f"hold {nnzb}: the index data changed after it was validated")
+    if l_.dtype == torch.bfloat16:
+        got = _values_grad_bf16(rows, cols, r, c, l_, li, ln, r_, ri, rn, n, values_shape)
+        if got is not None:
+            return got.to(dtype)
+        l_, r_ = _widened(l_), _widened(r_)  # the float32 route
     g = torch.empty((nnzb, r, c), dtype=l_.dtype)
     rc = _lib.ss_values_grad(nnzb, r, c, l_.shape[0], r_.shape[0], rows.data_ptr(),
                              cols.data_ptr(), l_.data_ptr(), li, ln, r_.data_ptr(), ri, rn, n,
@@ -413,7 +426,7 @@ def pack_product(layout: torch.layout, compressed: T, plain: T, values: T, n_row
     if not available() or x_dtype not in (torch.float32, torch.float64) or y_dtype not in _DTYPES:
         return None
     rows = _rowwise(layout, compressed, plain, values, n_rows, n_cols, False, cache)
-    work = _compute(x_dtype)
+    work = compute_dtype(x_dtype)
     vals = values if values.dtype == work else values.to(work)
     if vals is not values:
         rows.sp, rows.sa, rows.sb = _value_strides(layout, vals)
@@ -437,3 +450,102 @@ def packed_entry() -> Any:
     """``ss_product_packed`` (one argument: the address of a :func:`pack_product` array,
     ``ctypes.addressof``; 0 on success), or None where the native path does not run."""
     return _lib.ss_product_packed if available() else None
+
+
+# ---------------------------------------------------------------------------------------------
+# bfloat16 computed in bfloat16 (csrc/kern_bf16.h: AVX512_BF16, float32 sums, no float32 copy
+# of the values, the input or the gradient). Elsewhere (no AVX512_BF16, CSR / CSC, operands
+# neither batch- nor feature-major) bfloat16 is computed in float32 from float32 copies, as
+# before (measured: the copies' memory is twice the step's floor).
+
+_bf16_bound: bool | None = None
+
+
+def _bf16_library() -> bool:
+    """Whether the loaded library has the bfloat16 kernels and this CPU runs them
+    (``SAFESPARSE_NATIVE_ISA=avx2`` or ``avx512f`` turns them off, for measurements)."""
+    global _bf16_bound
+    if _bf16_bound is None:
+        want = os.environ.get("SAFESPARSE_NATIVE_ISA", "").strip().lower()
+        try:
+            lib = _lib
+            lib.ss_bf16_supported.restype = _int
+            lib.ss_product_bf16.restype = _int
+            lib.ss_product_bf16.argtypes = [_i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _i64, _ptr,
+                                            _i64, _i64, _i64, _i64, _ptr, _i64, _i64, _i64,
+                                            _ptr, _i64, _i64, _ptr, _int]
+            lib.ss_values_grad_bf16.restype = _int
+            lib.ss_values_grad_bf16.argtypes = [_i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr,
+                                                _i64, _i64, _ptr, _i64, _i64, _i64, _ptr, _int]
+            _bf16_bound = want not in ("avx2", "avx512f") and bool(lib.ss_bf16_supported())
+        except AttributeError:
+            _bf16_bound = False
+    return _bf16_bound
+
+
+def reads_bf16(dtype: torch.dtype, layout: torch.layout) -> bool:
+    """Whether the native products of a ``layout`` matrix read ``dtype`` operands as they are
+    (bfloat16 computed in bfloat16): the callers then hand them in without a float32 copy."""
+    return (dtype == torch.bfloat16 and layout in _BLOCK_LAYOUTS and available()
+            and _bf16_library())
+
+
+def bf16_describe() -> str:
+    """How bfloat16 products run on CPU (for ``python -m safesparse info``)."""
+    if not available():
+        return "in float32 (torch ops)"
+    if _bf16_library():
+        return ("in bfloat16 (AVX512_BF16 vdpbf16ps, float32 sums) for BSR / BSC; CSR / CSC "
+                "in float32")
+    return "in float32 (no AVX512_BF16 kernels on this CPU or instruction set)"
+
+
+def _widened(t: T) -> T:
+    """``t`` in float32 with the same strides (the float32 route's operand)."""
+    out = torch.empty_strided(t.shape, t.stride(), dtype=torch.float32)
+    return out.copy_(t)
+
+
+def _index_error() -> RuntimeError:
+    return RuntimeError(
+        "safesparse: the native bfloat16 kernel read a block index out of range (index "
+        "members written while the product ran?); nothing out of bounds was read\n  Do not "
+        "write a matrix's index members while a product runs on them.")
+
+
+def _product_bf16(rows: _Rows, values: T, n_in: int, x: T, xk: int, xn: int, n: int, y: T,
+                  yi: int, yn: int, bias: T | None) -> bool:
+    """:func:`product` in bfloat16, batch-major (``xk == yi == 1``) or feature-major
+    (``xn == yn == 1``); False where the bfloat16 kernels do not run it."""
+    if (not _bf16_library() or not ((xk == 1 and yi == 1) or (xn == 1 and yn == 1))
+            or values.dtype != torch.bfloat16
+            or y.dtype != torch.bfloat16 or (bias is not None and bias.dtype != torch.bfloat16)):
+        return False
+    b = None if bias is None else bias.contiguous()
+    nnzb = rows.col.numel()
+    rc = _lib.ss_product_bf16(rows.crow.numel() - 1, rows.r, rows.c, rows.crow.data_ptr(),
+                              rows.col.data_ptr(), _ptr_of(rows.order), nnzb, n_in // rows.c,
+                              values.data_ptr(), int(values.shape[0]), rows.sp, rows.sa,
+                              rows.sb, x.data_ptr(), xk, xn, n, y.data_ptr(), yi, yn,
+                              _ptr_of(b), _threads())
+    if rc == -3:
+        raise _index_error()
+    return bool(rc == 0)
+
+
+def _values_grad_bf16(rows: T, cols: T, r: int, c: int, l_: T, li: int, ln: int, r_: T,
+                      ri: int, rn: int, n: int, values_shape: torch.Size) -> T | None:
+    """:func:`values_grad` in bfloat16 for batch-major operands (``li == ri == 1``) or
+    operands contiguous along the batch (``ln == rn == 1``), or None."""
+    if (not _bf16_library() or not ((li == 1 and ri == 1) or (ln == 1 and rn == 1))
+            or r_.dtype != torch.bfloat16
+            or len(values_shape) != 3):
+        return None
+    nnzb = rows.numel()
+    g = torch.empty((nnzb, r, c), dtype=torch.bfloat16)
+    rc = _lib.ss_values_grad_bf16(nnzb, r, c, rows.data_ptr(), cols.data_ptr(),
+                                  l_.shape[0] // r, r_.shape[0] // c, l_.data_ptr(), li, ln,
+                                  r_.data_ptr(), ri, rn, n, g.data_ptr(), _threads())
+    if rc == -3:
+        raise _index_error()
+    return g.view(values_shape) if rc == 0 else None

@@ -607,7 +607,7 @@ void ss_reset_backoff(void)
     __atomic_store_n(&g_backoff, SS_BACKOFF, __ATOMIC_RELAXED);
 }
 
-/* ss_product with its 22 arguments packed in one int64 array, in ss_product's order (pointers
+/* ss_product with its 23 arguments packed in one int64 array, in ss_product's order (pointers
  * as integers): one argument for a ctypes caller that keeps the array across calls and writes
  * only the slots that change (the eager fast path of safesparse.nn, safesparse/nn/eager.py). */
 int ss_product_packed(const int64_t *a)
@@ -619,3 +619,7 @@ int ss_product_packed(const int64_t *a)
                       (void *)(intptr_t)a[17], (int)a[18], a[19], a[20],
                       (const void *)(intptr_t)a[21], (int)a[22]);
 }
+
+/* bfloat16 computed in bfloat16 (AVX512_BF16): ss_bf16_supported, ss_product_bf16,
+ * ss_values_grad_bf16 */
+#include "kern_bf16.h"

@@ -59,6 +59,18 @@ int ss_values_grad(int64_t nnzb, int64_t r, int64_t c, int64_t n_l, int64_t n_r,
 /* after SS_E_INDEX, on the calling thread: the array (SS_M_*), position, value, bound */
 void ss_last_error(int64_t *out);
 
+/* bfloat16 computed in bfloat16 (kern_bf16.h; AVX512_BF16): 1 where this CPU runs them */
+int ss_bf16_supported(void);
+int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, const int64_t *col,
+                    const int64_t *order, int64_t nnzb, int64_t n_bc, const void *vals,
+                    int64_t n_vals, int64_t sp, int64_t sa, int64_t sb, const void *x,
+                    int64_t xk, int64_t xn, int64_t N, void *y, int64_t yi, int64_t yn,
+                    const void *bias, int nthreads);
+int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
+                        const int64_t *cols, int64_t n_br, int64_t n_bc, const void *l,
+                        int64_t li, int64_t ln, const void *rgt, int64_t ri, int64_t rn,
+                        int64_t N, void *g, int nthreads);
+
 int ss_convert(const void *src, int sdt, void *dst, int ddt, int64_t n);
 void ss_region_stats(int64_t *out);
 void ss_reset_backoff(void);

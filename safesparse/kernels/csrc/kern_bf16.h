@@ -1,0 +1,584 @@
+/* bfloat16 products computed in bfloat16: AVX512_BF16 micro-kernels (vdpbf16ps, float32
+ * accumulation, round to nearest even on output), included once at the end of blockprod.c
+ * (they use its parallel region, run_tasks, and its instruction-set choice, ss_isa).
+ *
+ * No float32 copy of the values, the input or the gradient: the values are packed per task (a
+ * block row's blocks, in bfloat16, pairs along the contracted dimension) into a per-thread
+ * buffer; the input and the gradient are read in place (pairs broadcast, or interleaved in
+ * registers along the batch for the values gradient). Products served:
+ *   ss_product_bf16      Y[n, row] = bias[row] + sum M_q[a, b] X[n, col_q * c + b] for M stored
+ *                        by block rows, batch-major (the forward of a SparseLinear, M = W, and
+ *                        its gradient to the input, M = W.T read by block columns), or
+ *                        feature-major (Y[row, n], X[k, n]: a SparseMatmul's A @ x, A.T @ g);
+ *   ss_values_grad_bf16  G_p[a, b] = sum_n L[n, rows_p * r + a] R[n, cols_p * c + b] (the
+ *                        gradient to the values of a SparseLinear: L = g, R = x, batch-major;
+ *                        of a SparseMatmul: contiguous along the batch).
+ * Any block shape (r x c; lanes of 16 rows, pairs of columns, masked tails).
+ *
+ * Defence in depth: every block index is checked against its dimension as it is read (the
+ * index data may be written by a racing thread between the caller's proof and this read); one
+ * out of range makes the call return SS_EINDEX, never an out-of-bounds read. The indices that
+ * were checked are copied into the task's own buffer and only that copy is used. */
+#ifdef SS_X86
+
+#define SS_EINDEX (-3)
+#define BF_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
+#define BF_INL static inline __attribute__((always_inline)) BF_TARGET
+#define BF_LANES 16
+#ifndef BF_ROWS
+#define BF_ROWS 256 /* batch rows per product task: a chunk of the input and the output in L2 */
+#endif
+#ifndef BF_NB
+#define BF_NB 8 /* batch rows of the product tile */
+#endif
+
+/* Whether this CPU runs the bfloat16 kernels (AVX512_BF16 with AVX-512BW) and the selected
+ * instruction set is AVX-512. */
+int ss_bf16_supported(void)
+{
+    __builtin_cpu_init();
+    return ss_isa() == ISA_AVX512 && __builtin_cpu_supports("avx512bf16") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
+
+/* 16 float32 lanes to bfloat16, round to nearest even (vcvtneps2bf16: NaN kept quiet; a
+ * subnormal float32 sum, below 1.2e-38, flushes to zero, as vdpbf16ps flushes its inputs) */
+BF_INL __m256i bf_round(__m512 v)
+{
+    return (__m256i)_mm512_cvtneps_pbh(v);
+}
+
+/* bfloat16 lanes (masked) widened to float32 */
+BF_INL __m512 bf_widen(const uint16_t *p, __mmask16 m)
+{
+    __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* lane i: (lo[i], hi[i]) as one pair (lo in the low half) */
+BF_INL __m512i bf_interleave(__m256i lo, __m256i hi)
+{
+    const __m512i idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                         40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
+                                         32, 0);
+    return _mm512_permutex2var_epi16(_mm512_castsi256_si512(lo), idx,
+                                     _mm512_castsi256_si512(hi));
+}
+
+static inline __mmask16 bf_mask(int64_t k)
+{
+    return k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (k > 0 ? k : 0)) - 1u);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The batch-major product */
+
+typedef struct {
+    int64_t n_br, r, c, N, nnzb, n_bc, n_vals;
+    const int64_t *crow, *col, *order;
+    const uint16_t *vals;
+    int64_t sp, sa, sb;
+    const uint16_t *x;
+    int64_t xk, xn;
+    uint16_t *y;
+    int64_t yi, yn;
+    const uint16_t *bias;
+    int feature_major; /* X[k, n] = x[k * xk + n], Y[row, n] = y[row * yi + n] */
+    int64_t nt, maxq, nac, np; /* batch rows per task; blocks per row; row lanes; pairs */
+    uint32_t **pack;
+    int64_t **xoff;
+    int err;
+} bfp_ctx;
+
+/* The (up to) 16 rows of 16 bfloat16 at s + l * sa (rows l >= left, and the elements outside
+ * mask m, read as zeros) as 8
+ * vectors d[t * 16 + l] = (row l's elements 2t, 2t + 1): a 16 x 8 transpose of 32-bit pairs,
+ * three rounds of two-source permutes. */
+static BF_TARGET void bf_pack_rows16(const uint16_t *s, int64_t sa, int64_t left, __mmask16 m,
+                                     uint32_t *d)
+{
+    __m512i z[8], q[8], rr[8];
+    for (int k = 0; k < 8; k++) { /* (the first m elements of each row) */
+        __m256i lo = 2 * k < left ? _mm256_maskz_loadu_epi16(m, s + 2 * k * sa)
+                                  : _mm256_setzero_si256();
+        __m256i hi = 2 * k + 1 < left ? _mm256_maskz_loadu_epi16(m, s + (2 * k + 1) * sa)
+                                      : _mm256_setzero_si256();
+        z[k] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
+    int i1[2][16], i2[2][16], i3[2][16];
+    for (int l = 0; l < 16; l++) {
+        int tl = l / 4, rl = l % 4, tj = l / 8, r8 = l % 8;
+        for (int h = 0; h < 2; h++) i1[h][l] = (rl < 2 ? 0 : 16) + (rl % 2) * 8 + 4 * h + tl;
+        for (int p = 0; p < 2; p++) i2[p][l] = (r8 < 4 ? 0 : 16) + (2 * p + tj) * 4 + r8 % 4;
+        for (int j = 0; j < 2; j++) i3[j][l] = (l < 8 ? 0 : 16) + j * 8 + l % 8;
+    }
+    /* q[u * 2 + h]: rows 4u .. 4u + 3, pairs 4h .. 4h + 3 (lane: pair * 4 + row) */
+    for (int h = 0; h < 2; h++) {
+        __m512i ix = _mm512_loadu_si512(i1[h]);
+        for (int u = 0; u < 4; u++) q[u * 2 + h] = _mm512_permutex2var_epi32(z[2 * u], ix, z[2 * u + 1]);
+    }
+    /* rr[(v * 2 + h) * 2 + p]: rows 8v .. 8v + 7, pairs 4h + 2p, + 1 (lane: pair * 8 + row) */
+    for (int p = 0; p < 2; p++) {
+        __m512i ix = _mm512_loadu_si512(i2[p]);
+        for (int v = 0; v < 2; v++)
+            for (int h = 0; h < 2; h++)
+                rr[(v * 2 + h) * 2 + p] = _mm512_permutex2var_epi32(q[(2 * v) * 2 + h], ix,
+                                                                   q[(2 * v + 1) * 2 + h]);
+    }
+    for (int j = 0; j < 2; j++) {
+        __m512i ix = _mm512_loadu_si512(i3[j]);
+        for (int h = 0; h < 2; h++)
+            for (int p = 0; p < 2; p++)
+                _mm512_storeu_si512(d + (4 * h + 2 * p + j) * BF_LANES,
+                                    _mm512_permutex2var_epi32(rr[h * 2 + p], ix,
+                                                              rr[(2 + h) * 2 + p]));
+    }
+}
+
+/* Block `src` (M_q[a, b] = src[a * sa + b * sb]) packed: for row chunk ac and pair t, 16
+ * lanes (rows ac * 16 + l) of (M[a, 2t], M[a, 2t + 1]), zero past the block. */
+static BF_TARGET void bf_pack_block(const bfp_ctx *k, const uint16_t *src, uint32_t *dst)
+{
+    const int64_t r = k->r, c = k->c, sa = k->sa, sb = k->sb, np = k->np;
+    for (int64_t ac = 0; ac < k->nac; ac++) {
+        int64_t a0 = ac * BF_LANES, left = r - a0;
+        __mmask16 m = bf_mask(left);
+        uint32_t *d = dst + ac * np * BF_LANES;
+        const uint16_t *s = src + a0 * sa;
+        if (sa == 1) { /* M's rows contiguous along a: interleave two columns */
+            for (int64_t t = 0; t < np; t++) {
+                __m256i lo = _mm256_maskz_loadu_epi16(m, s + 2 * t * sb);
+                __m256i hi = 2 * t + 1 < c ? _mm256_maskz_loadu_epi16(m, s + (2 * t + 1) * sb)
+                                           : _mm256_setzero_si256();
+                _mm512_storeu_si512(d + t * BF_LANES, bf_interleave(lo, hi));
+            }
+        } else if (sb == 1 && c == 16) { /* 16 x 8 pairs transposed in registers */
+            bf_pack_rows16(s, sa, left, (__mmask16)0xffff, d);
+        } else if (sb == 1 && (c & 1) == 0) {
+            /* pairs contiguous in M's rows: 32-bit moves (vpgatherdd measured slower) */
+            for (int64_t l = 0; l < BF_LANES; l++) {
+                const uint16_t *row = s + l * sa;
+                if (l < left)
+                    for (int64_t t = 0; t < np; t++) memcpy(d + t * BF_LANES + l, row + 2 * t, 4);
+                else
+                    for (int64_t t = 0; t < np; t++) d[t * BF_LANES + l] = 0;
+            }
+        } else {
+            for (int64_t t = 0; t < np; t++)
+                for (int64_t l = 0; l < BF_LANES; l++) {
+                    uint32_t lo = 0, hi = 0;
+                    if (l < left) {
+                        lo = s[l * sa + 2 * t * sb];
+                        if (2 * t + 1 < c) hi = s[l * sa + (2 * t + 1) * sb];
+                    }
+                    d[t * BF_LANES + l] = lo | (hi << 16);
+                }
+        }
+    }
+}
+
+/* NB batch rows from n, output lanes of row chunk ac of block row i */
+BF_INL void bf_fwd_tile(const bfp_ctx *k, const uint32_t *pk, const int64_t *xoff, int64_t nq,
+                        int64_t i, int64_t ac, int64_t n, const int NB)
+{
+    __m512 acc[16];
+    const int64_t a0 = ac * BF_LANES, np = k->np, c = k->c, xn = k->xn;
+    __mmask16 m = bf_mask(k->r - a0);
+    __m512 b0 = k->bias ? bf_widen(k->bias + i * k->r + a0, m) : _mm512_setzero_ps();
+    for (int nb = 0; nb < NB; nb++) acc[nb] = b0;
+    const int64_t full = c >> 1, stride = k->nac * np * BF_LANES;
+    const uint16_t *xs = k->x + n * xn;
+    const uint32_t *w = pk + ac * np * BF_LANES;
+    for (int64_t qq = 0; qq < nq; qq++, w += stride) {
+        const uint16_t *xb = xs + xoff[qq];
+        for (int64_t t = 0; t < full; t++) {
+            __m512bh wv = (__m512bh)_mm512_loadu_si512(w + t * BF_LANES);
+            for (int nb = 0; nb < NB; nb++) {
+                uint32_t pair;
+                memcpy(&pair, xb + nb * xn + 2 * t, 4);
+                acc[nb] = _mm512_dpbf16_ps(acc[nb], wv, (__m512bh)_mm512_set1_epi32((int)pair));
+            }
+        }
+        if (c & 1) { /* the last column alone (its pair's other half is zero) */
+            __m512bh wv = (__m512bh)_mm512_loadu_si512(w + full * BF_LANES);
+            for (int nb = 0; nb < NB; nb++) {
+                uint32_t one = xb[nb * xn + c - 1];
+                acc[nb] = _mm512_dpbf16_ps(acc[nb], wv, (__m512bh)_mm512_set1_epi32((int)one));
+            }
+        }
+    }
+    uint16_t *y = k->y + n * k->yn + i * k->r + a0;
+    for (int nb = 0; nb < NB; nb++) _mm256_mask_storeu_epi16(y + nb * k->yn, m, bf_round(acc[nb]));
+}
+
+/* Feature-major: 16 batch columns from n (cnt of them) in the lanes, the 16 rows of row chunk
+ * ac of block row i; per pair t of a block, X's rows 2t, 2t + 1 interleaved in registers and
+ * each row's packed pair broadcast. */
+BF_INL void bf_fm_tile(const bfp_ctx *k, const uint32_t *pk, const int64_t *xoff, int64_t nq,
+                       int64_t i, int64_t ac, int64_t n, int64_t cnt)
+{
+    __m512 acc[16];
+    const int64_t a0 = ac * BF_LANES, np = k->np, c = k->c, xk = k->xk;
+    const int64_t left = k->r - a0 < BF_LANES ? k->r - a0 : BF_LANES;
+    const __mmask16 mn = bf_mask(cnt);
+#pragma GCC unroll 16
+    for (int l = 0; l < BF_LANES; l++)
+        acc[l] = k->bias && l < left ? _mm512_set1_ps(bf16_to_f32(k->bias[i * k->r + a0 + l]))
+                                     : _mm512_setzero_ps();
+    const int64_t stride = k->nac * np * BF_LANES;
+    const uint32_t *w = pk + ac * np * BF_LANES;
+    for (int64_t qq = 0; qq < nq; qq++, w += stride) {
+        const uint16_t *xb = k->x + xoff[qq] * xk + n;
+        for (int64_t t = 0; t < np; t++) {
+            __m256i hi = 2 * t + 1 < c ? _mm256_maskz_loadu_epi16(mn, xb + (2 * t + 1) * xk)
+                                       : _mm256_setzero_si256();
+            __m512bh xv = (__m512bh)bf_interleave(_mm256_maskz_loadu_epi16(mn, xb + 2 * t * xk),
+                                                  hi);
+            const uint32_t *wt = w + t * BF_LANES;
+#pragma GCC unroll 16
+            for (int l = 0; l < BF_LANES; l++)
+                acc[l] = _mm512_dpbf16_ps(acc[l], xv, (__m512bh)_mm512_set1_epi32((int)wt[l]));
+        }
+    }
+    uint16_t *y = k->y + (i * k->r + a0) * k->yi + n;
+#pragma GCC unroll 16
+    for (int l = 0; l < BF_LANES; l++)
+        if (l < left) _mm256_mask_storeu_epi16(y + l * k->yi, mn, bf_round(acc[l]));
+}
+
+static BF_TARGET void bf_fwd_task(void *vctx, int64_t task, int tid)
+{
+    bfp_ctx *k = (bfp_ctx *)vctx;
+    int64_t chunk = task / k->n_br, i = task % k->n_br;
+    int64_t n0 = chunk * k->nt, nt = k->N - n0 < k->nt ? k->N - n0 : k->nt;
+    int64_t q0 = k->crow[i], q1 = k->crow[i + 1];
+    if (q0 < 0 || q1 < q0 || q1 > k->nnzb || q1 - q0 > k->maxq) {
+        __atomic_store_n(&k->err, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    int64_t nq = q1 - q0;
+    uint32_t *pk = k->pack[tid];
+    int64_t *xoff = k->xoff[tid];
+    const int64_t blk = k->nac * k->np * BF_LANES;
+    for (int64_t qq = 0; qq < nq; qq++) {
+        int64_t p = k->order ? k->order[q0 + qq] : q0 + qq;
+        int64_t j = k->col[q0 + qq];
+        if (p < 0 || p >= k->n_vals || j < 0 || j >= k->n_bc) {
+            __atomic_store_n(&k->err, 1, __ATOMIC_RELAXED);
+            return;
+        }
+        xoff[qq] = j * k->c;
+        bf_pack_block(k, k->vals + p * k->sp, pk + qq * blk);
+    }
+    if (k->feature_major) {
+        for (int64_t ac = 0; ac < k->nac; ac++)
+            for (int64_t n = n0; n < n0 + nt; n += BF_LANES)
+                bf_fm_tile(k, pk, xoff, nq, i, ac, n, n0 + nt - n);
+        return;
+    }
+    for (int64_t ac = 0; ac < k->nac; ac++)
+        for (int64_t n = n0; n < n0 + nt;) {
+            int64_t left = n0 + nt - n;
+            if (left >= BF_NB && BF_NB == 16) { bf_fwd_tile(k, pk, xoff, nq, i, ac, n, 16); n += 16; }
+            else if (left >= 8) { bf_fwd_tile(k, pk, xoff, nq, i, ac, n, 8); n += 8; }
+            else if (left >= 4) { bf_fwd_tile(k, pk, xoff, nq, i, ac, n, 4); n += 4; }
+            else if (left >= 2) { bf_fwd_tile(k, pk, xoff, nq, i, ac, n, 2); n += 2; }
+            else { bf_fwd_tile(k, pk, xoff, nq, i, ac, n, 1); n += 1; }
+        }
+}
+
+/* Y[row, n] = bias[row] + sum_q sum_b M_q[a, b] X[col_q * c + b, n] (row = i * r + a), all in
+ * bfloat16 with float32 sums: M stored by block rows (n_br of them, blocks r x c), block q of
+ * row i (crow[i] <= q < crow[i+1] <= nnzb) at block column col[q] < n_bc with the values
+ * vals[p * sp + a * sa + b * sb], p = order[q] (or q) < n_vals. X[k, n] = x[k * xk + n * xn],
+ * Y[row, n] = y[row * yi + n * yn] (written whole), bias nullable (bfloat16); batch-major
+ * (xk == yi == 1) or feature-major (xn == yn == 1). Returns 0, -1 (no bfloat16 kernels on this
+ * CPU, or operands neither batch- nor feature-major), -2 (out of memory), SS_EINDEX (an index
+ * out of range: y is then partly written). */
+int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, const int64_t *col,
+                    const int64_t *order, int64_t nnzb, int64_t n_bc, const void *vals,
+                    int64_t n_vals, int64_t sp, int64_t sa, int64_t sb, const void *x,
+                    int64_t xk, int64_t xn, int64_t N, void *y, int64_t yi, int64_t yn,
+                    const void *bias, int nthreads)
+{
+    if (!ss_bf16_supported()) return -1;
+    int fm = !(xk == 1 && yi == 1);
+    if (fm && !(xn == 1 && yn == 1)) return -1;
+    if (N <= 0 || n_br <= 0) return 0;
+    if (r <= 0 || c <= 0) return -1;
+    if (!order && nnzb > n_vals) return SS_EINDEX;
+    int64_t maxq = 0;
+    for (int64_t i = 0; i < n_br; i++) {
+        int64_t q0 = crow[i], q1 = crow[i + 1];
+        if (q0 < 0 || q1 < q0 || q1 > nnzb) return SS_EINDEX;
+        if (q1 - q0 > maxq) maxq = q1 - q0;
+    }
+    if (nthreads < 1) nthreads = 1;
+    bfp_ctx k = {n_br, r, c, N, nnzb, n_bc, n_vals, crow, col, order, (const uint16_t *)vals,
+                 sp, sa, sb, (const uint16_t *)x, xk, xn, (uint16_t *)y, yi, yn,
+                 (const uint16_t *)bias, fm, 0, maxq, (r + BF_LANES - 1) / BF_LANES, (c + 1) / 2,
+                 0, 0, 0};
+    /* batch rows per task: 256 (a chunk of the input stays in L2 while every block row reads
+     * it), fewer where the block rows alone do not give each thread several tasks */
+    int64_t nt = N < BF_ROWS ? N : BF_ROWS;
+    if (nthreads > 1 && n_br < 4 * nthreads) {
+        int64_t per = (4 * nthreads + n_br - 1) / n_br;
+        int64_t want = (N + per - 1) / per;
+        want = (want + 15) / 16 * 16;
+        if (want < nt) nt = want;
+    }
+    k.nt = nt;
+    int64_t ntasks = ((N + nt - 1) / nt) * n_br;
+    int nth = nthreads < ntasks ? nthreads : (int)ntasks;
+    if (nth > 256) nth = 256;
+    uint32_t *packs[256];
+    int64_t *offs[256];
+    size_t q = (size_t)(maxq > 0 ? maxq : 1);
+    int ok = 1;
+    for (int t = 0; t < nth; t++) {
+        packs[t] = (uint32_t *)malloc(q * (size_t)(k.nac * k.np * BF_LANES) * 4);
+        offs[t] = (int64_t *)malloc(q * sizeof(int64_t));
+        if (!packs[t] || !offs[t]) ok = 0;
+    }
+    if (ok) {
+        k.pack = packs;
+        k.xoff = offs;
+        run_tasks(bf_fwd_task, &k, ntasks, nth);
+    }
+    for (int t = 0; t < nth; t++) { free(packs[t]); free(offs[t]); }
+    if (!ok) return -2;
+    return k.err ? SS_EINDEX : 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The values gradient */
+
+typedef struct {
+    int64_t r, c, N, n_br, n_bc, nac, npairs;
+    const int64_t *rows, *cols, *starts;
+    const uint16_t *l;
+    int64_t li, ln;
+    const uint16_t *rgt;
+    int64_t ri, rn;
+    int dot; /* operands contiguous along the batch (ln == rn == 1), not across it */
+    uint16_t *g;
+    uint32_t **pairs;
+    int err;
+} bfv_ctx;
+
+/* RT rows x the lanes of columns b0 .. (mask mb) of one block: L's pairs read from the
+ * run's packed buffer (lpair[t * 16 + ra]: rows n = 2t, 2t + 1), R's pair interleaved in
+ * registers. */
+BF_INL void bf_vg_tile(const bfv_ctx *k, const uint32_t *lpair, const uint16_t *rp,
+                       uint16_t *gp, __mmask16 mb, const int RT)
+{
+    __m512 acc[16];
+    for (int ra = 0; ra < RT; ra++) acc[ra] = _mm512_setzero_ps();
+    const int64_t N = k->N, rn = k->rn, full = N >> 1;
+    int64_t t = 0;
+    for (; t < full; t++, rp += 2 * rn, lpair += BF_LANES) {
+        /* R's rows are strided (a row of the input apart): the hardware prefetchers stop at
+         * page boundaries, so fetch 16 rows ahead (harmless past the end: a hint) */
+        _mm_prefetch((const char *)(rp + 16 * rn), _MM_HINT_T0);
+        _mm_prefetch((const char *)(rp + 17 * rn), _MM_HINT_T0);
+        __m512bh xv = (__m512bh)bf_interleave(_mm256_maskz_loadu_epi16(mb, rp),
+                                              _mm256_maskz_loadu_epi16(mb, rp + rn));
+        for (int ra = 0; ra < RT; ra++)
+            acc[ra] = _mm512_dpbf16_ps(acc[ra], xv, (__m512bh)_mm512_set1_epi32((int)lpair[ra]));
+    }
+    if (N & 1) { /* the last batch row alone */
+        __m512bh xv = (__m512bh)bf_interleave(_mm256_maskz_loadu_epi16(mb, rp),
+                                              _mm256_setzero_si256());
+        for (int ra = 0; ra < RT; ra++)
+            acc[ra] = _mm512_dpbf16_ps(acc[ra], xv, (__m512bh)_mm512_set1_epi32((int)lpair[ra]));
+    }
+    for (int ra = 0; ra < RT; ra++) _mm256_mask_storeu_epi16(gp + ra * k->c, mb, bf_round(acc[ra]));
+}
+
+/* Dot form (both operands contiguous along the batch): RT rows from lp (L's row a0), the
+ * lanes of R's rows from rp (bleft of them, mask mb); per 16 batch columns R's panel is
+ * transposed into pairs (in registers, through a 1 KiB buffer) and L's pairs, contiguous,
+ * are broadcast from memory. */
+BF_INL void bf_vgd_tile(const bfv_ctx *k, const uint16_t *lp, const uint16_t *rp,
+                        int64_t bleft, uint16_t *gp, __mmask16 mb, const int RT)
+{
+    __m512 acc[16];
+    uint32_t tr[8 * BF_LANES] __attribute__((aligned(64)));
+    for (int ra = 0; ra < RT; ra++) acc[ra] = _mm512_setzero_ps();
+    const int64_t N = k->N, li = k->li;
+    for (int64_t n0 = 0; n0 < N; n0 += 16) {
+        int64_t cnt = N - n0 < 16 ? N - n0 : 16, full = cnt >> 1;
+        bf_pack_rows16(rp + n0, k->ri, bleft, bf_mask(cnt), tr);
+        for (int64_t t = 0; t < full; t++) {
+            __m512bh xv = (__m512bh)_mm512_load_si512(tr + t * BF_LANES);
+            for (int ra = 0; ra < RT; ra++) {
+                uint32_t pair;
+                memcpy(&pair, lp + ra * li + n0 + 2 * t, 4);
+                acc[ra] = _mm512_dpbf16_ps(acc[ra], xv, (__m512bh)_mm512_set1_epi32((int)pair));
+            }
+        }
+        if (cnt & 1) { /* the last batch column alone */
+            __m512bh xv = (__m512bh)_mm512_load_si512(tr + full * BF_LANES);
+            for (int ra = 0; ra < RT; ra++) {
+                uint32_t one = lp[ra * li + n0 + cnt - 1];
+                acc[ra] = _mm512_dpbf16_ps(acc[ra], xv, (__m512bh)_mm512_set1_epi32((int)one));
+            }
+        }
+    }
+    for (int ra = 0; ra < RT; ra++) _mm256_mask_storeu_epi16(gp + ra * k->c, mb, bf_round(acc[ra]));
+}
+
+static BF_TARGET void bf_vgd_block(const bfv_ctx *k, int64_t p, int64_t i, int64_t j)
+{
+    const int64_t r = k->r, c = k->c;
+    uint16_t *g = k->g + p * r * c;
+    for (int64_t b0 = 0; b0 < c; b0 += BF_LANES) {
+        int64_t bleft = c - b0 < BF_LANES ? c - b0 : BF_LANES;
+        __mmask16 mb = bf_mask(bleft);
+        const uint16_t *rp = k->rgt + (j * c + b0) * k->ri;
+        for (int64_t a0 = 0; a0 < r;) {
+            int64_t left = r - a0;
+            const uint16_t *lp = k->l + (i * r + a0) * k->li;
+            uint16_t *gp = g + a0 * c + b0;
+            if (left >= 16) { bf_vgd_tile(k, lp, rp, bleft, gp, mb, 16); a0 += 16; }
+            else if (left >= 8) { bf_vgd_tile(k, lp, rp, bleft, gp, mb, 8); a0 += 8; }
+            else if (left >= 4) { bf_vgd_tile(k, lp, rp, bleft, gp, mb, 4); a0 += 4; }
+            else if (left >= 2) { bf_vgd_tile(k, lp, rp, bleft, gp, mb, 2); a0 += 2; }
+            else { bf_vgd_tile(k, lp, rp, bleft, gp, mb, 1); a0 += 1; }
+        }
+    }
+}
+
+/* One run of blocks with the same block row (consecutive in stored order: a BSR matrix's
+ * block rows): L's rows of that block row packed once in pairs along the batch (contiguous,
+ * read by every block of the run), then each block. */
+static BF_TARGET void bf_vg_task(void *vctx, int64_t run, int tid)
+{
+    bfv_ctx *k = (bfv_ctx *)vctx;
+    const int64_t p0 = k->starts[run], p1 = k->starts[run + 1];
+    const int64_t r = k->r, c = k->c, N = k->N, ln = k->ln, np = k->npairs;
+    int64_t i = k->rows[p0];
+    if (i < 0 || i >= k->n_br) {
+        __atomic_store_n(&k->err, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    if (k->dot) {
+        for (int64_t p = p0; p < p1; p++) {
+            int64_t j = k->cols[p];
+            if (j < 0 || j >= k->n_bc) {
+                __atomic_store_n(&k->err, 1, __ATOMIC_RELAXED);
+                return;
+            }
+            bf_vgd_block(k, p, i, j);
+        }
+        return;
+    }
+    uint32_t *buf = k->pairs[tid];
+    for (int64_t ac = 0; ac < k->nac; ac++) {
+        __mmask16 ma = bf_mask(r - ac * BF_LANES);
+        const uint16_t *lp = k->l + i * r + ac * BF_LANES;
+        uint32_t *d = buf + ac * np * BF_LANES;
+        for (int64_t t = 0; t < np; t++) {
+            int64_t n = 2 * t;
+            __m256i hi = n + 1 < N ? _mm256_maskz_loadu_epi16(ma, lp + (n + 1) * ln)
+                                   : _mm256_setzero_si256();
+            _mm512_storeu_si512(d + t * BF_LANES,
+                                bf_interleave(_mm256_maskz_loadu_epi16(ma, lp + n * ln), hi));
+        }
+    }
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t j = k->cols[p];
+        if (j < 0 || j >= k->n_bc) {
+            __atomic_store_n(&k->err, 1, __ATOMIC_RELAXED);
+            return;
+        }
+        uint16_t *g = k->g + p * r * c;
+        for (int64_t b0 = 0; b0 < c; b0 += BF_LANES) {
+            __mmask16 mb = bf_mask(c - b0);
+            const uint16_t *rp = k->rgt + j * c + b0;
+            for (int64_t a0 = 0; a0 < r;) {
+                int64_t left = r - a0;
+                const uint32_t *lpair = buf + (a0 / BF_LANES) * np * BF_LANES + a0 % BF_LANES;
+                uint16_t *gp = g + a0 * c + b0;
+                int64_t lane_left = BF_LANES - a0 % BF_LANES;
+                if (left > lane_left) left = lane_left;
+                if (left >= 16) { bf_vg_tile(k, lpair, rp, gp, mb, 16); a0 += 16; }
+                else if (left >= 8) { bf_vg_tile(k, lpair, rp, gp, mb, 8); a0 += 8; }
+                else if (left >= 4) { bf_vg_tile(k, lpair, rp, gp, mb, 4); a0 += 4; }
+                else if (left >= 2) { bf_vg_tile(k, lpair, rp, gp, mb, 2); a0 += 2; }
+                else { bf_vg_tile(k, lpair, rp, gp, mb, 1); a0 += 1; }
+            }
+        }
+    }
+}
+
+/* G_p[a, b] = sum_n L[rows[p] * r + a, n] * R[cols[p] * c + b, n] for p < nnzb, G contiguous
+ * (nnzb, r, c) in bfloat16 (float32 sums); L[k, n] = l[k * li + n * ln] (rows[p] < n_br),
+ * R[k, n] = rgt[k * ri + n * rn] (cols[p] < n_bc), both bfloat16, batch-major (li == ri == 1)
+ * or contiguous along the batch (ln == rn == 1). Returns 0, -1 (no bfloat16 kernels on this
+ * CPU, or other strides), -2 (out of memory), SS_EINDEX (an index out of range: g is then
+ * partly written). */
+int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
+                        const int64_t *cols, int64_t n_br, int64_t n_bc, const void *l,
+                        int64_t li, int64_t ln, const void *rgt, int64_t ri, int64_t rn,
+                        int64_t N, void *g, int nthreads)
+{
+    if (!ss_bf16_supported()) return -1;
+    int dot = !(li == 1 && ri == 1);
+    if (dot && !(ln == 1 && rn == 1)) return -1;
+    if (r <= 0 || c <= 0) return -1;
+    if (nnzb <= 0) return 0;
+    if (N <= 0) {
+        memset(g, 0, (size_t)(nnzb * r * c) * 2);
+        return 0;
+    }
+    /* runs of blocks with the same block row, at most 64 blocks each (work to share) */
+    int64_t *starts = (int64_t *)malloc((size_t)(nnzb + 1) * sizeof(int64_t));
+    if (!starts) return -2;
+    int64_t nruns = 0;
+    for (int64_t p = 0; p < nnzb; p++)
+        if (p == 0 || rows[p] != rows[p - 1] || p - starts[nruns - 1] >= 64) starts[nruns++] = p;
+    starts[nruns] = nnzb;
+    if (nthreads < 1) nthreads = 1;
+    int nth = nthreads < nruns ? nthreads : (int)nruns;
+    if (nth > 256) nth = 256;
+    bfv_ctx k = {r, c, N, n_br, n_bc, (r + BF_LANES - 1) / BF_LANES, (N + 1) / 2, rows, cols,
+                 starts, (const uint16_t *)l, li, ln, (const uint16_t *)rgt, ri, rn, dot,
+                 (uint16_t *)g, 0, 0};
+    uint32_t *bufs[256];
+    int ok = 1;
+    for (int t = 0; t < nth; t++) {
+        bufs[t] = dot ? 0 : (uint32_t *)malloc((size_t)(k.nac * k.npairs * BF_LANES) * 4);
+        if (!dot && !bufs[t]) ok = 0;
+    }
+    if (ok) {
+        k.pairs = bufs;
+        run_tasks(bf_vg_task, &k, nruns, nth);
+    }
+    for (int t = 0; t < nth; t++) free(bufs[t]);
+    free(starts);
+    if (!ok) return -2;
+    return k.err ? SS_EINDEX : 0;
+}
+
+#undef BF_TARGET
+#undef BF_INL
+#undef BF_LANES
+#else  /* not x86-64: no bfloat16 kernels (the callers keep their float32 route) */
+int ss_bf16_supported(void) { return 0; }
+int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, const int64_t *col,
+                    const int64_t *order, int64_t nnzb, int64_t n_bc, const void *vals,
+                    int64_t n_vals, int64_t sp, int64_t sa, int64_t sb, const void *x,
+                    int64_t xk, int64_t xn, int64_t N, void *y, int64_t yi, int64_t yn,
+                    const void *bias, int nthreads)
+{
+    return -1;
+}
+int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
+                        const int64_t *cols, int64_t n_br, int64_t n_bc, const void *l,
+                        int64_t li, int64_t ln, const void *rgt, int64_t ri, int64_t rn,
+                        int64_t N, void *g, int nthreads)
+{
+    return -1;
+}
+#endif /* SS_X86 */
