@@ -160,6 +160,15 @@ def _bind(lib: Any) -> None:
                                _ptr, _int, _i64, _i64, _ptr, _int]
     lib.ss_product_packed.restype = _int
     lib.ss_product_packed.argtypes = [_ptr]
+    lib.ss_bf16_supported.restype = _int
+    lib.ss_bf16_supported.argtypes = []
+    lib.ss_product_bf16.restype = _int
+    lib.ss_product_bf16.argtypes = [_i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _i64, _ptr,
+                                    _i64, _i64, _i64, _i64, _ptr, _i64, _i64, _i64,
+                                    _ptr, _i64, _i64, _ptr, _int]
+    lib.ss_values_grad_bf16.restype = _int
+    lib.ss_values_grad_bf16.argtypes = [_i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr,
+                                        _i64, _i64, _ptr, _i64, _i64, _i64, _ptr, _int]
     lib.ss_values_grad.restype = _int
     lib.ss_values_grad.argtypes = [_i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _i64,
                                    _ptr, _i64, _i64, _i64, _int, _ptr, _int]
@@ -341,6 +350,13 @@ def product(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: in
     ``Y[row, n] = y[row * yi + n * yn]`` (``y`` fresh, written whole); False when the library
     refused (the caller computes with torch ops)."""
     rows = _rowwise(layout, compressed, plain, values, n_rows, n_cols, transposed, cache)
+    # bounds from the shapes (never from index data): n_br, nnzb, n_in
+    n_br = (n_cols // rows.r if transposed else n_rows // rows.r)
+    nnzb = min(rows.col.numel(), int(values.shape[0]))
+    if rows.crow.numel() != n_br + 1:
+        raise IndexDataError(f"the compressed indices hold {rows.crow.numel()} entries where "
+                             f"{n_br + 1} are needed: the index data changed after it was "
+                             "validated")
     if x.dtype == torch.bfloat16 and layout in _BLOCK_LAYOUTS:
         if _product_bf16(rows, values, n_rows if transposed else n_cols, x, xk, xn, n, y, yi,
                          yn, bias):
@@ -355,13 +371,6 @@ def product(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: in
             rows.sa, rows.sb = rows.sb, rows.sa
     b = None if bias is None else bias.to(work).contiguous()
     n_in = n_rows if transposed else n_cols
-    # bounds from the shapes (never from index data): n_br, nnzb, n_in
-    n_br = (n_cols // rows.r if transposed else n_rows // rows.r)
-    nnzb = min(rows.col.numel(), int(values.shape[0]))
-    if rows.crow.numel() != n_br + 1:
-        raise IndexDataError(f"the compressed indices hold {rows.crow.numel()} entries where "
-                             f"{n_br + 1} are needed: the index data changed after it was "
-                             "validated")
     rc = _lib.ss_product(n_br, rows.r, rows.c, nnzb, rows.crow.data_ptr(),
                          rows.col.data_ptr(), _ptr_of(rows.order), vals.data_ptr(), rows.sp,
                          rows.sa, rows.sb, x.data_ptr(), _DTYPES[x.dtype], xk, xn, n_in, n,
@@ -467,19 +476,9 @@ def _bf16_library() -> bool:
     global _bf16_bound
     if _bf16_bound is None:
         want = os.environ.get("SAFESPARSE_NATIVE_ISA", "").strip().lower()
-        try:
-            lib = _lib
-            lib.ss_bf16_supported.restype = _int
-            lib.ss_product_bf16.restype = _int
-            lib.ss_product_bf16.argtypes = [_i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _i64, _ptr,
-                                            _i64, _i64, _i64, _i64, _ptr, _i64, _i64, _i64,
-                                            _ptr, _i64, _i64, _ptr, _int]
-            lib.ss_values_grad_bf16.restype = _int
-            lib.ss_values_grad_bf16.argtypes = [_i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr,
-                                                _i64, _i64, _ptr, _i64, _i64, _i64, _ptr, _int]
-            _bf16_bound = want not in ("avx2", "avx512f") and bool(lib.ss_bf16_supported())
-        except AttributeError:
-            _bf16_bound = False
+        # (bound with the others in _bind; the kernels exist in every build, where the CPU
+        # lacks AVX512_BF16 ss_bf16_supported says 0)
+        _bf16_bound = want not in ("avx2", "avx512f") and bool(_lib.ss_bf16_supported())
     return _bf16_bound
 
 
@@ -506,8 +505,8 @@ def _widened(t: T) -> T:
     return out.copy_(t)
 
 
-def _index_error() -> RuntimeError:
-    return RuntimeError(
+def _index_error() -> IndexDataError:
+    return IndexDataError(
         "safesparse: the native bfloat16 kernel read a block index out of range (index "
         "members written while the product ran?); nothing out of bounds was read\n  Do not "
         "write a matrix's index members while a product runs on them.")

@@ -81,12 +81,10 @@ def holding(compressed: torch.Tensor, plain: torch.Tensor, geometry: Hashable
         return None
     geometries = (geometry,)
     rec = checked.vouch(compressed, plain, geometries)
-    if rec is None:
-        kept = _proven.get(compressed)
-        if kept is None or _proven.get(plain) is not kept:
-            return None
-        rec = checked.record(kept)
-        if rec is None or not checked.proves(rec, compressed, plain, geometries):
+    if rec is None:  # (as in proof(): the record the operators proved these members with)
+        rec = _proven.get(compressed)
+        if (rec is None or _proven.get(plain) is not rec
+                or not checked.proves(rec, compressed, plain, geometries)):
             return None
     proves, marked = checked.proves, _unwatched
 
