@@ -90,6 +90,9 @@ _BELOW_AUTOGRAD = torch._C.DispatchKey.ADInplaceOrView
 _INTERNAL = tuple(os.path.dirname(os.path.abspath(f)) + os.sep
                   for f in (os.path.dirname(__file__), torch.__file__))
 _INDEX_DTYPES = (torch.int32, torch.int64)
+#: What an operator that reads index data runs in its stand-in's place while enforced:
+#: ``gate(operator, op name, args, kwargs)`` checks the arguments, then calls the operator.
+Gate = Callable[[Callable[..., Any], str, tuple[Any, ...], dict[str, Any]], Any]
 
 
 def _loading() -> bool:
@@ -344,10 +347,12 @@ class AtenOp:
     original's, except that an overload looked up through a stand-in packet is a stand-in
     too (made on first use, then kept)."""
 
-    def __init__(self, original: Any, op: str, name: str | None = None) -> None:
+    def __init__(self, original: Any, op: str, name: str | None = None,
+                 gate: Gate | None = None) -> None:
         d = self.__dict__
         d["__ss_original__"] = original
         d["_ss_op"] = op
+        d["_ss_gate"] = gate
         d["_ss_name"] = op.split(".")[3] if name is None else name  # torch.ops.aten.<name>
         for name in ("__module__", "__name__", "__qualname__", "__doc__"):
             if hasattr(original, name):
@@ -357,7 +362,11 @@ class AtenOp:
     def __class__(self) -> type:  # isinstance(op, OpOverloadPacket) holds
         return type(self.__ss_original__)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:  # an aten ``self=`` keyword
+        if self._ss_gate is not None:  # an index conversion: checks its input, then runs
+            if not _enforcing.is_enforced():
+                return self.__ss_original__(*args, **kwargs)
+            return self._ss_gate(self.__ss_original__, self._ss_op, args, kwargs)
         if not active():
             return self.__ss_original__(*args, **kwargs)
         if _any_foreign(args, kwargs) or _plain_context():
@@ -370,7 +379,7 @@ class AtenOp:
             raise AttributeError(name)
         value = getattr(self.__ss_original__, name)
         if isinstance(value, torch._ops.OpOverload) and not name.startswith("_"):
-            value = stand_in(value, f"{self._ss_op}.{name}", self._ss_name)
+            value = stand_in(value, f"{self._ss_op}.{name}", self._ss_name, self._ss_gate)
             self.__dict__[name] = value  # next time found without __getattr__
         return value
 
@@ -401,12 +410,14 @@ _STAND_INS: dict[int, AtenOp] = {}
 _stand_ins_lock = threading.Lock()
 
 
-def stand_in(original: Any, op: str, name: str | None = None) -> AtenOp:
-    """The one :class:`AtenOp` standing in for ``original`` (an aten packet or overload)."""
+def stand_in(original: Any, op: str, name: str | None = None,
+             gate: Gate | None = None) -> AtenOp:
+    """The one :class:`AtenOp` standing in for ``original`` (an aten packet or overload);
+    ``gate`` for an operator that reads index data (torch's index conversions)."""
     with _stand_ins_lock:
         ours = _STAND_INS.get(id(original))
         if ours is None:
-            ours = _STAND_INS[id(original)] = AtenOp(original, op, name)
+            ours = _STAND_INS[id(original)] = AtenOp(original, op, name, gate)
         return ours
 
 
