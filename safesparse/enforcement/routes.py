@@ -140,13 +140,19 @@ def _plain_context() -> bool:
             or bool(torch._C._dispatch_tls_is_dispatch_key_excluded(_BELOW_AUTOGRAD)))
 
 
-def call_site(frame: FrameType | None) -> str:
-    """``file:line`` of ``frame`` or, when that is safesparse's or torch's own, of the first
-    frame above it that is neither (the code that called torch); the file by its base name
-    (the traceback has its path; an error's first line stays short)."""
+def _caller(frame: FrameType | None) -> FrameType | None:
+    """``frame`` or, when that is safesparse's or torch's own, the first frame above it that
+    is neither (the code that called torch)."""
     while (frame is not None
            and os.path.abspath(frame.f_code.co_filename).startswith(_INTERNAL)):
         frame = frame.f_back
+    return frame
+
+
+def call_site(frame: FrameType | None) -> str:
+    """``file:line`` of :func:`_caller` of ``frame``; the file by its base name (the
+    traceback has its path; an error's first line stays short)."""
+    frame = _caller(frame)
     if frame is None:
         return "<unknown>"
     filename = frame.f_code.co_filename
@@ -154,7 +160,12 @@ def call_site(frame: FrameType | None) -> str:
 
 
 def _refused(err: InvariantError, op: str, frame: FrameType | None) -> InvariantError:
-    return err.with_context(op=op, built_by=f"{op} at {call_site(frame)}")
+    """``err`` naming the call ``op``, where it was made and the module that made it (a
+    library's own repair hint, e.g. PyG's ``torch_geometric.edge_index``)."""
+    caller = _caller(frame)
+    module = caller.f_globals.get("__name__") if caller is not None else None
+    return err.with_context(op=op, built_by=f"{op} at {call_site(frame)}",
+                            built_in=module if isinstance(module, str) else None)
 
 
 def adopt(out: Any, op: str, frame: FrameType | None) -> Any:
