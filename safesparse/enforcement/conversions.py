@@ -45,11 +45,15 @@ from .routes import _foreign
 
 __all__ = ["coo_to_csr", "csr_to_coo"]
 
-#: The index dtypes torch's own checks read without converting: the rest (uint8, int8, int16,
-#: and the unsigned types torch has no kernel for yet) are checked on an int64 copy, which is
-#: what torch is then handed: a comparison with the size or the nnz in the narrow dtype would
-#: wrap (an int8 tensor holding 44 "equals" 300).
+#: The index dtypes the checks read as they are; every other is checked on an int64 copy: a
+#: comparison with the size or the nnz in a narrow dtype would wrap (an int8 tensor holding 44
+#: "equals" 300).
 _INDEX_DTYPES = (torch.int32, torch.int64)
+#: The narrow dtypes torch's kernels accept (uint8, int8, int16): torch is handed the int64
+#: copy that was checked (its result does not depend on the input's dtype). The unsigned types
+#: torch has no kernel for (uint16 ...) are checked too, and handed as they came: torch
+#: refuses them as it does without safesparse.
+_WIDENED = frozenset({torch.uint8, torch.int8, torch.int16})
 #: Every integral dtype: what torch's conversions accept (uint8 ... int64), and the unsigned
 #: ones it refuses today (checked all the same: a later torch may accept them).
 _INTEGRAL = frozenset(d for d in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
@@ -101,13 +105,18 @@ def _private(t: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
     kernels read the memory as if it were), or, when an ``out=`` tensor is given, a copy that
     nothing else shares: the kernel writes ``out`` while it reads the input, and an ``out``
     over the input's memory would turn checked indices into unchecked ones (heap corruption).
-    Indices of a dtype other than int32 / int64 become an int64 copy (checked without
-    overflow; torch's result does not depend on the input's dtype)."""
-    if t.dtype in _INTEGRAL and t.dtype not in _INDEX_DTYPES:
+    Indices of a dtype in :data:`_WIDENED` become an int64 copy (:func:`_checkable`)."""
+    if t.dtype in _WIDENED:
         return t.to(torch.int64, memory_format=torch.contiguous_format, copy=True)
     if kwargs.get("out") is not None:
         return t.clone(memory_format=torch.contiguous_format)
     return t.contiguous()
+
+
+def _checkable(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in a dtype the checks compare without overflow: as it is (int32, int64), else
+    an int64 copy."""
+    return t if t.dtype in _INDEX_DTYPES else t.to(torch.int64)
 
 
 def _size_of(size: Any) -> int | None:
@@ -145,7 +154,7 @@ def gate_coo_to_csr(call: Callable[..., Any], op: str, args: tuple[Any, ...],
     if _foreign(rows) or n is None:
         return call(*args, **kwargs)
     rows = _private(rows, kwargs)
-    _check_rows(rows, n, op)
+    _check_rows(_checkable(rows), n, op)
     args, kwargs = _with_arg(args, kwargs, 0, _FIRST, rows)
     args, kwargs = _with_arg(args, kwargs, 1, ("size",), n)
     return call(*args, **kwargs)
@@ -171,7 +180,7 @@ def gate_csr_to_coo(call: Callable[..., Any], op: str, args: tuple[Any, ...],
         return call(*args, **kwargs)
     crow = _private(crow, kwargs)
     col = _private(col, kwargs)
-    _check_offsets(crow, col.shape, bool(kwargs.get("transpose", False)), op)
+    _check_offsets(_checkable(crow), col.shape, bool(kwargs.get("transpose", False)), op)
     args, kwargs = _with_arg(args, kwargs, 0, ("crow_indices",), crow)
     args, kwargs = _with_arg(args, kwargs, 1, ("col_indices",), col)
     return call(*args, **kwargs)
@@ -276,7 +285,7 @@ def checked_coo_to_csr(rows: torch.Tensor, size: int, out_int32: bool) -> torch.
     """torch's COO -> CSR row conversion, the rows made contiguous and checked first (what a
     program traced under enforce mode runs in its place)."""
     rows = _private(rows, {})
-    _check_rows(rows, size)
+    _check_rows(_checkable(rows), size)
     return _ATEN_COO_TO_CSR(rows, size, out_int32=out_int32)  # type: ignore[no-any-return]
 
 
@@ -291,7 +300,7 @@ def checked_csr_to_coo(crow: torch.Tensor, col: torch.Tensor, out_int32: bool,
     """torch's CSR -> COO index conversion, the offsets made contiguous and checked against
     the nnz first (what a program traced under enforce mode runs in its place)."""
     crow, col = _private(crow, {}), _private(col, {})
-    _check_offsets(crow, col.shape, transpose)
+    _check_offsets(_checkable(crow), col.shape, transpose)
     return _ATEN_CSR_TO_COO(crow, col, out_int32=out_int32,  # type: ignore[no-any-return]
                             transpose=transpose)
 

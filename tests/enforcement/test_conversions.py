@@ -454,6 +454,10 @@ PASS_THROUGH = CHILDREN.add("what torch refuses is torch's to refuse", """
         lambda: torch._convert_indices_from_coo_to_csr(torch.tensor([[0, 1]]), 3),
         lambda: torch.ops.aten._convert_indices_from_coo_to_csr(torch.tensor([0, 1]), 3.0),
         lambda: torch._convert_indices_from_csr_to_coo(torch.tensor(0), torch.tensor(0)),
+        # no kernel for these dtypes in torch 2.13: valid, checked, refused by torch itself
+        lambda: torch._convert_indices_from_coo_to_csr(torch.tensor([0, 1]).to(torch.uint16), 3),
+        lambda: torch._convert_indices_from_csr_to_coo(torch.tensor([0, 1, 2]).to(torch.uint32),
+                                                       torch.tensor([0, 1])),
     )
     for call in calls:
         try:
@@ -475,9 +479,31 @@ PASS_THROUGH = CHILDREN.add("what torch refuses is torch's to refuse", """
 
 @CHILDREN.mark
 def test_arguments_torch_refuses_get_torchs_own_error() -> None:
-    """A float or bool size, a 1-element size tensor, float or 2-D rows: torch's parser or
-    kernel refuses them before reading any data; enforce mode lets it, with the same error."""
+    """A float or bool size, a 1-element size tensor, float or 2-D rows, unsigned dtypes
+    torch has no kernel for: torch's parser or kernel refuses them before reading any data;
+    enforce mode lets it, with the same error."""
     proc = CHILDREN.run(PASS_THROUGH)
     assert proc.returncode == 0, proc.stderr[-3000:]
     pairs = [line.split() for line in proc.stdout.splitlines()]
-    assert len(pairs) == 8 and all(a == b and a != "ran" for a, b in pairs), pairs
+    assert len(pairs) == 10 and all(a == b and a != "ran" for a, b in pairs), pairs
+
+
+UNSIGNED = CHILDREN.add("unsigned dtypes torch has no kernel for", """
+    import torch, safesparse as ss
+    with ss.enforce():
+        for dtype in (torch.uint16, torch.uint32, torch.uint64):
+            try:
+                torch._convert_indices_from_coo_to_csr(torch.tensor([0, 9]).to(dtype), 3)
+                print("NOT REFUSED")
+            except ss.InvariantError as err:
+                print(err.invariant, err.location["position"])
+""")
+
+
+@CHILDREN.mark
+def test_unsigned_dtypes_are_checked_before_torch_refuses_them() -> None:
+    """uint16 / uint32 / uint64 rows out of range: the check runs first (a later torch may
+    have a kernel for them)."""
+    proc = CHILDREN.run(UNSIGNED)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["5.2 1"] * 3
