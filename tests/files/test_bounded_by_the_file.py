@@ -38,7 +38,7 @@ CLAIM = 3 * 10**8
 BOMB = 3 * 2**30  # what the bomb entry inflates to: more than the limit leaves
 
 
-def _check_limited(*argv: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _check_limited(*argv: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``python -m safesparse check ...`` in a child under the address-space limit."""
 
     def limit() -> None:
