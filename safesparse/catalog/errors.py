@@ -28,13 +28,17 @@ class InvariantError(ValueError, RuntimeError):
         path: the key path inside a loaded object (``ss.load``), else ``None``.
         built_by: the call that built the tensor and where it was made, e.g.
             ``"torch.sparse_csr_tensor at train.py:12"`` (enforce mode's routes), else ``None``.
+        built_in: the module whose code made that call, e.g. ``"torch_geometric.edge_index"``
+            (enforce mode's routes; it chooses the repair hint), else ``None``.
         loaded_by: the loader and the file the tensor came from, e.g.
             ``"ss.load from 'model.pt'"``, else ``None``.
         explanation: the violation in plain words, beside the catalog's terms (every index
             invariant, 5.x, found by validation), e.g. *column 1000000000 is out of range for
             3 columns*; else ``""``.
         statement: the invariant in words (from the catalog).
-        hint: how to repair such data, where the catalog has a standard way, else ``""``.
+        hint: how to repair such data, where the catalog has a standard way, else ``""``; the
+            hint fits the context (:func:`~safesparse.catalog.invariants.hint_for`: data read
+            from a file, torch's index conversions, a library that built the tensor).
 
     ``str(err)`` is a short first line saying what is wrong and where, then the invariant
     and the repair hint on lines of their own. The first line is ``[<LAYOUT> <id>]
@@ -61,6 +65,7 @@ class InvariantError(ValueError, RuntimeError):
         path: the key path (``ss.load``).
         built_by: the building call and its place (enforce mode); named in the message instead
             of ``op``.
+        built_in: the module of the code that made the building call (enforce mode).
         loaded_by: the loader and the file (``ss.load``, ``torch.load`` in enforce mode,
             ``safesparse.safetensors.load_file``).
         explanation: the violation in plain words (:func:`safesparse.catalog.invariants.explain`).
@@ -84,6 +89,7 @@ class InvariantError(ValueError, RuntimeError):
         built_by: str | None = None,
         explanation: str = "",
         loaded_by: str | None = None,
+        built_in: str | None = None,
     ) -> None:
         self.layout = layout
         self.invariant = invariant
@@ -94,6 +100,7 @@ class InvariantError(ValueError, RuntimeError):
         self.built_by = built_by
         self.explanation = explanation
         self.loaded_by = loaded_by
+        self.built_in = built_in
         super().__init__(self._message())
 
     @property
@@ -104,7 +111,7 @@ class InvariantError(ValueError, RuntimeError):
     @property
     def hint(self) -> str:
         """How to repair such data (from the catalog), or ``""``."""
-        return hint_for(self.layout, self.invariant, self.loaded_by)
+        return hint_for(self.layout, self.invariant, self.loaded_by, self.op, self.built_in)
 
     def _message(self) -> str:
         head = f"[{layout_name(self.layout)} {self.invariant}] "
@@ -139,10 +146,11 @@ class InvariantError(ValueError, RuntimeError):
 
     def with_context(self, *, op: str | None = None, path: str | None = None,
                      built_by: str | None = None,
-                     loaded_by: str | None = None) -> InvariantError:
+                     loaded_by: str | None = None,
+                     built_in: str | None = None) -> InvariantError:
         """A copy that also names the operation (``op``), key path (``path``), building
-        call (``built_by``) or loader and file (``loaded_by``); the layout, id, detail and
-        location are kept."""
+        call (``built_by``) and its module (``built_in``) or loader and file (``loaded_by``);
+        the layout, id, detail and location are kept."""
         return InvariantError(
             self.layout,
             self.invariant,
@@ -153,13 +161,14 @@ class InvariantError(ValueError, RuntimeError):
             built_by=built_by if built_by is not None else self.built_by,
             explanation=self.explanation,
             loaded_by=loaded_by if loaded_by is not None else self.loaded_by,
+            built_in=built_in if built_in is not None else self.built_in,
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _rebuild_error,
             (self.layout, self.invariant, self.detail, self.location, self.op, self.path,
-             self.built_by, self.explanation, self.loaded_by),
+             self.built_by, self.explanation, self.loaded_by, self.built_in),
         )
 
 
@@ -262,9 +271,11 @@ def _rebuild_error(
     built_by: str | None = None,
     explanation: str = "",
     loaded_by: str | None = None,
+    built_in: str | None = None,
 ) -> InvariantError:
     return InvariantError(layout, invariant, detail, location=location, op=op, path=path,
-                          built_by=built_by, explanation=explanation, loaded_by=loaded_by)
+                          built_by=built_by, explanation=explanation, loaded_by=loaded_by,
+                          built_in=built_in)
 
 
 def source_name(f: object) -> str:

@@ -17,7 +17,7 @@ from typing import Final, Literal
 
 import torch
 
-from ..base.layouts import COMPRESSED_LAYOUTS
+from ..base.layouts import COMPRESSED_LAYOUTS, layout_name
 
 Family = Literal["compressed", "coo"]
 
@@ -246,16 +246,110 @@ _HINT_LOADED = (
 STATE_DICT_LOADER = "load_state_dict"
 
 
-def hint_for(layout: torch.layout, invariant_id: str, loaded_by: str | None = None) -> str:
-    """The repair hint that fits where the data came from: the catalog's own hint for data
-    built in the program, the loaded-data hint for the shape and index invariants (3.x, 5.x)
-    of data a loader read (``loaded_by``: a file, or a state dict when it names
-    :data:`STATE_DICT_LOADER`), else the catalog's hint."""
+_HINT_CONVERT_OFFSETS = (
+    "{cname} must be running totals of the entries per {line}, from 0 up to the number of "
+    "{other} indices: rebuild them before converting, from the sorted {line} indices with "
+    "torch._convert_indices_from_coo_to_csr(indices, n_{lines}), or from the per-{line} counts "
+    "as torch.cat([counts.new_zeros(1), counts.cumsum(0)])"
+)
+#: Repair hints that fit the caller better than the catalog's own, by context
+#: ``(family, id, context)``. Contexts (:func:`hint_context`): ``"conversion"``, torch's index
+#: conversions (``torch._convert_indices_from_coo_to_csr`` / ``_csr_to_coo`` by any route: the
+#: caller converts bare index tensors and built no tensor); a module name, the library code
+#: that built the tensor under enforce mode (``InvariantError.built_in``). Filled with the
+#: layout's nouns (``{line}``, ``{other}``, ``{lines}``, ``{others}``, ``{cname}``, ``{by}``:
+#: "row" or "col", ``{other_by}``, ``{to_layout}``: "to_sparse_csr" ...).
+CONTEXT_HINTS: Final[dict[tuple[Family, str, str], str]] = {
+    ("coo", "5.1", "conversion"): (
+        "row indices count from 0: drop the entries with a negative row before converting"
+    ),
+    ("coo", "5.2", "conversion"): (
+        "size is the number of rows the offsets are for: pass the matrix's row count (more "
+        "than the largest row index), or drop the entries whose row is out of range before "
+        "converting"
+    ),
+    ("coo", "5.3", "conversion"): (
+        "sort the row indices (stable) / coalesce before converting: rows, perm = "
+        "torch.sort(rows, stable=True) keeps each row's columns in order (then take cols[perm] "
+        "and values[perm]), or coalesce the COO tensor the rows come from (.coalesce())"
+    ),
+    ("compressed", "5.1", "conversion"): _HINT_CONVERT_OFFSETS,
+    ("compressed", "5.2", "conversion"): _HINT_CONVERT_OFFSETS,
+    ("compressed", "5.3", "conversion"): _HINT_CONVERT_OFFSETS,
+    ("compressed", "5.6", "torch_geometric.edge_index"): (
+        "PyG's EdgeIndex built this tensor with its {others} unsorted within a {line}: an "
+        "EdgeIndex sorted by {other_by} (sort_order='{other_by}') is re-sorted by {by} with an "
+        "unstable sort, which scrambles each {line}'s {others} (edges sorted by {by} only, not "
+        "coalesced, give the same); convert through COO instead, "
+        "ei.to_sparse_coo(value).coalesce().{to_layout}() (sorts both indices, sums duplicate "
+        "edges), or re-sort by {by} with a stable sort first, EdgeIndex(ei.as_tensor(), "
+        "sparse_size=ei.sparse_size()).sort_by('{by}', stable=True)[0].{to_layout}()"
+    ),
+}
+
+
+def hint_context(op: str | None, built_in: str | None) -> str | None:
+    """The context of :data:`CONTEXT_HINTS` that an error raised in ``op`` (the operation)
+    for a tensor built by code of module ``built_in`` falls in, or ``None``."""
+    if op is not None and "._convert_indices_from_" in op:
+        return "conversion"
+    return built_in
+
+
+def hint_for(layout: torch.layout, invariant_id: str, loaded_by: str | None = None,
+             op: str | None = None, built_in: str | None = None) -> str:
+    """The repair hint that fits where the data came from: the loaded-data hint for the
+    shape and index invariants (3.x, 5.x) of data a loader read (``loaded_by``: a file, or a
+    state dict when it names :data:`STATE_DICT_LOADER`); the hint of
+    :data:`CONTEXT_HINTS` for the operation ``op`` (torch's index conversions) or the module
+    ``built_in`` whose code built the tensor, where there is one; else the catalog's hint
+    (data built in the program)."""
     inv = lookup(layout, invariant_id)
-    if loaded_by is None or not invariant_id.startswith(("3.", "5.")):
+    if loaded_by is not None and invariant_id.startswith(("3.", "5.")):
+        source = "state dict" if STATE_DICT_LOADER in loaded_by.split(" ", 1)[0] else "file"
+        return _HINT_LOADED.format(source=source)
+    context = hint_context(op, built_in)
+    special = CONTEXT_HINTS.get((inv.family, invariant_id, context)) if context else None
+    if special is None:
         return inv.hint
-    source = "state dict" if STATE_DICT_LOADER in loaded_by.split(" ", 1)[0] else "file"
-    return _HINT_LOADED.format(source=source)
+    return special.format(**_hint_nouns(layout))
+
+
+#: What each context of :data:`CONTEXT_HINTS` is, in docs/protecting.md's words.
+_CONTEXT_TITLES: Final = {
+    "conversion": "torch's index conversions (`torch._convert_indices_from_coo_to_csr` / "
+                  "`_csr_to_coo`, every route)",
+    "torch_geometric.edge_index": "a tensor built by PyG's `EdgeIndex.to_sparse_csr()` / "
+                                  "`to_sparse_csc()` (`torch_geometric.edge_index`)",
+}
+
+
+def render_context_hints() -> str:
+    """The hints of :data:`CONTEXT_HINTS` as Markdown (shown for CSR and COO);
+    docs/protecting.md embeds exactly this text."""
+    lines: list[str] = []
+    for context, title in _CONTEXT_TITLES.items():
+        lines += [f"- {title}:"]
+        ids: dict[tuple[str, str], list[str]] = {}  # (layout name, hint) -> ids sharing it
+        for (family, iid, where), text in CONTEXT_HINTS.items():
+            if where == context:
+                layout = torch.sparse_coo if family == "coo" else torch.sparse_csr
+                key = (layout_name(layout), text.format(**_hint_nouns(layout)))
+                ids.setdefault(key, []).append(iid)
+        lines += [f"  - **[{name} {' / '.join(found)}]** {text}"
+                  for (name, text), found in ids.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _hint_nouns(layout: torch.layout) -> dict[str, str]:
+    """The nouns :data:`CONTEXT_HINTS` are filled with (compressed layouts; none for COO)."""
+    if layout not in _NOUNS:
+        return {}
+    line, other, cname = _NOUNS[layout]
+    by = "row" if cname == "crow_indices" else "col"
+    return {"line": line, "other": other, "lines": f"{line}s", "others": f"{other}s",
+            "cname": cname, "by": by, "other_by": "col" if by == "row" else "row",
+            "to_layout": f"to_sparse_{layout_name(layout).lower()}"}
 
 
 class Catalog(dict[Family, dict[str, Invariant]]):
@@ -394,13 +488,16 @@ _EXAMPLES: Final[dict[tuple[Family, str, str], dict[str, object]]] = {
 __all__ = [
     "CATALOG",
     "COMPRESSED",
+    "CONTEXT_HINTS",
     "COO",
     "STATE_DICT_LOADER",
     "Catalog",
     "Invariant",
     "explain",
     "family_of",
+    "hint_context",
     "hint_for",
     "lookup",
+    "render_context_hints",
     "render_markdown",
 ]

@@ -21,8 +21,10 @@ routes is validated before anything uses it:
   the caller's ``weights_only`` and torch's default for it);
 * torch's index conversions ``torch._convert_indices_from_coo_to_csr`` (PyTorch Geometric's
   ``index2ptr``) and ``torch._convert_indices_from_csr_to_coo`` write out of bounds for indices
-  outside the target size, and the first reads its rows' memory as if it were contiguous: their
-  inputs are made contiguous and checked first (``[COO 5.1]`` / ``[COO 5.2]`` for the row
+  outside the target size, and the first reads its rows' memory as if it were contiguous. By
+  every route (the torch functions, ``torch._VF``'s, the aten packets and their overloads),
+  every integral index dtype and ``size`` as an int or a 0-d tensor, their inputs are made
+  contiguous and checked first (``[COO 5.1]`` / ``[COO 5.2]`` for the row
   indices against ``size``, ``[COO 5.3]`` for rows out of order, ``[CSR 5.x]`` / ``[CSC 5.x]``
   for the compressed indices against the nnz, ``[CSR 3.x]`` for batches that disagree), with
   the position, and torch is handed exactly the tensors that were checked (traced by
@@ -76,7 +78,8 @@ Limits
 ------
 * Code that took a reference before the wrappers were installed (``from torch import
   sparse_coo_tensor`` at import time, ``torch._C._VariableFunctions.sparse_coo_tensor``, an
-  aten packet or overload object held since then) calls torch's function directly;
+  aten packet or overload object held since then) calls torch's function directly
+  (``torch._C._VariableFunctions`` is an immutable type: its names cannot be replaced);
   enforcement does not see those calls. ``python -m safesparse run`` and the environment
   variable switch enforce mode on before the program imports anything.
 * Sparse tensors built by C++ code from data that is already checked (``Tensor.to_sparse()``,
@@ -142,9 +145,12 @@ ATEN_CONSTRUCTORS = (
 #: The legacy typed constructors' names in ``torch.sparse`` (and ``torch.cuda.sparse``).
 LEGACY_TYPES = ("FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "ByteTensor",
                 "CharTensor", "ShortTensor", "IntTensor", "LongTensor")
-#: torch's index conversions, checked before they run.
+#: torch's index conversions, checked before they run: the torch functions (and ``torch._VF``'s
+#: view of them) and the aten packets with their overloads (``.default``, ``.out``).
 CONVERSIONS = {"_convert_indices_from_coo_to_csr": conversions.coo_to_csr,
                "_convert_indices_from_csr_to_coo": conversions.csr_to_coo}
+CONVERSION_GATES = {"_convert_indices_from_coo_to_csr": conversions.gate_coo_to_csr,
+                    "_convert_indices_from_csr_to_coo": conversions.gate_csr_to_coo}
 
 #: (owner, attribute, make-wrapper-from-previous, TorchScript builtin of the attribute or None)
 Route = tuple[Any, str, Callable[[Any], Any], "str | None"]
@@ -167,6 +173,13 @@ def _routes() -> list[Route]:
                         functools.partial(routes.stand_in, op=f"torch.ops.aten.{name}"),
                         f"aten::{name}"))
     out += [(torch, name, make, f"aten::{name}") for name, make in CONVERSIONS.items()]
+    vf = getattr(torch, "_VF", None)  # torch._C._VariableFunctions itself is immutable
+    out += [(vf, name, make, None) for name, make in CONVERSIONS.items()
+            if vf is not None and hasattr(vf, name)]
+    for name, gate in CONVERSION_GATES.items():
+        if hasattr(torch.ops.aten, name):
+            out.append((torch.ops.aten, name, functools.partial(
+                routes.stand_in, op=f"torch.ops.aten.{name}", gate=gate), f"aten::{name}"))
     return out
 
 

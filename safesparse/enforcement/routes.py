@@ -90,6 +90,9 @@ _BELOW_AUTOGRAD = torch._C.DispatchKey.ADInplaceOrView
 _INTERNAL = tuple(os.path.dirname(os.path.abspath(f)) + os.sep
                   for f in (os.path.dirname(__file__), torch.__file__))
 _INDEX_DTYPES = (torch.int32, torch.int64)
+#: What an operator that reads index data runs in its stand-in's place while enforced:
+#: ``gate(operator, op name, args, kwargs)`` checks the arguments, then calls the operator.
+Gate = Callable[[Callable[..., Any], str, tuple[Any, ...], dict[str, Any]], Any]
 
 
 def _loading() -> bool:
@@ -137,13 +140,19 @@ def _plain_context() -> bool:
             or bool(torch._C._dispatch_tls_is_dispatch_key_excluded(_BELOW_AUTOGRAD)))
 
 
-def call_site(frame: FrameType | None) -> str:
-    """``file:line`` of ``frame`` or, when that is safesparse's or torch's own, of the first
-    frame above it that is neither (the code that called torch); the file by its base name
-    (the traceback has its path; an error's first line stays short)."""
+def _caller(frame: FrameType | None) -> FrameType | None:
+    """``frame`` or, when that is safesparse's or torch's own, the first frame above it that
+    is neither (the code that called torch)."""
     while (frame is not None
            and os.path.abspath(frame.f_code.co_filename).startswith(_INTERNAL)):
         frame = frame.f_back
+    return frame
+
+
+def call_site(frame: FrameType | None) -> str:
+    """``file:line`` of :func:`_caller` of ``frame``; the file by its base name (the
+    traceback has its path; an error's first line stays short)."""
+    frame = _caller(frame)
     if frame is None:
         return "<unknown>"
     filename = frame.f_code.co_filename
@@ -151,7 +160,12 @@ def call_site(frame: FrameType | None) -> str:
 
 
 def _refused(err: InvariantError, op: str, frame: FrameType | None) -> InvariantError:
-    return err.with_context(op=op, built_by=f"{op} at {call_site(frame)}")
+    """``err`` naming the call ``op``, where it was made and the module that made it (a
+    library's own repair hint, e.g. PyG's ``torch_geometric.edge_index``)."""
+    caller = _caller(frame)
+    module = caller.f_globals.get("__name__") if caller is not None else None
+    return err.with_context(op=op, built_by=f"{op} at {call_site(frame)}",
+                            built_in=module if isinstance(module, str) else None)
 
 
 def adopt(out: Any, op: str, frame: FrameType | None) -> Any:
@@ -344,10 +358,12 @@ class AtenOp:
     original's, except that an overload looked up through a stand-in packet is a stand-in
     too (made on first use, then kept)."""
 
-    def __init__(self, original: Any, op: str, name: str | None = None) -> None:
+    def __init__(self, original: Any, op: str, name: str | None = None,
+                 gate: Gate | None = None) -> None:
         d = self.__dict__
         d["__ss_original__"] = original
         d["_ss_op"] = op
+        d["_ss_gate"] = gate
         d["_ss_name"] = op.split(".")[3] if name is None else name  # torch.ops.aten.<name>
         for name in ("__module__", "__name__", "__qualname__", "__doc__"):
             if hasattr(original, name):
@@ -357,7 +373,11 @@ class AtenOp:
     def __class__(self) -> type:  # isinstance(op, OpOverloadPacket) holds
         return type(self.__ss_original__)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:  # an aten ``self=`` keyword
+        if self._ss_gate is not None:  # an index conversion: checks its input, then runs
+            if not _enforcing.is_enforced():
+                return self.__ss_original__(*args, **kwargs)
+            return self._ss_gate(self.__ss_original__, self._ss_op, args, kwargs)
         if not active():
             return self.__ss_original__(*args, **kwargs)
         if _any_foreign(args, kwargs) or _plain_context():
@@ -370,7 +390,7 @@ class AtenOp:
             raise AttributeError(name)
         value = getattr(self.__ss_original__, name)
         if isinstance(value, torch._ops.OpOverload) and not name.startswith("_"):
-            value = stand_in(value, f"{self._ss_op}.{name}", self._ss_name)
+            value = stand_in(value, f"{self._ss_op}.{name}", self._ss_name, self._ss_gate)
             self.__dict__[name] = value  # next time found without __getattr__
         return value
 
@@ -401,12 +421,14 @@ _STAND_INS: dict[int, AtenOp] = {}
 _stand_ins_lock = threading.Lock()
 
 
-def stand_in(original: Any, op: str, name: str | None = None) -> AtenOp:
-    """The one :class:`AtenOp` standing in for ``original`` (an aten packet or overload)."""
+def stand_in(original: Any, op: str, name: str | None = None,
+             gate: Gate | None = None) -> AtenOp:
+    """The one :class:`AtenOp` standing in for ``original`` (an aten packet or overload);
+    ``gate`` for an operator that reads index data (torch's index conversions)."""
     with _stand_ins_lock:
         ours = _STAND_INS.get(id(original))
         if ours is None:
-            ours = _STAND_INS[id(original)] = AtenOp(original, op, name)
+            ours = _STAND_INS[id(original)] = AtenOp(original, op, name, gate)
         return ours
 
 

@@ -35,6 +35,7 @@ import torch
 from ..base.layouts import COMPRESSED_LAYOUTS, SHORT_NAMES
 from ..catalog.errors import InvariantError
 from ..catalog.module_geometry import MEMBER_NAMES, member_of, values_disagree
+from .limits import entry_cap, json_cap, oversized_member, read_entry, vet_zip
 from .results import LoadResult, ModuleMatrix
 
 __all__ = ["PORTABLE_KEY", "ArchiveError", "is_export_archive", "read_export_archive"]
@@ -51,6 +52,8 @@ _SIZES = (("out_features", "in_features"), ("n_rows", "n_cols"))
 _DTYPES = {1: torch.uint8, 2: torch.int8, 3: torch.int16, 4: torch.int32, 5: torch.int64,
            6: torch.float16, 7: torch.float32, 8: torch.float64, 12: torch.bool,
            13: torch.bfloat16}
+#: The most a one-word entry (``archive_format``, ``byteorder``) may hold.
+_SMALL = 64
 _INPUT_KINDS = {"parameter": "parameter_name", "buffer": "buffer_name",
                 "tensor_constant": "tensor_constant_name"}
 
@@ -64,9 +67,9 @@ def _root(z: zipfile.ZipFile) -> str | None:
     for name in z.namelist():
         if name.endswith("archive_format") and name.count("/") == 1:
             try:
-                if z.read(name).strip() == b"pt2":
+                if read_entry(z, name, _SMALL).strip() == b"pt2":
                     return name[: -len("archive_format")]
-            except (OSError, zipfile.BadZipFile, RuntimeError):
+            except (OSError, zipfile.BadZipFile, RuntimeError, ValueError):
                 return None
     return None
 
@@ -93,12 +96,15 @@ def _ints(items: Any, what: str) -> list[int]:
 
 
 class _Payloads:
-    """The tensors of one payload directory (weights or constants), read on demand."""
+    """The tensors of one payload directory (weights or constants), read on demand, each
+    within what its description needs and the archive's cap (:mod:`.limits`)."""
 
     def __init__(self, z: zipfile.ZipFile, base: str, config_name: str) -> None:
         self.z, self.base = z, base
+        self.size = _archive_size(z)
         try:
-            config = json.loads(z.read(config_name)) if config_name in z.namelist() else {}
+            config = (json.loads(read_entry(z, config_name, json_cap(self.size)))
+                      if config_name in z.namelist() else {})
         except (ValueError, RecursionError):
             raise ArchiveError(f"{config_name} is not valid JSON") from None
         entries = config.get("config", {}) if isinstance(config, dict) else None
@@ -124,11 +130,19 @@ class _Payloads:
         sizes = _ints(tm.get("sizes"), f"{fqn} sizes")
         strides = _ints(tm.get("strides"), f"{fqn} strides")
         offset = _ints([tm.get("storage_offset")], f"{fqn} storage offset")[0]
+        item = torch.empty((), dtype=dtype).element_size()
         try:
-            data = self.z.read(self.base + name)
+            declared = self.z.getinfo(self.base + name).file_size
+            if 0 not in sizes and len(sizes) == len(strides) and min([*strides, offset, 0]) >= 0:
+                needs = (offset + 1 + sum((s - 1) * st for s, st in zip(
+                    sizes, strides, strict=True))) * item
+                if declared < needs:  # (refused unread)
+                    raise ArchiveError(f"{fqn}: sizes {sizes} and strides {strides} from "
+                                       f"offset {offset} need {needs} bytes; "
+                                       f"{self.base + name} declares {declared}")
+            data = read_entry(self.z, self.base + name, entry_cap(self.size))
         except (KeyError, OSError, zipfile.BadZipFile) as exc:
             raise ArchiveError(f"{fqn}: cannot read {self.base + name}: {exc}") from None
-        item = torch.empty((), dtype=dtype).element_size()
         if len(data) % item:
             raise ArchiveError(f"{fqn}: {len(data)} bytes is not a whole number of {dtype}")
         numel = len(data) // item
@@ -220,6 +234,8 @@ def _vet(fqns: tuple[str, str, str], layout: torch.layout, size: tuple[int, int]
     prefix = head if standard else ""  # (safesparse.nn modules: "fc1." + the member names)
     nnz = int(members[1].shape[0]) if members[1].dim() == 1 else None
     error: InvariantError | None = values_disagree(layout, None, members[2])
+    if error is None:  # a view claiming more than the archive holds: before any copy
+        error = oversized_member(layout, members)
     if error is None:
         try:
             sparse_compressed_tensor(*members, size, layout=layout)
@@ -247,6 +263,7 @@ def read_export_archive(path: str | os.PathLike[str]) -> LoadResult:
     if sys.byteorder != "little":
         raise ArchiveError("torch.export archives are little-endian; this machine is not")
     with zipfile.ZipFile(path) as z:
+        vet_zip(z, _archive_size(z))  # entries declaring more than a multiple of the archive
         root = _root(z)
         if root is None:
             raise ArchiveError("not a torch.export archive (no archive_format 'pt2')")
@@ -260,7 +277,8 @@ def read_export_archive(path: str | os.PathLike[str]) -> LoadResult:
                                "AOTInductor package holds compiled code, which check cannot "
                                "vet)")
         byteorder = root + "byteorder"
-        if byteorder in names and z.read(byteorder).strip() not in (b"little", b""):
+        if byteorder in names and read_entry(z, byteorder, _SMALL).strip() not in (
+                b"little", b""):
             raise ArchiveError("the archive's tensors are not little-endian")
         tensors: dict[str, torch.Tensor] = {}
         stored = 0  # tensors the archive stores (weights and constants)
@@ -268,7 +286,7 @@ def read_export_archive(path: str | os.PathLike[str]) -> LoadResult:
         seen: set[tuple[tuple[str, str, str], torch.layout, tuple[int, int]]] = set()
         for program_name in programs:
             model = program_name[len(root + "models/"):-len(".json")]
-            text = z.read(program_name)
+            text = read_entry(z, program_name, json_cap(_archive_size(z)))
             try:
                 program = json.loads(text)
             except (ValueError, RecursionError):
@@ -296,6 +314,18 @@ def read_export_archive(path: str | os.PathLike[str]) -> LoadResult:
                 tensors.update(zip(fqns, members, strict=True))
                 modules.append(_vet(fqns, layout, size, (members[0], members[1], members[2])))
     return LoadResult(tensors, [], dense=stored - len(tensors), modules=modules)
+
+
+def _archive_size(z: zipfile.ZipFile) -> int:
+    """The size of the archive ``z`` reads, in bytes."""
+    fp = z.fp
+    if fp is None:
+        return 0
+    here = fp.tell()
+    try:
+        return int(fp.seek(0, os.SEEK_END))
+    finally:
+        fp.seek(here)
 
 
 def _read(stores: list[_Payloads], fqn: str) -> torch.Tensor:

@@ -14,6 +14,7 @@ from ..catalog.errors import source_name
 from ..state.memory import torch_loader
 from . import safetensors as _safetensors
 from .atomic import is_path
+from .limits import vet_zip_file
 from .modules import module_matrices
 from .results import Found, LoadResult
 from .session import (
@@ -64,6 +65,7 @@ def load_and_validate(
     """
     if is_path(f) and os.fsdecode(os.fspath(f)).endswith(".safetensors"):
         return _safetensors.load_and_validate(f, _safetensors_device(kwargs.get("map_location")))
+    vet_zip_file(f)  # a zip whose entries declare more than a small multiple of it: unread
     session = _Session(on_sparse=on_sparse, own_indices=bool(kwargs.get("mmap")))
     prior = _session()
     _local.session = session

@@ -34,6 +34,7 @@ from ..catalog.module_geometry import (
     parse_geometry,
     values_disagree,
 )
+from .limits import oversized_member
 from .results import ModuleMatrix, Path, PathKey
 
 __all__ = ["ModuleMatrix", "member_of", "module_matrices", "vet_module"]
@@ -65,6 +66,9 @@ def vet_module(extra: Any, members: tuple[Any, Any, Any]
     disagree = values_disagree(layout, blocksize, members[2])
     if disagree is not None:
         return layout, shape, "values", disagree
+    claims = oversized_member(layout, members)  # before any copy
+    if claims is not None:
+        return layout, shape, member_of(claims), claims
     try:
         sparse_compressed_tensor(*members, shape, layout=layout)
     except InvariantError as err:

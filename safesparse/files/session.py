@@ -34,6 +34,7 @@ from ..factories.core import (
     sparse_csr_tensor,
 )
 from ..tensor.core import SafeSparseTensor, _is_sparse, is_checked, validate
+from .limits import oversized_member
 from .owned import own_copy
 
 # Members of tensors that were not built
@@ -419,6 +420,12 @@ class _LoadMode(TorchFunctionMode):
             members = tuple(_arg(args, kwargs, i) for i in range(3))
             size, coalesced = _arg(args, kwargs, 3, "size"), None
         lay = layout if layout is not None else kwargs.get("layout", torch.strided)
+        claims = oversized_member(lay, members)
+        if claims is not None:  # refused before any copy: a view claiming more than the file
+            def refuse() -> SafeSparseTensor:
+                raise claims
+
+            return self.session.run(lay, members, size, coalesced, refuse)
 
         if self.session.own_indices:  # (mmap=True) validated and kept on copies
             n = 1 if layout == torch.sparse_coo else 2

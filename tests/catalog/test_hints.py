@@ -146,7 +146,9 @@ def test_refusals_speak_plain_words_and_end_with_the_hint(
     assert first.startswith(f"[{layout_name(layout)} {iid}] {words}")
     assert err.explanation == words or err.explanation.startswith(words)
     assert f"{err.explanation} ({err.detail})" in first  # the location stays beside it
-    assert rest == [f"invariant: {inv.text}", f"to repair: {inv.hint}"] and inv.hint
+    hint = invariants.hint_for(layout, iid, op=err.op)  # (a conversion's hint: its own)
+    assert rest == [f"invariant: {inv.text}", f"to repair: {hint}"] and hint
+    assert hint == inv.hint or "_convert_indices_from_" in str(err.op)
 
 
 def test_every_index_case_of_the_catalog_is_reached_by_a_test() -> None:

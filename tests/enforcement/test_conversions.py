@@ -13,6 +13,7 @@ crash fails its test.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -278,3 +279,231 @@ def test_a_compiled_conversion_checks_the_data_it_runs_on(first: str) -> None:
                           env=child_env(ROOT, drop=env.VARIABLES), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines() == ["5.3 2", "out= 5.3 2", "torch.sparse_csc 5.2"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Every route, every integral dtype, size as a 0-d tensor (issue 47, item 1)
+
+#: Each repro of issue 47 (rc 134 / 139 under enforce mode on the starting commit): indices of
+#: a dtype the gate let through unchecked (uint8, int8, int16), ``size`` as a 0-d tensor, and
+#: the aten packets and overloads, which were not replaced at all. Each runs on its own line;
+#: a crash names the last started.
+ROUTE_REPROS = {
+    "uint8 rows": "torch._convert_indices_from_coo_to_csr("
+                  "torch.tensor([0, 200], dtype=torch.uint8), 3)",
+    "int8 rows": "torch._convert_indices_from_coo_to_csr("
+                 "torch.tensor([-100, 0], dtype=torch.int8), 3)",
+    "int16 rows": "torch._convert_indices_from_coo_to_csr("
+                  "torch.tensor([0, 30000], dtype=torch.int16), 3)",
+    "0-d size": "torch._convert_indices_from_coo_to_csr(torch.tensor([0, 10**7]), "
+                "torch.tensor(3))",
+    "0-d uint8 size": "torch._convert_indices_from_coo_to_csr(torch.tensor([0, 10**7]), "
+                      "size=torch.tensor(3, dtype=torch.uint8))",
+    "aten packet": "torch.ops.aten._convert_indices_from_coo_to_csr(torch.tensor([0, 10**7]), 3)",
+    "aten .default": "torch.ops.aten._convert_indices_from_coo_to_csr.default("
+                     "torch.tensor([0, 10**7]), 3)",
+    "aten .default self=": "torch.ops.aten._convert_indices_from_coo_to_csr.default("
+                           "self=torch.tensor([0, 100], dtype=torch.int8), size=3)",
+    "aten .out": "torch.ops.aten._convert_indices_from_coo_to_csr.out("
+                 "torch.tensor([0, 10**7]), 3, out=torch.empty(0, dtype=torch.long))",
+    "aten packet, 0-d size": "torch.ops.aten._convert_indices_from_coo_to_csr("
+                             "torch.tensor([0, 10**7]), torch.tensor(3))",
+    "torch._VF": "torch._VF._convert_indices_from_coo_to_csr(torch.tensor([0, 10**7]), 3)",
+    "csr uint8 crow": "torch._convert_indices_from_csr_to_coo("
+                      "torch.tensor([0, 255, 2], dtype=torch.uint8), torch.tensor([0, 1]))",
+    "csr int8 crow": "torch._convert_indices_from_csr_to_coo("
+                     "torch.tensor([0, 100, 2], dtype=torch.int8), torch.tensor([0, 1]))",
+    "csr int16 crow": "torch._convert_indices_from_csr_to_coo("
+                      "torch.tensor([0, 30000, 2], dtype=torch.int16), torch.tensor([0, 1]))",
+    # 44 "equals" 300 in int8: a check in the index dtype would wrap
+    "csr int8 crow, nnz past int8": "torch._convert_indices_from_csr_to_coo("
+                                    "torch.tensor([0, 1, 44], dtype=torch.int8), "
+                                    "torch.zeros(300, dtype=torch.long))",
+    "csr aten packet": "torch.ops.aten._convert_indices_from_csr_to_coo("
+                       "torch.tensor([0, 10**7, 2]), torch.tensor([0, 1]))",
+    "csr aten .default": "torch.ops.aten._convert_indices_from_csr_to_coo.default("
+                         "torch.tensor([0, 10**7, 2]), torch.tensor([0, 1]))",
+    "csr aten .out": "torch.ops.aten._convert_indices_from_csr_to_coo.out("
+                     "torch.tensor([0, 10**7, 2]), torch.tensor([0, 1]), "
+                     "out=torch.empty(0, dtype=torch.long))",
+    "csr torch._VF": "torch._VF._convert_indices_from_csr_to_coo("
+                     "torch.tensor([0, 10**7, 2]), torch.tensor([0, 1]))",
+}
+REPROS = CHILDREN.add("issue 47 repros", """
+    import json, sys, torch, safesparse as ss
+    cases = json.loads(sys.argv[1])
+    ss.set_enforce(True)
+    for name, call in cases.items():
+        print(json.dumps({"start": name}), flush=True)
+        try:
+            eval(call)
+            print(json.dumps({"case": name, "outcome": "NOT REFUSED"}), flush=True)
+        except ss.InvariantError as err:
+            print(json.dumps({"case": name, "outcome": f"{err.layout} {err.invariant}",
+                              "op": err.op}), flush=True)
+""", json.dumps(ROUTE_REPROS))
+
+
+@CHILDREN.mark
+def test_every_route_and_dtype_of_the_issue_is_refused_never_a_crash() -> None:
+    """Each of these crashed (rc 134 / 139) or ran unchecked under enforce mode on the
+    starting commit; each is now refused with the id of what it breaks, naming its route."""
+    proc = CHILDREN.run(REPROS)
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    started = [x["start"] for x in lines if "start" in x]
+    assert proc.returncode == 0, f"crashed in {started[-1:]}: {proc.stderr[-2000:]}"
+    got = {x["case"]: (x["outcome"], x["op"]) for x in lines if "case" in x}
+    assert set(got) == set(ROUTE_REPROS)
+    for name, (outcome, op) in got.items():
+        csr = name.startswith("csr")
+        if name == "int8 rows":
+            want = "torch.sparse_coo 5.1"
+        elif name == "csr int8 crow, nnz past int8":
+            want = "torch.sparse_csr 5.2"
+        else:
+            want = "torch.sparse_csr 5.3" if csr else "torch.sparse_coo 5.2"
+        assert outcome == want, (name, outcome)
+        stem = "_convert_indices_from_" + ("csr_to_coo" if csr else "coo_to_csr")
+        if "aten" in name:
+            suffix = {".default": ".default", ".out": ".out"}.get(name.split()[-1].rstrip("=")
+                                                                   .split(" ")[0], "")
+            if "self=" in name:
+                suffix = ".default"
+            assert op == f"torch.ops.aten.{stem}{suffix}", (name, op)
+        else:
+            assert op == f"torch.{stem}", (name, op)
+
+
+VALID_ROUTES = CHILDREN.add("valid input by every route and dtype", """
+    import numpy as np, torch, safesparse as ss
+    torch.manual_seed(3)
+    DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+    SIZES = (lambda n: n, lambda n: torch.tensor(n), lambda n: torch.tensor(n, dtype=torch.uint8),
+             lambda n: torch.tensor(n, dtype=torch.int32), lambda n: np.int64(n))
+
+    def coo_routes(rows, size, kw):
+        yield torch._convert_indices_from_coo_to_csr(rows, size, **kw)
+        yield torch._convert_indices_from_coo_to_csr(input=rows, size=size, **kw)
+        yield torch._VF._convert_indices_from_coo_to_csr(rows, size, **kw)
+        yield torch.ops.aten._convert_indices_from_coo_to_csr(rows, size, **kw)
+        yield torch.ops.aten._convert_indices_from_coo_to_csr.default(self=rows, size=size, **kw)
+        out = torch.empty(1, dtype=torch.int32 if kw else torch.int64)
+        got = torch.ops.aten._convert_indices_from_coo_to_csr.out(rows, size, **kw, out=out)
+        assert got is out
+        yield out
+
+    def csr_routes(crow, col, kw):
+        yield torch._convert_indices_from_csr_to_coo(crow, col, **kw)
+        yield torch._VF._convert_indices_from_csr_to_coo(crow, col, **kw)
+        yield torch.ops.aten._convert_indices_from_csr_to_coo(crow, col, **kw)
+        yield torch.ops.aten._convert_indices_from_csr_to_coo.default(
+            crow_indices=crow, col_indices=col, **kw)
+        out = torch.empty(0, dtype=torch.int32 if kw.get("out_int32") else torch.int64)
+        yield torch.ops.aten._convert_indices_from_csr_to_coo.out(crow, col, **kw, out=out)
+
+    cases = 0
+    for dtype in DTYPES:
+        for n, size in ((0, 0), (1, 1), (9, 4), (60, 7)):
+            rows = torch.randint(0, max(size, 1), (n, 2)).sort(0).values[:, 0].to(dtype)
+            for kw in ({}, {"out_int32": True}):
+                want = torch._convert_indices_from_coo_to_csr(rows.contiguous(), size, **kw)
+                for make_size in SIZES:
+                    with ss.enforce():
+                        for got in coo_routes(rows, make_size(size), kw):
+                            assert got.dtype == want.dtype and torch.equal(got, want), (
+                                dtype, n, size, kw, got, want)
+                            cases += 1
+        counts = torch.randint(0, 4, (2, 5))
+        nnz = int(counts.sum(-1).max())
+        counts[:, -1] += nnz - counts.sum(-1)
+        crow = torch.cat([torch.zeros(2, 1, dtype=torch.long), counts.cumsum(-1)], -1)
+        if nnz > torch.iinfo(dtype).max:
+            continue
+        col = torch.randint(0, 9, (2, nnz))
+        for c, p in ((crow[0], col[0]), (crow, col)):
+            for kw in ({}, {"out_int32": True}, {"transpose": True}):
+                want = torch._convert_indices_from_csr_to_coo(c.contiguous(), p.contiguous(),
+                                                              **kw)
+                with ss.enforce():
+                    for got in csr_routes(c.to(dtype), p.to(dtype), kw):
+                        assert got.dtype == want.dtype and torch.equal(got, want), (
+                            dtype, kw, got, want)
+                        cases += 1
+    print("SAME", cases)
+""")
+
+
+@CHILDREN.mark
+def test_valid_input_by_every_route_and_dtype_equals_plain_torch() -> None:
+    """uint8 ... int64 indices, ``size`` as an int, a 0-d tensor of several dtypes or a NumPy
+    integer, by the torch function, ``torch._VF``, the aten packet, ``.default`` (keywords
+    ``self=`` / ``crow_indices=``) and ``.out``: torch's own result, bit for bit."""
+    proc = CHILDREN.run(VALID_ROUTES)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["SAME", str(5 * 4 * 2 * 5 * 6 + 5 * 2 * 3 * 5)]
+
+
+PASS_THROUGH = CHILDREN.add("what torch refuses is torch's to refuse", """
+    import torch, safesparse as ss
+    calls = (
+        lambda: torch._convert_indices_from_coo_to_csr(torch.tensor([0, 1]), 3.0),
+        lambda: torch._convert_indices_from_coo_to_csr(torch.tensor([0, 1]), True),
+        lambda: torch._convert_indices_from_coo_to_csr(torch.tensor([0, 1]), torch.tensor([3])),
+        lambda: torch._convert_indices_from_coo_to_csr(torch.tensor([0, 1]), torch.tensor(3.0)),
+        lambda: torch._convert_indices_from_coo_to_csr(torch.tensor([0.0, 1.0]), 3),
+        lambda: torch._convert_indices_from_coo_to_csr(torch.tensor([[0, 1]]), 3),
+        lambda: torch.ops.aten._convert_indices_from_coo_to_csr(torch.tensor([0, 1]), 3.0),
+        lambda: torch._convert_indices_from_csr_to_coo(torch.tensor(0), torch.tensor(0)),
+        # no kernel for these dtypes in torch 2.13: valid, checked, refused by torch itself
+        lambda: torch._convert_indices_from_coo_to_csr(torch.tensor([0, 1]).to(torch.uint16), 3),
+        lambda: torch._convert_indices_from_csr_to_coo(torch.tensor([0, 1, 2]).to(torch.uint32),
+                                                       torch.tensor([0, 1])),
+    )
+    for call in calls:
+        try:
+            call()
+            plain = "ran"
+        except Exception as err:
+            plain = type(err).__name__
+        with ss.enforce():
+            try:
+                call()
+                ours = "ran"
+            except ss.InvariantError as err:
+                ours = "InvariantError"
+            except Exception as err:
+                ours = type(err).__name__
+        print(plain, ours)
+""")
+
+
+@CHILDREN.mark
+def test_arguments_torch_refuses_get_torchs_own_error() -> None:
+    """A float or bool size, a 1-element size tensor, float or 2-D rows, unsigned dtypes
+    torch has no kernel for: torch's parser or kernel refuses them before reading any data;
+    enforce mode lets it, with the same error."""
+    proc = CHILDREN.run(PASS_THROUGH)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pairs = [line.split() for line in proc.stdout.splitlines()]
+    assert len(pairs) == 10 and all(a == b and a != "ran" for a, b in pairs), pairs
+
+
+UNSIGNED = CHILDREN.add("unsigned dtypes torch has no kernel for", """
+    import torch, safesparse as ss
+    with ss.enforce():
+        for dtype in (torch.uint16, torch.uint32, torch.uint64):
+            try:
+                torch._convert_indices_from_coo_to_csr(torch.tensor([0, 9]).to(dtype), 3)
+                print("NOT REFUSED")
+            except ss.InvariantError as err:
+                print(err.invariant, err.location["position"])
+""")
+
+
+@CHILDREN.mark
+def test_unsigned_dtypes_are_checked_before_torch_refuses_them() -> None:
+    """uint16 / uint32 / uint64 rows out of range: the check runs first (a later torch may
+    have a kernel for them)."""
+    proc = CHILDREN.run(UNSIGNED)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["5.2 1"] * 3
