@@ -233,8 +233,8 @@ def _notes(ss: ModuleType, tables: list[Table]) -> None:
     native = load_safesparse("kernels.native")
     path = native.status().describe() if native is not None else "unknown"
     for table in tables:
-        table.notes.append(f"Kernel path: {path}; bfloat16 is computed in float32 by these "
-                           "kernels (no `vdpbf16ps` micro-kernels yet).")
+        bf16 = native.bf16_describe() if native is not None else "unknown"
+        table.notes.append(f"Kernel path: {path}; bfloat16 products: {bf16}.")
 
 
 def bench_models(cfg: Config) -> list[Table]:
