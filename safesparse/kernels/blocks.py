@@ -285,9 +285,8 @@ def _linear_product(src: T, layout: torch.layout, compressed: T, plain: T, value
     ``bias`` (forward only)."""
     n = src.shape[0]
     if n == 0 or plain.numel() == 0 or not native.usable(src, values):
-        y = _torch_linear_product(src, layout, compressed, plain, values, out_features,
-                                  in_features, transposed)
-        return y if bias is None else y.add_(bias)
+        return _torch_linear_product(src, layout, compressed, plain, values, out_features,
+                                     in_features, transposed, bias)
     n_out = in_features if transposed else out_features
     y = src.new_empty(n, n_out)
     # half types: the operand converted once (the kernels read it in place, float32)
@@ -296,19 +295,23 @@ def _linear_product(src: T, layout: torch.layout, compressed: T, plain: T, value
                       transposed, work, work.stride(1), work.stride(0), n, y, 1, n_out,
                       bias=bias, cache=cache):
         return y
-    y = _torch_linear_product(src, layout, compressed, plain, values, out_features,
-                              in_features, transposed)
-    return y if bias is None else y.add_(bias)
+    return _torch_linear_product(src, layout, compressed, plain, values, out_features,
+                                 in_features, transposed, bias)
 
 
 def _torch_linear_product(src: T, layout: torch.layout, compressed: T, plain: T, values: T,
-                          out_features: int, in_features: int, transposed: bool) -> T:
-    """:func:`_linear_product` with torch ops."""
+                          out_features: int, in_features: int, transposed: bool,
+                          bias: T | None = None) -> T:
+    """:func:`_linear_product` with torch ops; the bias added in the compute dtype, before
+    the one rounding to ``src``'s dtype (as the native kernels add it inside their sums)."""
     n = src.shape[0]
     if n == 0 or plain.numel() == 0:
-        return src.new_zeros(n, in_features if transposed else out_features)
+        y = src.new_zeros(n, in_features if transposed else out_features)
+        return y if bias is None else y.add_(bias)
     y = _batch_product(layout, compressed, plain, values, out_features, in_features,
                        transposed, src.to(_compute_dtype(src.dtype)))
+    if bias is not None:
+        y = y.add_(bias.to(y.dtype))
     return y.to(src.dtype)
 
 
