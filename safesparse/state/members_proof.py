@@ -59,13 +59,24 @@ def proof(compressed: torch.Tensor, plain: torch.Tensor, geometry: Hashable
     one question."""
     if is_unwatched(compressed, plain):
         return False, None
-    rec = checked.vouch(compressed, plain, (geometry,))
+    rec = _proving(compressed, plain, (geometry,))
+    if rec is None:
+        return False, None
+    return True, checked.record_cache(rec)
+
+
+def _proving(compressed: torch.Tensor, plain: torch.Tensor, geometries: tuple[Hashable, ...]
+             ) -> checked.Record | None:
+    """The record that proves these member objects now (a checked tensor's on their memory,
+    or the one the operators remembered for them), or None: :func:`proof`'s and
+    :func:`holding`'s one look-up."""
+    rec = checked.vouch(compressed, plain, geometries)
     if rec is None:
         rec = _proven.get(compressed)
         if (rec is None or _proven.get(plain) is not rec
-                or not checked.proves(rec, compressed, plain, (geometry,))):
-            return False, None
-    return True, checked.record_cache(rec)
+                or not checked.proves(rec, compressed, plain, geometries)):
+            return None
+    return rec
 
 
 def holding(compressed: torch.Tensor, plain: torch.Tensor, geometry: Hashable
@@ -80,12 +91,9 @@ def holding(compressed: torch.Tensor, plain: torch.Tensor, geometry: Hashable
     if is_unwatched(compressed, plain):
         return None
     geometries = (geometry,)
-    rec = checked.vouch(compressed, plain, geometries)
-    if rec is None:  # (as in proof(): the record the operators proved these members with)
-        rec = _proven.get(compressed)
-        if (rec is None or _proven.get(plain) is not rec
-                or not checked.proves(rec, compressed, plain, geometries)):
-            return None
+    rec = _proving(compressed, plain, geometries)
+    if rec is None:
+        return None
     proves, marked = checked.proves, _unwatched
 
     def still() -> bool:
