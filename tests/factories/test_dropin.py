@@ -118,7 +118,7 @@ def test_members_with_a_non_unit_last_stride_are_copied(member: str) -> None:
     assert t.crow_indices().stride(-1) == 1 and t.col_indices().stride(-1) == 1
     assert ss.is_checked(t)
     expected = torch.sparse_csr_tensor(compressed.contiguous(), plain.contiguous(),
-                                       torch.ones(2, 2), (2, 2, 2))
+                                       torch.ones(2, 2), (2, 2, 2), check_invariants=True)
     assert torch.equal(t.to_dense(), expected.to_dense())
 
 
