@@ -12,6 +12,7 @@ racing the layer) run in a child process with a timeout.
 
 from __future__ import annotations
 
+import gc
 import mmap
 import subprocess
 from pathlib import Path
@@ -81,6 +82,8 @@ def test_the_straight_path_is_one_hand_off_to_the_admission(
 
     from safesparse.factories import build
     monkeypatch.setattr(build, "straight", counted)
+    gc.collect()
+    ss.clear_cache()  # (memory an earlier test's state still covers: a miss there, rightly)
     c, p, v = members()
     ss.reset_stats()
     t = ss.sparse_compressed_tensor(c, p, v, SIZE, layout=layout)
