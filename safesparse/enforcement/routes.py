@@ -59,11 +59,12 @@ from ..base import enforce_flag as _enforcing
 from ..base import originals as _originals
 from ..base.layouts import (
     BLOCK_LAYOUTS,
+    BY_SHORT_NAME,
     COMPRESSED_LAYOUTS,
     INDEX_MEMBERS,
-    ROW_LAYOUTS,
     SHORT_NAMES,
     SPARSE_LAYOUTS,
+    index_members,
 )
 from ..catalog.errors import InvariantError
 from ..engine.indices import check_compressed_indices, check_coo_indices
@@ -181,22 +182,13 @@ def adopt(out: Any, op: str, frame: FrameType | None) -> Any:
     try:
         if type(out) is torch.Tensor and _plain_context():
             with _disable_current_modes():  # validation is no part of what a mode sees
-                if _foreign(_first_member(out)):
+                if _foreign(index_members(out)[0]):
                     return out  # fake members (FakeTensorMode's fallback): no data
                 validate(out)
             return out
         return validate(out)
     except InvariantError as err:
         raise _refused(err, op, frame) from None
-
-
-def _first_member(t: torch.Tensor) -> torch.Tensor:
-    """The (compressed) index member of a sparse tensor, read as metadata is."""
-    if t.layout == torch.sparse_coo:
-        return t._indices()
-    if t.layout in ROW_LAYOUTS:
-        return t.crow_indices()
-    return t.ccol_indices()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,7 +221,6 @@ def factory(name: str, previous: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-_COMPRESSED = {SHORT_NAMES[layout]: layout for layout in COMPRESSED_LAYOUTS}
 #: Where a constructor takes its index data: COO (indices, size) argument positions.
 _COO_ARGS = {"sparse_coo_tensor": (0, 2), "_sparse_coo_tensor_unsafe": (0, 2),
              "_sparse_coo_tensor_with_dims_and_tensors": (3, 2)}
@@ -267,7 +258,7 @@ def _check_index_args(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     compressed = _arg(args, kwargs, 0, cname)
     plain = _arg(args, kwargs, 1, pname)
     values = _arg(args, kwargs, 2, "values")
-    layout = _COMPRESSED.get(short, kwargs.get("layout"))
+    layout = BY_SHORT_NAME.get(short, kwargs.get("layout"))  # ("compressed": the argument)
     if (_plain_index(compressed) and _plain_index(plain) and layout in SPARSE_LAYOUTS
             and isinstance(values, torch.Tensor)):
         m = compressed.dim() - 1

@@ -128,6 +128,17 @@ def _native_accepts(meta: CompressedMeta, compressed: torch.Tensor, plain: torch
             and native_accepts_contiguous(meta, compressed, plain, values))
 
 
+def check_contiguous_compressed(meta: CompressedMeta, compressed: torch.Tensor,
+                                plain: torch.Tensor, values: torch.Tensor) -> None:
+    """The index stage of the factories' straight path (members fully contiguous, past
+    :func:`safesparse.engine.metadata._accept_compressed_metadata`): torch's native checker
+    behind its preconditions and the offsets pre-check (:func:`native_accepts_contiguous`);
+    where it declines, the vectorised path, which raises, located (or accepts what torch
+    refused)."""
+    if not native_accepts_contiguous(meta, compressed, plain, values):
+        check_compressed_indices(meta, compressed, plain)
+
+
 def native_accepts_contiguous(meta: CompressedMeta, compressed: torch.Tensor,
                               plain: torch.Tensor, values: torch.Tensor) -> bool:
     """:func:`_native_accepts` for members known to be fully contiguous (the factories' fast
@@ -364,6 +375,7 @@ def validate_tensor(t: torch.Tensor, *, check_indices: bool = True) -> None:
 __all__ = [
     "NATIVE_MAX_NNZ_COO",
     "check_compressed_indices",
+    "check_contiguous_compressed",
     "check_coo_indices",
     "fork_safe",
     "in_forked_child",

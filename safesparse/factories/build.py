@@ -16,8 +16,11 @@ index members, and the admission finishes the job (the protocol is written there
 * **unchecked** (``check_invariants=False``): built and joined, not validated.
 
 :func:`fast_compressed` / :func:`fast_coo` keep the common case in a straight line (the per-op
-costs of SPEC 4): they open the private path themselves and end it with
-:func:`safesparse.state.admission.settled`; anything else goes to :func:`compressed` /
+costs of SPEC 4). :func:`fast_compressed` runs the metadata stage and hands the members to the
+admission once (:func:`safesparse.state.admission.straight`: a rebuild on proven members, or a
+private first validation; ``tools/walk.py`` follows ``crow_indices`` through it);
+:func:`fast_coo` opens the private path itself and ends it with
+:func:`safesparse.state.admission.First.close`. Anything else goes to :func:`compressed` /
 :func:`coo`. The result is the tensor torch built, retyped (no wrapper object).
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Hashable, Sequence
+from functools import partial
 from typing import Any, Final
 
 import torch
@@ -33,6 +37,7 @@ from ..base import originals as _originals
 from ..base.compiling import bind
 from ..base.debug_flag import is_debug
 from ..base.forking import in_forked_child
+from ..base.layouts import COMPRESSED_LAYOUTS, INDEX_MEMBERS
 from ..engine.metadata import (
     CompressedMeta,
     CooMeta,
@@ -42,13 +47,13 @@ from ..engine.metadata import (
 from ..engine.validation import (
     _native_coo_accepts,
     check_compressed_indices,
+    check_contiguous_compressed,
     check_coo_indices,
-    native_accepts_contiguous,
     native_coo_ok,
 )
 from ..state import checked, writers
 from ..state.memory import watchable_spans
-from ..state.writers import Admission, Validation, admit, opened, proven
+from ..state.writers import Validation, admit, opened, straight
 from ..tensor.core import SafeSparseTensor, retype
 
 __all__ = ["compressed", "coo", "fast_compressed", "fast_coo", "final_size", "own_alias",
@@ -62,8 +67,10 @@ _BUILD: Final[dict[torch.layout, Callable[..., torch.Tensor]]] = {
 }
 
 
-#: The fast path's rebuilds, typed SafeSparseTensor.
-_FAST = Admission((), SafeSparseTensor)
+#: Each compressed layout's compressed-member accessor (``Tensor.crow_indices`` ...).
+_COMPRESSED_OF: Final[dict[torch.layout, Callable[[torch.Tensor], torch.Tensor]]] = {
+    layout: getattr(torch.Tensor, INDEX_MEMBERS[layout][0]) for layout in COMPRESSED_LAYOUTS
+}
 
 
 def _extra(requires_grad: bool, pin_memory: bool) -> dict[str, Any]:
@@ -129,51 +136,12 @@ def fast_compressed(c: Any, p: Any, v: Any, size: Any, layout: torch.layout | No
     meta = _accept_compressed_metadata(c, p, v, shape, layout, None, None)
     if meta is None or is_debug() or in_forked_child():  # (base/forking.py)
         return None
-    geom = ("compressed", meta.n_compressed, meta.n_plain)
-    build = _BUILD[layout]
-    if checked.claim(c) is not None:
-        # members a checked tensor handed out: proven through its record (checked.proves:
-        # the same objects at the proven views, unwritten since, the same geometry)
-        r = proven(c, p, (geom,))
-        if r is None:
-            return compressed(c, p, v, meta)
-        # built on the record's own aliases of the proven members (see own_alias), not on the
-        # caller's handed-out tensors; m1: the new tensor's own plain member
-        own0, own1 = Admission.proven_members(r)
-        built = build(own0, own1, v.view_as(v) if v.requires_grad else v.detach(), shape,
-                      check_invariants=False)
-        m0 = built.crow_indices() if meta.info.row_compressed else built.ccol_indices()
-        # (typed SafeSparseTensor there: torch just made it, nobody else holds it)
-        return _FAST.rebuilt(built, r, members=(m0, own1))  # type: ignore[return-value]
-    spans = watchable_spans((c, p), True)  # (memory torch did not allocate: compressed())
-    if not spans:  # (no memory at all: a state per view key; or memory never cached)
-        return compressed(c, p, v, meta)
-    first = opened(spans, (c, p))
-    if first is None:  # memory a state or another first validation may cover
-        return compressed(c, p, v, meta)
-    # torch's index kernel (validation.py's native path, behind its preconditions and the
-    # offsets pre-check), then torch's unchecked constructor. Not torch's factory with
-    # check_invariants=True: it sets torch's process-wide invariant-check flag for the call and
-    # restores what it saw, so two threads in it at once can leave the flag on for good
-    # (every later torch factory validating, torch.load's post-load check enabled)
-    def check() -> None:
-        if not native_accepts_contiguous(meta, c, p, v):
-            check_compressed_indices(meta, c, p)  # raises, located; or accepts what torch refused
-
-    if not first.passes(check):  # (failed while another thread wrote: the general path)
-        return compressed(c, p, v, meta)
-    cd = c.detach()
-    pd = p.detach()
-    # (own_alias inlined: the factories' hot path)
-    plain = build(cd, pd, v.view_as(v) if v.requires_grad else v.detach(), shape,
-                  check_invariants=False)
-    # m0: an alias sharing the new tensor's counter; m1: the new tensor's own plain member (a
-    # detached alias of the caller's, sharing its counter), whose data pointer tells a move;
-    # the caller's counters are watched through the detached aliases
-    m0 = plain.crow_indices() if meta.info.row_compressed else plain.ccol_indices()
-    if not first.close(plain, geom, (cd, pd), (m0, pd), SafeSparseTensor):
-        return compressed(c, p, v, meta)  # written meanwhile, or a racing registration
-    return plain  # type: ignore[return-value]  # (typed by close)
+    # the trust of the straight path is the admission's (state/admission.py): one hand-off
+    out = straight(c, p, v.view_as(v) if v.requires_grad else v.detach(),  # (own_alias)
+                   shape, ("compressed", meta.n_compressed, meta.n_plain), _BUILD[layout],
+                   _COMPRESSED_OF[layout],
+                   partial(check_contiguous_compressed, meta, c, p, v), SafeSparseTensor)
+    return compressed(c, p, v, meta) if out is None else out  # type: ignore[return-value]
 
 
 def fast_coo(idx: Any, v: Any, size: Any, dtype: torch.dtype | None, device: Any,

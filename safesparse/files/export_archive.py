@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ..base.layouts import COMPRESSED_LAYOUTS, SHORT_NAMES
+from ..base.layouts import BY_SHORT_NAME, COMPRESSED_LAYOUTS
 from ..catalog.errors import InvariantError
 from ..catalog.module_geometry import MEMBER_NAMES, member_of, values_disagree
 from .limits import entry_cap, json_cap, oversized_member, read_entry, vet_zip
@@ -45,7 +45,6 @@ __all__ = ["PORTABLE_KEY", "ArchiveError", "is_export_archive", "read_export_arc
 #: ``layout``; ``size``): a portable program holds no ``safesparse`` operator to find them by
 PORTABLE_KEY = "safesparse.matrices"
 
-_LAYOUTS = {SHORT_NAMES[layout]: layout for layout in COMPRESSED_LAYOUTS}
 _SIZES = (("out_features", "in_features"), ("n_rows", "n_cols"))
 #: torch.export's serialized dtype codes (torch._export.serde.schema.ScalarType) that can
 #: hold index members or values
@@ -215,8 +214,8 @@ def _matrix_of(args: dict[str, Any], names: dict[str, str]
         fqns.append(names[name])
     layout_arg = args.get("layout")
     code = layout_arg.get("as_string") if isinstance(layout_arg, dict) else None
-    layout = _LAYOUTS.get(code) if isinstance(code, str) else None
-    if layout is None:
+    layout = BY_SHORT_NAME.get(code) if isinstance(code, str) else None
+    if layout is None or layout not in COMPRESSED_LAYOUTS:
         raise ArchiveError(f"a safesparse operator on {fqns[0]} has no known layout")
     for rows, cols in _SIZES:
         if rows in args and cols in args:

@@ -73,8 +73,6 @@ MEMBER_SEP = ".__ss_"
 METADATA_PREFIX = "__ss_sparse__:"
 _RESERVED_METADATA = "__ss_"
 
-_LAYOUT_NAMES = TORCH_NAMES
-_LAYOUTS = BY_TORCH_NAME
 _MEMBERS: dict[torch.layout, tuple[str, ...]] = {
     layout: (*INDEX_MEMBERS[layout], "values") for layout in SPARSE_LAYOUTS
 }
@@ -145,7 +143,7 @@ def _flatten(
             flat[key] = t  # dense, or not a tensor: safetensors decides, as it would
             continue
         plain = _checked_plain(key, t)
-        spec: dict[str, Any] = {"format": FORMAT_VERSION, "layout": _LAYOUT_NAMES[plain.layout],
+        spec: dict[str, Any] = {"format": FORMAT_VERSION, "layout": TORCH_NAMES[plain.layout],
                                 "size": list(plain.shape)}
         if plain.layout == torch.sparse_coo:
             spec["coalesced"] = bool(plain.is_coalesced())
@@ -238,10 +236,10 @@ def _parse_entry(key: str, text: str) -> tuple[torch.layout, tuple[int, ...], bo
         raise FormatError(f"{where}: unknown format version {version!r} (this safesparse "
                           f"reads version {FORMAT_VERSION}; a newer safesparse may read it)")
     name = spec.get("layout")
-    layout = _LAYOUTS.get(name) if isinstance(name, str) else None
+    layout = BY_TORCH_NAME.get(name) if isinstance(name, str) else None
     if layout is None:
         raise FormatError(f"{where}: unknown layout {name!r} (expected one of "
-                          f"{', '.join(sorted(_LAYOUTS))})")
+                          f"{', '.join(sorted(BY_TORCH_NAME))})")
     fields = {"format", "layout", "size"} | ({"coalesced"} if layout == torch.sparse_coo else set())
     unknown = sorted(str(k) for k in spec if k not in fields)
     if unknown:
@@ -301,7 +299,7 @@ def _rebuild(flat: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | Non
         names = [key + MEMBER_SEP + m for m in _MEMBERS[layout]]
         missing = [n for n in names if n not in flat]
         if missing:
-            raise FormatError(f"{_where(key)} ({_LAYOUT_NAMES[layout]}): missing member(s) "
+            raise FormatError(f"{_where(key)} ({TORCH_NAMES[layout]}): missing member(s) "
                               f"{', '.join(repr(n) for n in missing)}")
         parts = tuple(flat[n] for n in names)
         for n, m in zip(_MEMBERS[layout][:-1], parts, strict=False):
@@ -314,7 +312,7 @@ def _rebuild(flat: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | Non
         more = f" ({len(extra) - 1} more such tensors)" if len(extra) > 1 else ""
         if key in layouts:
             raise FormatError(f"tensor {extra[0]!r} is not a member of {_where(key)}: a "
-                              f"{_LAYOUT_NAMES[layouts[key]]} tensor has "
+                              f"{TORCH_NAMES[layouts[key]]} tensor has "
                               f"{', '.join(_MEMBERS[layouts[key]])}{more}")
         raise FormatError(f"tensor {extra[0]!r} is named as a member of a sparse tensor, but no "
                           f"entry of the file's metadata describes {key!r}{more}")

@@ -22,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..base import originals as _originals
-from ..base.layouts import SPARSE_LAYOUTS
+from ..base.layouts import SPARSE_LAYOUTS, index_members
 from ..catalog.errors import InvariantError
 from ..engine.metadata import members
 from ..factories.core import (
@@ -489,7 +489,8 @@ def _members_of(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def _index_members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    return _members_of(t)[:-1]
+    with DisableTorchFunctionSubclass():
+        return index_members(t)
 
 
 def _adopt(t: torch.Tensor, own_indices: bool = False) -> SafeSparseTensor:

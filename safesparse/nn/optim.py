@@ -29,9 +29,6 @@ from ..tensor import SafeSparseTensor, ops
 
 __all__ = ["SparseParameterError"]
 
-_BLOCK = BLOCK_LAYOUTS
-
-
 
 class SparseParameterError(TypeError):
     """An optimizer was asked to update a sparse-layout parameter it cannot update."""
@@ -48,7 +45,7 @@ def _sgd_on_pattern(optimizer: torch.optim.Optimizer, group: dict[str, Any],
     return (isinstance(optimizer, torch.optim.SGD) and not group.get("foreach")
             and not group.get("fused") and not group.get("differentiable")
             and not (isinstance(group.get("lr"), torch.Tensor) and group["lr"].requires_grad)
-            and not (p.layout in _BLOCK and group.get("weight_decay", 0) != 0))
+            and not (p.layout in BLOCK_LAYOUTS and group.get("weight_decay", 0) != 0))
 
 
 def _refusal(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> SparseParameterError:

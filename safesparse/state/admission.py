@@ -15,8 +15,10 @@ validate and build, and leave every question of trust to this module:
     shortcut 5); anything else the registering path (register, watch the caller's tensors, a
     proof already there or validate under a snapshot, prove). Memory that cannot be watched
     (inference tensors, shared memory) is validated and volatile;
+  - :func:`straight`: the compressed factories' straight path in one call (a rebuild on
+    proven members, or a private first validation; None: the general path);
   - :func:`opened` / :meth:`First.close`: the private path's two halves around the caller's own
-    validate-and-build, for the factories' straight-line fast paths (build.py).
+    validate-and-build, for the COO factory's straight-line fast path (build.py).
 
 * **adoption and the guard** revalidate a tensor that has a record: :func:`revalidate`
   (``ss.validate``, the guard, results torch built).
@@ -76,7 +78,8 @@ from .memory import IndexKey, Spans, index_key, must_copy, watchable_spans
 from .records import attach, record
 
 __all__ = ["ATTEMPTS", "CHANGING", "Admission", "First", "Validation", "admit", "give",
-           "opened", "proven", "proven_copy", "revalidate", "settled", "steady", "volatile_onto"]
+           "opened", "proven", "proven_copy", "revalidate", "settled", "steady", "straight",
+           "volatile_onto"]
 
 #: Attempts to validate index data that another thread keeps writing (see :func:`steady`).
 ATTEMPTS = 3
@@ -194,10 +197,7 @@ class Admission:
         """``plain``, built on the index data ``r`` proves, with a record on ``r``'s state
         (``geom``: its geometry when it may differ from ``r``'s, COO's flag; ``members``: its
         member aliases when the caller has them), typed :attr:`cls`."""
-        if plain.is_inference():
-            return volatile_onto(plain, r.geom if geom is None else geom, self.cls)
-        m0, m1 = plain_members(plain) if members is None else members
-        return give(plain, rebuilt(r, m0, m1, m0._version, geom, nnz), self.cls)
+        return _rebuilt_onto(plain, r, geom, nnz, members, self.cls)
 
     # -- first validations ------------------------------------------------------------------
 
@@ -273,6 +273,61 @@ class Admission:
         m0, m1 = plain_members(plain)
         give(plain, shared_record((m0, m1), state, key, m0._version, geom), self.cls)
         return plain, True
+
+
+def _rebuilt_onto(plain: torch.Tensor, r: Record, geom: Hashable, nnz: int,
+                  members: tuple[torch.Tensor, torch.Tensor | None] | None,
+                  cls: type | None) -> torch.Tensor:
+    """:meth:`Admission.rebuilt` (and :func:`straight`'s rebuild)."""
+    if plain.is_inference():
+        return volatile_onto(plain, r.geom if geom is None else geom, cls)
+    m0, m1 = plain_members(plain) if members is None else members
+    return give(plain, rebuilt(r, m0, m1, m0._version, geom, nnz), cls)
+
+
+def straight(c: torch.Tensor, p: torch.Tensor, values: torch.Tensor, size: tuple[int, ...],
+             geom: Hashable, build: Callable[..., torch.Tensor],
+             compressed_of: Callable[[torch.Tensor], torch.Tensor],
+             check: Callable[[], object], cls: type) -> torch.Tensor | None:
+    """The compressed factories' straight path (:func:`safesparse.factories.build.
+    fast_compressed`), in one call: the caller's members ``c`` / ``p`` in their final form,
+    past the metadata stage (``geom``), ``values`` the member torch is given (an alias of the
+    caller's), ``build`` torch's unchecked constructor of the layout, ``compressed_of`` the
+    layout's compressed-member accessor, ``check()`` the index stage (raises, located). Returns
+    the tensor, typed ``cls`` with its record, or None (nothing built that counts): the caller
+    takes the general path (:func:`admit`), which asks again.
+
+    * members a checked tensor handed out, still proven (shortcut 4): built on the record's
+      own aliases of them (see ``build.own_alias``), a record on its state;
+    * memory no state or pending record covers (shortcut 5): announced, validated by
+      ``check()`` with the caller's counters read before, built by torch's unchecked
+      constructor on detached aliases, settled private. (Not torch's factory with
+      ``check_invariants=True``: it sets torch's process-wide invariant-check flag for the
+      call and restores what it saw, so two threads in it at once can leave it on for good.)
+    Anything else (memory torch did not allocate, memory a state may cover, a failed check
+    while a counter moved, a racing registration) is None."""
+    if claim(c) is not None:
+        r = proven(c, p, (geom,))
+        if r is None:
+            return None
+        own0, own1 = proven_members(r)
+        built = build(own0, own1, values, size, check_invariants=False)
+        return _rebuilt_onto(built, r, None, 0, (compressed_of(built), own1), cls)
+    spans = watchable_spans((c, p), True)
+    if not spans:  # (no memory at all: a state per view key; or memory never cached)
+        return None
+    first = opened(spans, (c, p))
+    if first is None or not first.passes(check):
+        return None
+    cd = c.detach()
+    pd = p.detach()
+    plain = build(cd, pd, values, size, check_invariants=False)
+    # m0: an alias sharing the new tensor's counter; m1: the new tensor's own plain member (a
+    # detached alias of the caller's, sharing its counter), whose data pointer tells a move;
+    # the caller's counters are watched through the detached aliases
+    if not first.close(plain, geom, (cd, pd), (compressed_of(plain), pd), cls):
+        return None  # written meanwhile, or a racing registration
+    return plain
 
 
 class First:

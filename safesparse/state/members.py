@@ -12,23 +12,16 @@ from collections.abc import Hashable, Sequence
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from ..base.layouts import BLOCK_LAYOUTS as _BLOCKED
-from ..base.layouts import ROW_LAYOUTS as _ROW_COMPRESSED
+from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS, index_members
 
 __all__ = ["compressed_geometry", "coo_geometry", "geometry_of", "plain_members"]
-
-_COO = torch.sparse_coo
 
 
 def plain_members(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(m0, m1)``: the index members of a *plain* sparse tensor (COO: ``(indices, None)``),
-    as aliases sharing its version counter."""
-    lay = t.layout
-    if lay is _COO:
-        return t._indices(), None
-    if lay in _ROW_COMPRESSED:
-        return t.crow_indices(), t.col_indices()
-    return t.ccol_indices(), t.row_indices()
+    as aliases sharing its version counter (:func:`~safesparse.base.layouts.index_members`)."""
+    members = index_members(t)
+    return members[0], (members[1] if len(members) > 1 else None)
 
 
 def compressed_geometry(n_compressed: int, n_plain: int) -> Hashable:
@@ -44,15 +37,15 @@ def geometry_of(t: torch.Tensor) -> Hashable:
     members do not even have the dims a geometry is read from (a member reshaped in place,
     ``crow.unsqueeze_(0)``): no proof is about that, and validation names the broken id."""
     with DisableTorchFunctionSubclass():
-        if t.layout is _COO:
+        if t.layout is torch.sparse_coo:
             return coo_geometry(t.shape[: t.sparse_dim()], t.is_coalesced())
-        compressed = t.crow_indices() if t.layout in _ROW_COMPRESSED else t.ccol_indices()
+        compressed = index_members(t)[0]
         m = compressed.dim() - 1
         vshape = t.values().shape
-        blocked = t.layout in _BLOCKED
+        blocked = t.layout in BLOCK_LAYOUTS
         if m < 0 or t.dim() < m + 2 or len(vshape) < m + (3 if blocked else 1):
             return None
         b0, b1 = (vshape[m + 1], vshape[m + 2]) if blocked else (1, 1)
         rows, cols = t.shape[m], t.shape[m + 1]
-        extent, block = (cols, b1) if t.layout in _ROW_COMPRESSED else (rows, b0)
+        extent, block = (cols, b1) if t.layout in ROW_LAYOUTS else (rows, b0)
         return compressed_geometry(compressed.shape[-1] - 1, extent // block if block else 0)

@@ -26,6 +26,7 @@ __all__ = [
     "bump_generation",
     "confirm",
     "fresh",
+    "held",
     "holds",
     "is_volatile",
     "proven_geometry",
@@ -261,6 +262,13 @@ def born(r: Record, m0: torch.Tensor, m1: torch.Tensor | None,
 def record(t: torch.Tensor) -> Record | None:
     rec: Record | None = t.__dict__.get("_ss")
     return rec
+
+
+def held(t: torch.Tensor) -> Record | None:
+    """``t``'s record when its proof :func:`holds` now, else None: the per-op question of the
+    fast path (tensor/fastpath.py), asked in one call."""
+    rec: Record | None = t.__dict__.get("_ss")
+    return rec if rec is not None and holds(rec) else None
 
 
 def sole_record(plain: torch.Tensor, ver: int, geom: Hashable) -> Record:

@@ -19,6 +19,7 @@ from .admission import (
     opened,
     proven,
     revalidate,
+    straight,
     validated_now,
 )
 from .checked import (
@@ -57,6 +58,7 @@ __all__ = [
     "replaced",
     "revalidate",
     "share",
+    "straight",
     "validated_now",
     "watch",
 ]

@@ -15,20 +15,9 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 
 from ..base import originals as _originals
-from ..base.layouts import ROW_LAYOUTS
+from ..base.layouts import compressed_members, index_members
 
 __all__ = ["copyable", "own_indices"]
-
-_COO = torch.sparse_coo
-_ROW = ROW_LAYOUTS
-
-
-def _members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    if t.layout is _COO:
-        return (t._indices(),)
-    if t.layout in _ROW:
-        return t.crow_indices(), t.col_indices()
-    return t.ccol_indices(), t.row_indices()
 
 
 def copyable(t: torch.Tensor) -> bool:
@@ -37,17 +26,17 @@ def copyable(t: torch.Tensor) -> bool:
     contiguous values (values of other strides, 3.7, are validated as they are first: no torch
     constructor is handed what the checks may refuse)."""
     with DisableTorchFunctionSubclass():
-        values = t._values() if t.layout is _COO else t.values()
-        return values.is_contiguous() and all(m.is_contiguous() for m in _members(t))
+        values = t._values() if t.layout is torch.sparse_coo else t.values()
+        return values.is_contiguous() and all(m.is_contiguous() for m in index_members(t))
 
 
 def _build(t: torch.Tensor) -> torch.Tensor:
     """A plain tensor like ``t`` on copies of its index members and ``t``'s own values."""
-    if t.layout is _COO:
+    if t.layout is torch.sparse_coo:
         return _originals.sparse_coo_tensor(
             t._indices().clone(), t._values(), t.shape, check_invariants=False,
             is_coalesced=t.is_coalesced())
-    c, p = _members(t)
+    c, p = compressed_members(t)
     return _originals.sparse_compressed_tensor(c.clone(), p.clone(), t.values(), t.shape,
                                                layout=t.layout, check_invariants=False)
 

@@ -33,23 +33,18 @@ from typing import Any, Final
 import torch
 
 from ..base.debug_flag import is_debug
-from ..base.layouts import BLOCK_LAYOUTS as _BLOCKED
-from ..base.layouts import ROW_LAYOUTS as _ROW
-from ..base.layouts import SWAPPED as _SWAPPED
+from ..base.layouts import BLOCK_LAYOUTS, SWAPPED, index_members
 from ..engine.metadata import _UNSUPPORTED_VALUE_DTYPES, SUPPORTED_DEVICE_TYPES
 from ..state.admission import give
-from ..state.checked import Record, born, holds
+from ..state.checked import Record, born, held
 
 __all__ = ["FAST", "MISS", "Fallback", "Handler"]
 
 T = torch.Tensor
 _run: Callable[..., Any] = torch._C._disabled_torch_function_impl
 _getrefcount = sys.getrefcount
-_COO = torch.sparse_coo
-_STRIDED = torch.strided
 _SCALARS = (int, float)
 _DENSE_TYPES = (torch.Tensor, torch.nn.Parameter)
-_CSR = torch.sparse_csr
 _LAYOUT = T.layout.__get__  # type: ignore[attr-defined]
 
 
@@ -69,10 +64,8 @@ Handler = Callable[[type, Callable[..., Any], Any, tuple[Any, ...], Fallback], A
 
 def _checked(a: Any) -> Record | None:
     """``a``'s record if ``a`` is a checked SafeSparseTensor and debug mode is off."""
-    r: Record | None = a.__dict__.get("_ss")
-    if r is None or not holds(r) or is_debug():
-        return None
-    return r
+    r = held(a)
+    return None if r is None or is_debug() else r
 
 
 def _born(cls: type, a: Any, r: Record, ret: Any, move: bool, func: Callable[..., Any],
@@ -90,17 +83,11 @@ def _born(cls: type, a: Any, r: Record, ret: Any, move: bool, func: Callable[...
     if move and (ret.dtype in _UNSUPPORTED_VALUE_DTYPES
                  or ret.device.type not in SUPPORTED_DEVICE_TYPES):
         return fallback(func, args, ret)  # 1.5 / 4.1 are decided there
-    coalesced = None
-    if lay is _COO:
-        m0, m1 = ret._indices(), None
-        coalesced = ret.is_coalesced()
-    elif lay in _ROW:
-        m0, m1 = ret.crow_indices(), ret.col_indices()
-    else:
-        m0, m1 = ret.ccol_indices(), ret.row_indices()
+    members = index_members(ret)
+    coalesced = ret.is_coalesced() if lay is torch.sparse_coo else None
     # checked.born: None when not fresh (or empty): joined by memory range; checked only if
     # the input still holds after the op (a write while torch copied it is never blessed)
-    rec = born(r, m0, m1, coalesced)
+    rec = born(r, members[0], members[1] if len(members) > 1 else None, coalesced)
     if rec is None:
         return fallback(func, args, ret)
     return give(ret, rec, cls)
@@ -165,7 +152,7 @@ def _view(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ...]
         return MISS
     a = args[0]
     lay = _layout(a)
-    if lay not in _SWAPPED:
+    if lay not in SWAPPED:
         return MISS
     r = _checked(a)
     if r is None:
@@ -175,7 +162,7 @@ def _view(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, ...]
     except (RuntimeError, IndexError):
         return MISS  # (torch refuses hybrid transposes; the general path handles them)
     # a layout swapped by torch's own view of a: the sparse dims of a non-hybrid tensor
-    if type(ret) is not T or ret.layout is not _SWAPPED[lay] or ret._base is not a:
+    if type(ret) is not T or ret.layout is not SWAPPED[lay] or ret._base is not a:
         return MISS
     return give(ret, r, cls)
 
@@ -204,9 +191,9 @@ def _product(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any, .
         return MISS
     a = args[0]
     x = args[1]
-    if type(x) not in _DENSE_TYPES or x.layout is not _STRIDED or _layout(a) in _BLOCKED:
+    if type(x) not in _DENSE_TYPES or x.layout is not torch.strided or _layout(a) in BLOCK_LAYOUTS:
         return MISS
-    if _checked(a) is None:
+    if held(a) is None or is_debug():  # (_checked inlined: the hot path of ``A @ x``)
         return MISS
     return _run(func, types, args, {})
 
@@ -222,10 +209,10 @@ def _sparse_mm(cls: type, func: Callable[..., Any], types: Any, args: tuple[Any,
     a = args[0]
     x = args[1]
     lay = _layout(a)
-    if (type(x) not in _DENSE_TYPES or x.layout is not _STRIDED
-            or (lay is not _CSR and lay is not _COO)):
+    if (type(x) not in _DENSE_TYPES or x.layout is not torch.strided
+            or (lay is not torch.sparse_csr and lay is not torch.sparse_coo)):
         return MISS
-    if _checked(a) is None:
+    if held(a) is None or is_debug():
         return MISS
     return _run(func, types, args, {})
 

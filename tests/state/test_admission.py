@@ -12,6 +12,7 @@ racing the layer) run in a child process with a timeout.
 
 from __future__ import annotations
 
+import gc
 import mmap
 import subprocess
 from pathlib import Path
@@ -23,6 +24,7 @@ import torch
 from support.batch import Batch, child_env
 
 import safesparse as ss
+from safesparse.base.layouts import index_members
 from safesparse.engine import validation
 from safesparse.state import admission, checked
 
@@ -61,6 +63,47 @@ def test_rebuild_on_handed_out_members_is_proven_without_validation() -> None:
     assert (ss.stats().validations, ss.stats().skipped) == (0, 1)
     t.col_indices()[0] = 2  # the same index memory
     assert not ss.is_checked(u)
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_csr, torch.sparse_csc])
+def test_the_straight_path_is_one_hand_off_to_the_admission(
+        layout: torch.layout, monkeypatch: pytest.MonkeyPatch) -> None:
+    """build.fast_compressed hands the members to admission.straight once: a first
+    validation there (checked, private, the caller's counters watched), a rebuild there
+    (proven, no validation), and a miss (memory a state covers) leaves the general path to
+    decide."""
+    calls: list[str] = []
+    real = admission.straight
+
+    def counted(*args: Any) -> Any:
+        out = real(*args)
+        calls.append("hit" if out is not None else "miss")
+        return out
+
+    from safesparse.factories import build
+    monkeypatch.setattr(build, "straight", counted)
+    gc.collect()
+    ss.clear_cache()  # (memory an earlier test's state still covers: a miss there, rightly)
+    c, p, v = members()
+    ss.reset_stats()
+    t = ss.sparse_compressed_tensor(c, p, v, SIZE, layout=layout)
+    assert calls == ["hit"] and ss.is_checked(t) and ss.stats().validations == 1
+    c2, p2 = index_members(t)
+    u = ss.sparse_compressed_tensor(c2, p2, torch.zeros(3), SIZE, layout=layout)
+    assert calls == ["hit", "hit"] and type(u) is ss.SafeSparseTensor and ss.is_checked(u)
+    assert (ss.stats().validations, ss.stats().skipped) == (1, 1) and u.layout == layout
+    again = ss.sparse_compressed_tensor(c, p, v, SIZE, layout=layout)  # t's pending record
+    assert calls[-1] == "miss" and type(again) is ss.SafeSparseTensor and ss.is_checked(again)
+    p[0] = 2  # a write through the caller's tensor: every proof on it ends
+    assert not (ss.is_checked(t) or ss.is_checked(u) or ss.is_checked(again))
+
+
+def test_held_answers_the_fast_paths_question() -> None:
+    t = ss.sparse_csr_tensor(*members(), SIZE)
+    assert checked.held(t) is rec(t) is not None
+    assert checked.held(torch.ones(2)) is None
+    t.col_indices()[0] = 2
+    assert checked.held(t) is None and rec(t) is not None
 
 
 def test_general_factory_path_types_and_records_what_it_builds() -> None:
