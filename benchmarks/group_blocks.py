@@ -73,7 +73,7 @@ def bench_blocks(cfg: Config) -> list[Table]:
     if ss is None:
         table.notes.append("safesparse could not be imported: nothing to measure.")
         return [table]
-    blocks = load_safesparse("tensor.blocks")
+    blocks = load_safesparse("tensor.products")
     gen = torch.Generator().manual_seed(SEED)
     with DebugOff(ss):
         for block in BLOCKS:

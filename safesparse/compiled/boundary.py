@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 
 from ..base.layouts import COMPRESSED_LAYOUTS
 from ..factories import sparse_compressed_tensor
-from ..nn.operators import LAYOUT_NAMES
+from ..operators.library import LAYOUT_NAMES
 from ..nn.pattern import check_matrix, members
 from ..tensor import SafeSparseTensor, validate
 from .operand import FROM_OPERAND, SparseOperand, make, read_values

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch._C import DisableTorchFunctionSubclass
 
 from ..base.layouts import BY_SHORT_NAME
-from ..nn import operators as _operators  # noqa: F401  (registers torch.ops.safesparse.*)
+from ..operators import library as _operators  # noqa: F401  (registers torch.ops.safesparse.*)
 
 __all__ = ["LAYOUTS", "SparseOperand", "UnsupportedOperandOp", "make", "read_values"]
 

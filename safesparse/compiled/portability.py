@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..files.export_archive import PORTABLE_KEY
-from ..nn import operators as _operators  # noqa: F401  (registers torch.ops.safesparse.*)
+from ..operators import library as _operators  # noqa: F401  (registers torch.ops.safesparse.*)
 from . import prove as _prove  # noqa: F401  (registers torch.ops.safesparse.prove)
 
 __all__ = ["portable"]

@@ -12,10 +12,10 @@ sparse-layout parameters. :func:`sparsify_` converts a whole model's linear laye
 
 from __future__ import annotations
 
-from . import transforms as transforms  # (torch.func, vmap and autocast registrations)
+from ..operators import transforms as transforms  # (torch.func, vmap and autocast registrations)
 from .linear import SparseLinear
 from .matmul import SparseMatmul
-from .operators import UninitialisedMemoryError, UnprovenMembersError
+from ..operators.library import UninitialisedMemoryError, UnprovenMembersError
 from .optim import SparseParameterError
 from .sparsify import SparsifyWarning, sparsify_
 

@@ -16,7 +16,7 @@ import torch
 from ..catalog.errors import InvariantError
 from ..kernels import blocks as blockkernels
 from . import eager
-from .operators import (
+from ..operators.library import (
     keyed,
     linear,
     linear_bias,

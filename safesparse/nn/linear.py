@@ -15,7 +15,7 @@ from torch import nn
 from ..factories import sparse_compressed_tensor
 from ..tensor import SafeSparseTensor
 from .forward import linear_forward
-from .operators import LAYOUT_NAMES
+from ..operators.library import LAYOUT_NAMES
 from .pattern import CompressedModule, block_shape
 
 __all__ = ["SparseLinear"]

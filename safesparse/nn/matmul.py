@@ -10,7 +10,7 @@ import torch
 
 from ..tensor import SafeSparseTensor
 from .forward import matmul_forward
-from .operators import LAYOUT_NAMES
+from ..operators.library import LAYOUT_NAMES
 from .pattern import CompressedModule
 
 __all__ = ["SparseMatmul"]

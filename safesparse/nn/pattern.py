@@ -47,7 +47,7 @@ from ..catalog.module_geometry import (
 from ..factories import sparse_compressed_tensor
 from ..state import checked, members_proof  # (the one place that decides whether a proof holds)
 from ..tensor import SafeSparseTensor, validate
-from .operators import keyed
+from ..operators.library import keyed
 
 __all__ = ["CompressedModule", "block_shape"]
 

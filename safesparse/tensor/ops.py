@@ -34,7 +34,8 @@ from ..catalog.errors import InvariantError
 from ..engine.metadata import values_of
 from ..engine.validation import validate_tensor
 from ..state import checked, writers
-from . import blocks, fastpath, transpose
+from . import fastpath, transpose
+from . import products as blocks
 from .binding import Product, bind
 from .core import (
     REPAIRS,

@@ -26,7 +26,7 @@ from support.block_matrices import (
 )
 
 import safesparse as ss
-from safesparse.tensor import blocks
+from safesparse.tensor import products as blocks
 
 # ---------------------------------------------------------------------------------------------
 # One block engine (issue 40, item 5): 2-D products on CPU run the kernels of safesparse.nn's

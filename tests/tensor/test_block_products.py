@@ -26,7 +26,7 @@ from support.block_matrices import (
 )
 
 import safesparse as ss
-from safesparse.tensor import blocks
+from safesparse.tensor import products as blocks
 
 BLOCKS = [(2, 2), (2, 3), (3, 2), (1, 4), (4, 4)]
 DTYPES = [torch.float32, torch.float64]

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch._library.custom_ops import CustomOpDef
 
-from . import operators as ops
+from . import library as ops
 
 __all__: list[str] = []
 
