@@ -34,8 +34,7 @@ from ..catalog.errors import InvariantError
 from ..engine.metadata import values_of
 from ..engine.validation import validate_tensor
 from ..state import checked, writers
-from . import fastpath, transpose
-from . import products as blocks
+from . import fastpath, products, transpose
 from .binding import Product, bind
 from .core import (
     REPAIRS,
@@ -169,9 +168,9 @@ def _product_route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     whatever form the call has.
 
     * a sparse ``out=`` / in-place target: :func:`_into_sparse` (before any kernel runs);
-    * a BSR / BSC factor with a dense one: the block route (:func:`safesparse.tensor.blocks.route`),
-      where torch 2.13 has no CPU kernel; a dense ``out=`` / in-place target receives the
-      result;
+    * a BSR / BSC factor with a dense one: the block route
+      (:func:`safesparse.tensor.products.route`), where torch 2.13 has no CPU kernel; a dense
+      ``out=`` / in-place target receives the result;
     * products of 2-D CSC tensors torch gets wrong: :func:`_csc_repair`;
     * anything else: torch's kernel, its sparse result validated (``NEW_INDICES``).
     """
@@ -190,9 +189,9 @@ def _product_route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
         target = p.target
         if _is_sparse(target):
             return _into_sparse(func, p, target)
-        call = blocks.route(p)
+        call = products.route(p)
         if call is not None:
-            y = blocks.block_product(call)
+            y = products.block_product(call)
             return y if target is None else _into_dense(func, p, target, y)
         if target is None:
             before = _inputs_checked(args, kwargs)  # (before the repair's kernels run)
@@ -337,7 +336,7 @@ def _add_inplace(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
         after_inplace(t, keeps_indices=True)
         return t
     if before and plain_args and no_grad and _dense_on_pattern(t, other):
-        update = other.reshape(-1)[blocks.pattern_positions(t)]
+        update = other.reshape(-1)[products.pattern_positions(t)]
         values_of(t).add_(update, alpha=sign * alpha)
         after_inplace(t, keeps_indices=True)
         return t
