@@ -1,6 +1,6 @@
 """``SparseLinear``: ``y = x @ W.T + b`` for a sparse weight with a fixed, proven pattern.
 
-The product runs through the ``safesparse::linear`` operator (:mod:`safesparse.nn.operators`),
+The product runs through the ``safesparse::linear`` operator (:mod:`safesparse.operators`),
 so models holding the layer compile with ``fullgraph=True`` and export;
 :meth:`SparseLinear.from_dense` prunes an ``nn.Linear`` to its blocks of largest norm.
 """

@@ -1,15 +1,17 @@
 """The ``safesparse`` operators: sparse products over the dense members of a proven matrix.
 
-Each product of :mod:`safesparse.nn` is one ``torch.library`` custom operator whose inputs are
-strided tensors only (the compressed and plain index members, the values, the dense operand),
-so ``torch.compile(fullgraph=True)`` traces it as one node (its fake implementation gives the
-output's shape) and ``torch.export`` exports it. Their autograd formulas are operators too
+Each sparse product (of :mod:`safesparse.nn`'s layers, of compiled operands) is one
+``torch.library`` custom operator whose inputs are strided tensors only (the compressed and
+plain index members, the values, the dense operand), so ``torch.compile(fullgraph=True)``
+traces it as one node (its fake implementation gives the output's shape) and ``torch.export``
+exports it. Their autograd formulas are operators too
 (gradient to the dense operand: the transposed product; to the values: one small product per
-stored block; :mod:`safesparse.nn.forward`), so compiled backward graphs hold them the same
-way.
+stored block; :mod:`.autograd`), so compiled backward graphs hold them the same way.
 
 Validation happens where data enters (the modules' construction, ``load_state_dict``, setting
-a new weight) and, for index members that are not the proven ones, here. Every real
+a new weight, ``ss.as_operand``) and, for index members that are not the proven ones, here:
+by the engine (the factories' validation), the proof made and remembered by the checked state
+(:mod:`safesparse.state.members_proof`), never by a factory of the layers above. Every real
 implementation asks :func:`safesparse.state.members_proof.confirm`, in O(1), whether the index
 members it was given are proven for this geometry and unwritten since; members that are not
 (written by DDP's default buffer broadcast, in a program loaded with ``torch.export.load``, in
