@@ -4,9 +4,9 @@ Each sparse product (of :mod:`safesparse.nn`'s layers, of compiled operands) is 
 ``torch.library`` custom operator whose inputs are strided tensors only (the compressed and
 plain index members, the values, the dense operand), so ``torch.compile(fullgraph=True)``
 traces it as one node (its fake implementation gives the output's shape) and ``torch.export``
-exports it. Their autograd formulas are operators too
-(gradient to the dense operand: the transposed product; to the values: one small product per
-stored block; :mod:`.autograd`), so compiled backward graphs hold them the same way.
+exports it. Their autograd formulas are operators too (gradient to the dense operand: the
+transposed product; to the values: one small product per stored block; :mod:`.autograd`), so
+compiled backward graphs hold them the same way.
 
 Validation happens where data enters (the modules' construction, ``load_state_dict``, setting
 a new weight, ``ss.as_operand``) and, for index members that are not the proven ones, here:

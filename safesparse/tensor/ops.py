@@ -26,13 +26,13 @@ import threading
 from typing import Any, Final
 
 import torch
-import torch.nn.functional as F
 from torch._C import DisableTorchFunctionSubclass
 
 from ..base.layouts import COMPRESSED_LAYOUTS, compressed_members
 from ..catalog.errors import InvariantError
 from ..engine.metadata import values_of
 from ..engine.validation import validate_tensor
+from ..operators.functions import PRODUCT_FUNCTIONS
 from ..state import checked, writers
 from . import fastpath, products, transpose
 from .binding import Product, bind
@@ -470,15 +470,13 @@ def builtin_rows() -> dict[Any, OpEntry]:
     row([T.mT.__get__], PRESERVING, transpose._mT, fast=view)  # type: ignore[attr-defined]
     row([T.adjoint, torch.adjoint, T.mH.__get__], PRESERVING,  # type: ignore[attr-defined]
         transpose._adjoint)
-    # the products (their arguments bound by binding.py), each with its result's kind
-    product = fastpath._product
-    row([T.__matmul__, T.matmul, torch.matmul, T.mm, torch.mm], NEW_INDICES, _product_route,
-        fast=product, product=NEW_INDICES)
-    row([torch.sparse.mm], NEW_INDICES, _product_route, fast=fastpath._sparse_mm,
-        product=NEW_INDICES)
-    row([torch.addmm, T.addmm, T.addmm_, torch.sparse.addmm, F.linear], NEW_INDICES,
-        _product_route, product=NEW_INDICES)
-    row([T.__rmatmul__], NEW_INDICES, _product_route, product=OpKind.UNKNOWN)
+    # the products: the one list of product functions (safesparse.operators.functions), their
+    # arguments bound by binding.py, each with its result's kind and its fast-path handler
+    fast_products = {"mm": fastpath._product, "matmul": fastpath._product,
+                     "sparse_mm": fastpath._sparse_mm}
+    for f, how in PRODUCT_FUNCTIONS.items():
+        row([f], NEW_INDICES, _product_route, fast=fast_products.get(how),
+            product=OpKind.UNKNOWN if how == "rmatmul" else NEW_INDICES)
     return rows
 
 
