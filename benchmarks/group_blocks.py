@@ -1,7 +1,7 @@
 """Group ``blocks``: BSR / BSC products with a dense operand, forward and backward.
 
-Side by side in one process: safesparse's block route (safesparse/tensor/blocks.py: on CPU the
-kernels of safesparse.nn's operators, safesparse/kernels/blocks.py), torch's own BSR kernel
+Side by side in one process: safesparse's block route (safesparse/tensor/products.py: on CPU the
+kernels of the safesparse operators, safesparse/kernels/blocks.py), torch's own BSR kernel
 where it has one (square blocks on CPU, forward only), and the dense matmul of the same
 matrix, on a 2048 x 2048 matrix with 5 % of its blocks stored, times a 2048 x 64 operand; and
 issue 40's figure: ``A @ x`` of a checked BSR 16 x 32 / BSC 16 x 16 tensor, 1024 x 1024 at
@@ -73,7 +73,7 @@ def bench_blocks(cfg: Config) -> list[Table]:
     if ss is None:
         table.notes.append("safesparse could not be imported: nothing to measure.")
         return [table]
-    blocks = load_safesparse("tensor.blocks")
+    blocks = load_safesparse("tensor.products")
     gen = torch.Generator().manual_seed(SEED)
     with DebugOff(ss):
         for block in BLOCKS:

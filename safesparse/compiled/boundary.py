@@ -17,16 +17,14 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from ..base.layouts import COMPRESSED_LAYOUTS
+from ..base.layouts import BY_SHORT_NAME, COMPRESSED_LAYOUTS, SHORT_NAMES, compressed_members
 from ..factories import sparse_compressed_tensor
-from ..nn.operators import LAYOUT_NAMES
-from ..nn.pattern import check_matrix, members
+from ..operators.library import check_matrix
 from ..tensor import SafeSparseTensor, validate
 from .operand import FROM_OPERAND, SparseOperand, make, read_values
 
 __all__ = ["as_operand", "compile", "from_operand"]
 
-_BY_NAME = {name: layout for layout, name in LAYOUT_NAMES.items()}
 
 
 def as_operand(a: torch.Tensor) -> SparseOperand:
@@ -55,7 +53,7 @@ def as_operand(a: torch.Tensor) -> SparseOperand:
         return a
     check_matrix("as_operand", a)
     checked = validate(a)
-    c, p = members(checked)
+    c, p = compressed_members(checked)
     # the values as a tensor of their own (not a view of the sparse tensor: compiled code
     # guards on it), connected to a's autograd graph
     values = checked.values()
@@ -63,7 +61,7 @@ def as_operand(a: torch.Tensor) -> SparseOperand:
         values = values + 0 if values._base is not None else values
     else:
         values = values.detach()
-    return make(values, c, p, LAYOUT_NAMES[a.layout], (int(a.shape[0]), int(a.shape[1])))
+    return make(values, c, p, SHORT_NAMES[a.layout], (int(a.shape[0]), int(a.shape[1])))
 
 
 def from_operand(a: SparseOperand) -> SafeSparseTensor:
@@ -83,7 +81,7 @@ def from_operand(a: SparseOperand) -> SafeSparseTensor:
         raise TypeError(f"from_operand: a SparseOperand is needed, got {type(a).__name__}")
     out: SafeSparseTensor = sparse_compressed_tensor(
         a.compressed, a.plain, read_values(a), (int(a.shape[0]), int(a.shape[1])),
-        layout=_BY_NAME[a.layout_name])
+        layout=BY_SHORT_NAME[a.layout_name])
     return out
 
 

@@ -7,7 +7,7 @@ the dense members of a proven CSR / CSC / BSR / BSC matrix (``compressed``, ``pl
 ``values``) that reports *strided* layout to the compiler, flattens to those three tensors
 (``__tensor_flatten__`` / ``__tensor_unflatten__``: the compiler traces through it), and whose
 ``__torch_function__`` turns the products it supports into the ``safesparse`` operators
-(:mod:`safesparse.nn.operators`), one graph node each:
+(:mod:`safesparse.operators`), one graph node each:
 
 * ``A @ x``, ``torch.mm``, ``torch.matmul``, ``torch.sparse.mm``, ``torch.sparse.addmm``,
   ``x @ A``, ``x @ A.mT``, ``F.linear(x, A, b)`` (``x`` dense, 1-D or 2-D);
@@ -39,11 +39,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch._C import DisableTorchFunctionSubclass
 
+from .. import operators as _operators  # noqa: F401  (registers torch.ops.safesparse.*)
 from ..base.layouts import BY_SHORT_NAME
-from ..nn import operators as _operators  # noqa: F401  (registers torch.ops.safesparse.*)
+from ..operators.functions import PRODUCT_FUNCTIONS
 
 __all__ = ["LAYOUTS", "SparseOperand", "UnsupportedOperandOp", "make", "read_values"]
 
@@ -390,14 +390,15 @@ def _to_dense(a: Any, *args: Any, **kwargs: Any) -> Any:
     raise _refuse("to_dense (densifying)")
 
 
+#: the products, by kind (the in-place ``addmm_`` is refused: torch's own, which dispatch refuses)
+_PRODUCT_ROUTES: dict[str, Callable[..., Any]] = {
+    "mm": _mm, "matmul": _matmul, "rmatmul": _rmatmul, "addmm": _addmm,
+    "sparse_mm": _sparse_mm, "sparse_addmm": _addmm, "linear": _f_linear,
+}
 _T = torch.Tensor
 _ROUTES: dict[Callable[..., Any], Callable[..., Any]] = {
-    torch.mm: _mm, _T.mm: _mm,
-    torch.matmul: _matmul, _T.matmul: _matmul, _T.__matmul__: _matmul,
-    _T.__rmatmul__: _rmatmul,
-    torch.sparse.mm: _sparse_mm,
-    torch.addmm: _addmm, _T.addmm: _addmm, torch.sparse.addmm: _addmm,
-    F.linear: _f_linear,
+    **{f: _PRODUCT_ROUTES[kind] for f, kind in PRODUCT_FUNCTIONS.items()
+       if kind in _PRODUCT_ROUTES},  # (the one list of product functions)
     torch.t: _t, _T.t: _t, _T.mT.__get__: _t, _T.T.__get__: _t,  # type: ignore[attr-defined]
     _T.H.__get__: _t, _T.mH.__get__: _t, _T.adjoint: _t,  # type: ignore[attr-defined]
     torch.adjoint: _t, torch.transpose: _transpose_dims, _T.transpose: _transpose_dims,

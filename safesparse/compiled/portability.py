@@ -1,8 +1,8 @@
 """``ss.portable(exported_program)``: an exported program any torch can serve.
 
-A program exported from a model that holds ``safesparse.nn`` layers keeps the checked
-``safesparse`` operators (SPEC 10): each call confirms in O(1) that its index members are the
-proven ones and validates them otherwise. Loading it needs ``import safesparse`` first (the
+A program exported from a model that holds ``SparseLinear`` / ``SparseMatmul`` layers keeps the
+checked ``safesparse`` operators (SPEC 10): each call confirms in O(1) that its index members
+are the proven ones and validates them otherwise. Loading it needs ``import safesparse`` first (the
 operators are registered by the package); a process that never imports it stops at
 ``torch.export.load``'s "failed to resolve torch.ops.safesparse...".
 
@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
+from .. import operators as _operators  # noqa: F401  (registers torch.ops.safesparse.*)
 from ..files.export_archive import PORTABLE_KEY
-from ..nn import operators as _operators  # noqa: F401  (registers torch.ops.safesparse.*)
 from . import prove as _prove  # noqa: F401  (registers torch.ops.safesparse.prove)
 
 __all__ = ["portable"]
@@ -166,7 +166,8 @@ def portable(program: torch.export.ExportedProgram) -> torch.export.ExportedProg
 
     Args:
         program: a ``torch.export.ExportedProgram`` (``torch.export.export`` of a model that
-            holds ``safesparse.nn`` layers, or of a function taking sparse operands).
+            holds ``SparseLinear`` / ``SparseMatmul`` layers, or of a function taking sparse
+            operands).
 
     Returns:
         A new ``ExportedProgram`` without ``safesparse`` operators; its graph's ``custom``

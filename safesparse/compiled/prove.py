@@ -15,9 +15,8 @@ from __future__ import annotations
 import torch
 from torch.library import custom_op
 
-from ..base.layouts import BLOCK_LAYOUTS, COMPRESSED_LAYOUTS, SHORT_NAMES
+from ..base.layouts import BLOCK_LAYOUTS, COMPRESSED_LAYOUTS, SHORT_NAMES, compressed_members
 from ..factories import sparse_compressed_tensor
-from ..nn.pattern import members
 
 __all__ = ["prove"]
 
@@ -39,7 +38,7 @@ def prove(compressed: torch.Tensor, plain: torch.Tensor, layout: str, n_rows: in
     # copies: the graph's own tensors may be written later, the proven members never are
     t = sparse_compressed_tensor(compressed.clone(), plain.clone(), values, (n_rows, n_cols),
                                  layout=lay, check_invariants=True)
-    c, p = members(t)
+    c, p = compressed_members(t)
     return c, p
 
 

@@ -51,8 +51,8 @@ from ..base.forking import in_forked_child
 from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS
 from ..kernels import blocks as blockkernels
 from ..kernels import native
+from ..operators.library import linear_grad_input, linear_grad_values
 from ..state import checked, members_proof
-from .operators import linear_grad_input, linear_grad_values
 
 _SLOT_X, _SLOT_N, _SLOT_Y = native.SLOT_X, native.SLOT_N, native.SLOT_Y
 _SLOT_XK, _SLOT_YI = native.SLOT_XK, native.SLOT_YI

@@ -14,175 +14,12 @@ from typing import Any
 import torch
 
 from ..catalog.errors import InvariantError
-from ..kernels import blocks as blockkernels
+from ..operators.autograd import LinearFunction, MatmulFunction, apply
+from ..operators.library import linear, linear_bias, matmul
 from . import eager
-from .operators import (
-    keyed,
-    linear,
-    linear_bias,
-    linear_grad_input,
-    linear_grad_values,
-    matmul,
-    matmul_grad_input,
-    matmul_grad_values,
-)
+from .errors import keyed
 
-__all__ = ["LinearFunction", "MatmulFunction", "linear_forward", "linear_operators",
-           "matmul_forward", "matmul_operators"]
-
-
-# ---------------------------------------------------------------------------------------------
-# The operators' autograd formulas (traced: compiled backward graphs hold the gradient operators)
-
-
-def _apply(fn: type[torch.autograd.Function], *args: Any) -> Any:
-    return fn.apply(*args)  # type: ignore[no-untyped-call]
-
-
-class _Function(torch.autograd.Function):
-    """An operator as an ``autograd.Function`` with ``setup_context`` (``torch.func``
-    transforms only those; the one ``register_autograd`` makes has none) and a batching rule
-    generated from the operators' own (:mod:`safesparse.nn.transforms`)."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        pass
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Any) -> Any:
-        raise RuntimeError("safesparse: differentiating the gradient of a safesparse product "
-                           "again is not supported")
-
-
-class _LinearGradInput(_Function):
-    @staticmethod
-    def forward(*args: Any) -> Any:
-        return linear_grad_input(*args)
-
-
-class _LinearGradValues(_Function):
-    @staticmethod
-    def forward(*args: Any) -> Any:
-        return linear_grad_values(*args)
-
-
-class _MatmulGradInput(_Function):
-    @staticmethod
-    def forward(*args: Any) -> Any:
-        return matmul_grad_input(*args)
-
-
-class _MatmulGradValues(_Function):
-    @staticmethod
-    def forward(*args: Any) -> Any:
-        return matmul_grad_values(*args)
-
-
-def _linear_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    x, compressed, plain, values, layout, out_features, in_features = inputs
-    ctx.save_for_backward(x, compressed, plain, values)
-    ctx.geometry = (layout, out_features, in_features)
-
-
-def _linear_backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-    x, compressed, plain, values = ctx.saved_tensors
-    layout, out_features, in_features = ctx.geometry
-    need_x, _, _, need_values = ctx.needs_input_grad[:4]
-    g = g.contiguous()
-    dtype = x.dtype, values.dtype
-    if g.dtype != values.dtype:  # computed under autocast: the backward in its dtype
-        x, values = x.to(g.dtype), values.to(g.dtype)
-    gx = _apply(_LinearGradInput, g, compressed, plain, values, layout, out_features,
-                                in_features) if need_x else None
-    gv = _apply(_LinearGradValues, g, x, compressed, plain, values, layout, out_features,
-                                 in_features) if need_values else None
-    if gx is not None and gx.dtype != dtype[0]:
-        gx = gx.to(dtype[0])
-    if gv is not None and gv.dtype != dtype[1]:
-        gv = gv.to(dtype[1])
-    return gx, None, None, gv, None, None, None
-
-
-linear.register_autograd(_linear_backward, setup_context=_linear_setup)
-
-
-def _linear_bias_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    x, compressed, plain, values, _, layout, out_features, in_features = inputs
-    _linear_setup(ctx, (x, compressed, plain, values, layout, out_features, in_features), output)
-
-
-def _linear_bias_backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-    gx, _, _, gv, *_ = _linear_backward(ctx, g)
-    gb = blockkernels.bias_grad(g) if ctx.needs_input_grad[4] else None
-    return gx, None, None, gv, gb, None, None, None
-
-
-linear_bias.register_autograd(_linear_bias_backward, setup_context=_linear_bias_setup)
-
-
-class LinearFunction(_Function):
-    """``safesparse::linear`` with its autograd formula: what ``SparseLinear`` calls, so that
-    ``torch.func`` transforms it."""
-
-    @staticmethod
-    def forward(*args: Any) -> Any:
-        return linear(*args)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        _linear_setup(ctx, inputs, output)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Any) -> Any:
-        return _linear_backward(ctx, *grads)
-
-
-
-
-def _matmul_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    compressed, plain, values, layout, n_rows, n_cols, x = inputs
-    ctx.save_for_backward(compressed, plain, values, x)
-    ctx.geometry = (layout, n_rows, n_cols)
-
-
-def _matmul_backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-    compressed, plain, values, x = ctx.saved_tensors
-    layout, n_rows, n_cols = ctx.geometry
-    need_values, need_x = ctx.needs_input_grad[2], ctx.needs_input_grad[6]
-    g = g.contiguous()
-    dtype = x.dtype, values.dtype
-    if g.dtype != values.dtype:  # computed under autocast: the backward in its dtype
-        x, values = x.to(g.dtype), values.to(g.dtype)
-    gv = _apply(_MatmulGradValues, compressed, plain, values, layout, n_rows, n_cols, g,
-                                 x) if need_values else None
-    gx = _apply(_MatmulGradInput, compressed, plain, values, layout, n_rows, n_cols,
-                                g) if need_x else None
-    if gx is not None and gx.dtype != dtype[0]:
-        gx = gx.to(dtype[0])
-    if gv is not None and gv.dtype != dtype[1]:
-        gv = gv.to(dtype[1])
-    return None, None, gv, None, None, None, gx
-
-
-matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)
-
-
-class MatmulFunction(_Function):
-    """``safesparse::matmul`` with its autograd formula (``SparseMatmul``)."""
-
-    @staticmethod
-    def forward(*args: Any) -> Any:
-        return matmul(*args)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        _matmul_setup(ctx, inputs, output)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Any) -> Any:
-        return _matmul_backward(ctx, *grads)
+__all__ = ["linear_forward", "linear_operators", "matmul_forward", "matmul_operators"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,7 +55,7 @@ def linear_operators(self: Any, x: torch.Tensor) -> torch.Tensor:
                 self.values, self._layout_name, self.out_features, self.in_features)
         y: torch.Tensor
         if _transformed():  # torch.func: the autograd.Function, the bias added after
-            y = _apply(LinearFunction, *args)
+            y = apply(LinearFunction, *args)
             if self.bias is not None:
                 y = y + self.bias.to(y.dtype)
         elif self.bias is None:
@@ -247,7 +84,7 @@ def matmul_operators(self: Any, x: torch.Tensor) -> torch.Tensor:
     try:
         args = (self.compressed_indices, self.plain_indices, self.values, self._layout_name,
                 self.n_rows, self.n_cols, x.unsqueeze(1) if vector else x)
-        y: torch.Tensor = (_apply(MatmulFunction, *args) if _transformed()
+        y: torch.Tensor = (apply(MatmulFunction, *args) if _transformed()
                              else matmul(*args))
     except InvariantError as err:  # (eager: the error names the module's key)
         raise keyed(self, err) from None

@@ -1,6 +1,6 @@
 """``SparseLinear``: ``y = x @ W.T + b`` for a sparse weight with a fixed, proven pattern.
 
-The product runs through the ``safesparse::linear`` operator (:mod:`safesparse.nn.operators`),
+The product runs through the ``safesparse::linear`` operator (:mod:`safesparse.operators`),
 so models holding the layer compile with ``fullgraph=True`` and export;
 :meth:`SparseLinear.from_dense` prunes an ``nn.Linear`` to its blocks of largest norm.
 """
@@ -12,10 +12,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..base.layouts import SHORT_NAMES
 from ..factories import sparse_compressed_tensor
 from ..tensor import SafeSparseTensor
 from .forward import linear_forward
-from .operators import LAYOUT_NAMES
 from .pattern import CompressedModule, block_shape
 
 __all__ = ["SparseLinear"]
@@ -57,7 +57,7 @@ class SparseLinear(CompressedModule):
         super().__init__()
         self._init_matrix(weight, requires_grad=True)
         self.out_features, self.in_features = self._size
-        self._layout_name = LAYOUT_NAMES[self.layout]
+        self._layout_name = SHORT_NAMES[self.layout]
         self._init_bias(bias)
 
     def _init_bias(self, bias: torch.Tensor | bool | None) -> None:
@@ -149,7 +149,7 @@ class SparseLinear(CompressedModule):
         CompressedModule.__init__(self)
         self._init_skeleton(layout, size, blocksize, n_stored, dtype, requires_grad=True)
         self.out_features, self.in_features = self._size
-        self._layout_name = LAYOUT_NAMES[self.layout]
+        self._layout_name = SHORT_NAMES[self.layout]
         self._init_bias(torch.empty(self.out_features, dtype=dtype, device="meta") if bias
                         else None)
         return self

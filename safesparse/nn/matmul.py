@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
+from ..base.layouts import SHORT_NAMES
 from ..tensor import SafeSparseTensor
 from .forward import matmul_forward
-from .operators import LAYOUT_NAMES
 from .pattern import CompressedModule
 
 __all__ = ["SparseMatmul"]
@@ -33,7 +33,7 @@ class SparseMatmul(CompressedModule):
         super().__init__()
         self._init_matrix(A, requires_grad=trainable)
         self.n_rows, self.n_cols = self._size
-        self._layout_name = LAYOUT_NAMES[self.layout]
+        self._layout_name = SHORT_NAMES[self.layout]
 
     @property
     def A(self) -> SafeSparseTensor:

@@ -14,7 +14,7 @@ that leaves the index buffers as they are keeps them; one that moves them (anoth
 shared memory) re-proves the buffers through the kept checked tensor (its own conversion is
 checked without an O(nnz) check) where that route applies; elsewhere (``share_memory()``,
 ``to_empty()``) nothing is validated there: the operators validate the buffers at their next
-call (:mod:`safesparse.nn.operators`).
+call (:mod:`safesparse.operators`).
 
 The geometry goes into the state dict as the module's extra state, one small int64 tensor
 ``[0x5353, 1, layout, rows, cols, block rows, block cols]`` (layout 0..3 for CSR, CSC, BSR,
@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from ..base.compiling import dynamic_length
-from ..base.layouts import BLOCK_LAYOUTS, COMPRESSED_LAYOUTS, ROW_LAYOUTS
+from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS, compressed_members
 from ..catalog.errors import InvariantError
 from ..catalog.invariants import STATE_DICT_LOADER
 from ..catalog.module_geometry import (
@@ -45,9 +45,10 @@ from ..catalog.module_geometry import (
     values_disagree,
 )
 from ..factories import sparse_compressed_tensor
+from ..operators.library import check_matrix
 from ..state import checked, members_proof  # (the one place that decides whether a proof holds)
 from ..tensor import SafeSparseTensor, validate
-from .operators import keyed
+from .errors import keyed
 
 __all__ = ["CompressedModule", "block_shape"]
 
@@ -63,14 +64,6 @@ dynamic_length("_buffers", MEMBER_NAMES[1])
 dynamic_length("_parameters", MEMBER_NAMES[2])
 
 
-def members(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The compressed and plain index members of a compressed tensor (handed out: a checked
-    tensor's carry its proof)."""
-    if t.layout in _ROW:
-        return t.crow_indices(), t.col_indices()
-    return t.ccol_indices(), t.row_indices()
-
-
 def block_shape(blocksize: tuple[int, int] | int | None) -> tuple[int, int]:
     """``(r, c)`` of a block size given as a pair, an int (square blocks, as
     ``to_sparse_bsr`` takes) or None (single elements)."""
@@ -84,18 +77,6 @@ def _plain(values: torch.Tensor) -> bool:
     """Whether ``values`` (detached) is a plain tensor: not a wrapper subclass such as the
     ``DTensor`` shard FSDP2 puts in the values parameter's place."""
     return type(values) is torch.Tensor
-
-
-def check_matrix(owner: str, matrix: Any) -> None:
-    if not isinstance(matrix, torch.Tensor) or matrix.layout not in COMPRESSED_LAYOUTS:
-        got = matrix.layout if isinstance(matrix, torch.Tensor) else type(matrix).__name__
-        raise TypeError(
-            f"{owner}: the matrix must be a CSR, CSC, BSR or BSC tensor, got {got}\n"
-            "  Convert a dense one with .to_sparse_csr() or .to_sparse_bsr(blocksize).")
-    if matrix.dim() != 2 or matrix.dense_dim() != 0:
-        raise ValueError(
-            f"{owner}: the matrix must be 2-D without dense dims, got shape "
-            f"{tuple(matrix.shape)} with {matrix.dense_dim()} dense dims")
 
 
 class CompressedModule(nn.Module):
@@ -150,14 +131,14 @@ class CompressedModule(nn.Module):
         """Make the index members of the checked ``proven`` (this module's layout and size)
         this module's buffers: a checked tensor is built on them with the current values (no
         O(nnz) check) and kept, and its members, which carry its proof, become the buffers."""
-        c, p = members(proven)
+        c, p = compressed_members(proven)
         self.__dict__.pop("_emptied", None)
         values = self.values.detach()
         if _plain(values):
             kept: SafeSparseTensor = sparse_compressed_tensor(
                 c, p, values, self._size, layout=self.layout)
             self._pattern = kept
-            c, p = members(kept)
+            c, p = compressed_members(kept)
         else:  # (a DTensor shard under FSDP2: the members alone, proven by ``proven``)
             self._pattern = None
         self._buffers["compressed_indices"] = c

@@ -2,7 +2,7 @@
 
 The subclass and its ``__torch_function__`` (:mod:`.core`), the op table's vocabulary
 (:mod:`.optable`) and its fast path (:mod:`.fastpath`), the registered ops (:mod:`.ops`), the
-block products (:mod:`.blocks`, arguments bound by :mod:`.binding`), the zero-copy transposes
+block products (:mod:`.products`, arguments bound by :mod:`.binding`), the zero-copy transposes
 (:mod:`.transpose`), debug mode for plain tensors (:mod:`.debug_mode`) and printing
 (:mod:`.printing`). Reads the checked state, the engine, the catalog and the base.
 

@@ -3,7 +3,7 @@
 torch passes a function's arguments to ``__torch_function__`` as the caller wrote them:
 ``torch.addmm(y, a, b)``, ``torch.addmm(input=y, mat1=a, mat2=b)`` and ``y.addmm_(mat1=a,
 mat2=b)`` are the same call. The routes that inspect products (the block route of
-:mod:`safesparse.tensor.blocks`, the CSC repair and the in-place / ``out=`` handling of
+:mod:`safesparse.tensor.products`, the CSC repair and the in-place / ``out=`` handling of
 :mod:`safesparse.tensor.ops`) read them through :func:`bind`, which maps every accepted spelling to
 one :class:`Product`, from explicit tables (no ``inspect.signature``: it is called per product).
 
@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import torch
-import torch.nn.functional as F
+
+from ..operators.functions import PRODUCT_FUNCTIONS
 
 __all__ = ["Product", "bind"]
 
@@ -77,16 +78,14 @@ _SPARSE_MM = _Signature("mm", ("sparse", "dense", "reduce"), ("mat1", "mat2", ""
 _SPARSE_ADDMM = _Signature("addmm", _ADDMM_ROLES, _ADDMM_ROLES, 3, ("beta", "alpha"))
 _LINEAR = _Signature("linear", ("input", "weight", "bias"), ("mat1", "mat2", "input"), 2)
 
-#: torch function -> how its arguments are named (torch 2.13's signatures).
-SIGNATURES: Final[dict[Any, _Signature]] = {
-    torch.mm: _MM, T.mm: _MM,
-    torch.matmul: _MATMUL, T.matmul: _MATMUL, T.__matmul__: _MATMUL,
-    T.__rmatmul__: _RMATMUL,
-    torch.addmm: _ADDMM, T.addmm: _ADDMM, T.addmm_: _ADDMM_,
-    torch.sparse.mm: _SPARSE_MM,
-    torch.sparse.addmm: _SPARSE_ADDMM,
-    F.linear: _LINEAR,
+_BY_KIND: Final[dict[str, _Signature]] = {
+    "mm": _MM, "matmul": _MATMUL, "rmatmul": _RMATMUL, "addmm": _ADDMM, "addmm_": _ADDMM_,
+    "sparse_mm": _SPARSE_MM, "sparse_addmm": _SPARSE_ADDMM, "linear": _LINEAR,
 }
+#: torch function -> how its arguments are named (the one list of product functions,
+#: :data:`safesparse.operators.functions.PRODUCT_FUNCTIONS`).
+SIGNATURES: Final[dict[Any, _Signature]] = {
+    f: _BY_KIND[kind] for f, kind in PRODUCT_FUNCTIONS.items()}
 _FIELDS: Final = frozenset({"input", "mat1", "mat2", "beta", "alpha", "out"})
 
 

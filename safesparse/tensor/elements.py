@@ -1,4 +1,4 @@
-"""The element route of block products (see :mod:`safesparse.tensor.blocks`): a BSR / BSC tensor,
+"""The element route of block products (see :mod:`safesparse.tensor.products`): a BSR / BSC tensor,
 batched or not, as a CSR matrix of its elements, read either way, kept with its index data's
 proof; and where each stored value sits in the dense form (:func:`pattern_positions`).
 

@@ -26,15 +26,15 @@ import threading
 from typing import Any, Final
 
 import torch
-import torch.nn.functional as F
 from torch._C import DisableTorchFunctionSubclass
 
 from ..base.layouts import COMPRESSED_LAYOUTS, compressed_members
 from ..catalog.errors import InvariantError
 from ..engine.metadata import values_of
 from ..engine.validation import validate_tensor
+from ..operators.functions import PRODUCT_FUNCTIONS
 from ..state import checked, writers
-from . import blocks, fastpath, transpose
+from . import fastpath, products, transpose
 from .binding import Product, bind
 from .core import (
     REPAIRS,
@@ -168,9 +168,9 @@ def _product_route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     whatever form the call has.
 
     * a sparse ``out=`` / in-place target: :func:`_into_sparse` (before any kernel runs);
-    * a BSR / BSC factor with a dense one: the block route (:func:`safesparse.tensor.blocks.route`),
-      where torch 2.13 has no CPU kernel; a dense ``out=`` / in-place target receives the
-      result;
+    * a BSR / BSC factor with a dense one: the block route
+      (:func:`safesparse.tensor.products.route`), where torch 2.13 has no CPU kernel; a dense
+      ``out=`` / in-place target receives the result;
     * products of 2-D CSC tensors torch gets wrong: :func:`_csc_repair`;
     * anything else: torch's kernel, its sparse result validated (``NEW_INDICES``).
     """
@@ -189,9 +189,9 @@ def _product_route(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
         target = p.target
         if _is_sparse(target):
             return _into_sparse(func, p, target)
-        call = blocks.route(p)
+        call = products.route(p)
         if call is not None:
-            y = blocks.block_product(call)
+            y = products.block_product(call)
             return y if target is None else _into_dense(func, p, target, y)
         if target is None:
             before = _inputs_checked(args, kwargs)  # (before the repair's kernels run)
@@ -336,7 +336,7 @@ def _add_inplace(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
         after_inplace(t, keeps_indices=True)
         return t
     if before and plain_args and no_grad and _dense_on_pattern(t, other):
-        update = other.reshape(-1)[blocks.pattern_positions(t)]
+        update = other.reshape(-1)[products.pattern_positions(t)]
         values_of(t).add_(update, alpha=sign * alpha)
         after_inplace(t, keeps_indices=True)
         return t
@@ -470,15 +470,13 @@ def builtin_rows() -> dict[Any, OpEntry]:
     row([T.mT.__get__], PRESERVING, transpose._mT, fast=view)  # type: ignore[attr-defined]
     row([T.adjoint, torch.adjoint, T.mH.__get__], PRESERVING,  # type: ignore[attr-defined]
         transpose._adjoint)
-    # the products (their arguments bound by binding.py), each with its result's kind
-    product = fastpath._product
-    row([T.__matmul__, T.matmul, torch.matmul, T.mm, torch.mm], NEW_INDICES, _product_route,
-        fast=product, product=NEW_INDICES)
-    row([torch.sparse.mm], NEW_INDICES, _product_route, fast=fastpath._sparse_mm,
-        product=NEW_INDICES)
-    row([torch.addmm, T.addmm, T.addmm_, torch.sparse.addmm, F.linear], NEW_INDICES,
-        _product_route, product=NEW_INDICES)
-    row([T.__rmatmul__], NEW_INDICES, _product_route, product=OpKind.UNKNOWN)
+    # the products: the one list of product functions (safesparse.operators.functions), their
+    # arguments bound by binding.py, each with its result's kind and its fast-path handler
+    fast_products = {"mm": fastpath._product, "matmul": fastpath._product,
+                     "sparse_mm": fastpath._sparse_mm}
+    for f, how in PRODUCT_FUNCTIONS.items():
+        row([f], NEW_INDICES, _product_route, fast=fast_products.get(how),
+            product=OpKind.UNKNOWN if how == "rmatmul" else NEW_INDICES)
     return rows
 
 

@@ -24,8 +24,8 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import safesparse as ss
 from safesparse import InvariantError, SparseOperand
+from safesparse.base.layouts import compressed_members as members
 from safesparse.nn import UnprovenMembersError
-from safesparse.nn.pattern import members
 
 pytestmark = pytest.mark.slow  # (compiles)
 

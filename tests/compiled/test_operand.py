@@ -16,9 +16,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import safesparse as ss
 from safesparse import InvariantError, SparseOperand
+from safesparse.base.layouts import compressed_members as members
 from safesparse.compiled import UnsupportedOperandOp
 from safesparse.nn import UnprovenMembersError
-from safesparse.nn.pattern import members
 
 CSR, CSC, BSR, BSC = torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc
 CASES = [(CSR, None), (CSC, None), (BSR, (2, 3)), (BSR, (4, 1)), (BSC, (2, 3)),

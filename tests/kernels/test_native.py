@@ -182,7 +182,7 @@ def test_cache_keeps_each_orientation_apart() -> None:
     """The same members proven for a square CSR and a square CSC matrix: each reads its own
     block coordinates from the proof's cache (a shared entry would swap rows and columns)."""
     import safesparse as ss
-    from safesparse.nn import operators as ops
+    from safesparse.operators import library as ops
 
     dense = torch.zeros(6, 6)
     dense[0, 5], dense[1, 0], dense[4, 2], dense[5, 5] = 1.0, 2.0, 3.0, 4.0

@@ -369,7 +369,7 @@ def test_optimizer_steps_keep_the_proof_and_the_cached_structure(
         layout: torch.layout, blocksize: tuple[int, int] | None) -> None:
     """Training the values in place never touches the index buffers' proof: no validation
     per step, and the block structure kept with the proof survives the steps."""
-    from safesparse.tensor import blocks
+    from safesparse.tensor import products
 
     checked_weight = ss.validate(sparse(dense_weight(blocksize), layout, blocksize))
     ss.reset_stats()
@@ -385,7 +385,7 @@ def test_optimizer_steps_keep_the_proof_and_the_cached_structure(
         m(x).pow(2).sum().backward()
         opt.step()
         if layout != CSR:
-            now = blocks.structure(m.weight, True, True)
+            now = products.structure(m.weight, True, True)
             assert kept is None or now is kept
             kept = now
     assert ss.stats().validations == 0

@@ -47,3 +47,23 @@ def test_the_graph_sees_imports_inside_functions() -> None:
                                       imported="safesparse.engine.convert")
     assert not graph.chain_exists(importer="safesparse.engine.indices",
                                   imported="safesparse.factories")
+
+
+def test_one_door_to_the_kernels() -> None:
+    """The operators are a layer of their own (issue 48): the compiled layer reaches them
+    without ``nn/``, they reach the kernels without the factories or the tensor layer, and the
+    tensor layer's block products take their gradients from them; one file is named
+    ``blocks.py`` (the kernels')."""
+    graph = grimp.build_graph("safesparse")
+    assert not graph.chain_exists(importer="safesparse.compiled", imported="safesparse.nn",
+                                  as_packages=True)
+    for above in ("safesparse.factories", "safesparse.tensor", "safesparse.nn"):
+        assert not graph.chain_exists(importer="safesparse.operators", imported=above,
+                                      as_packages=True)
+    assert graph.direct_import_exists(importer="safesparse.tensor.products",
+                                      imported="safesparse.operators.autograd")
+    assert graph.direct_import_exists(importer="safesparse.operators.library",
+                                      imported="safesparse.kernels.blocks")
+    named = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "safesparse").rglob("*.py")
+                   if p.name == "blocks.py")
+    assert named == ["safesparse/kernels/blocks.py"]

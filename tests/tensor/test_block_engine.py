@@ -1,5 +1,5 @@
 """One block engine (issue 40, item 5; docs/ops.md, "Block products"): 2-D products of checked
-BSR / BSC tensors on CPU run the kernels of safesparse.nn's operators (safesparse.kernels.blocks),
+BSR / BSC tensors on CPU run the kernels of the safesparse operators (safesparse.kernels.blocks),
 batched tensors and other devices the element CSR route (safesparse/tensor/elements.py). Every
 product, on both routes, against a dense float64 reference; gradcheck of every form; the
 kernels' pattern kept with the proof and read by the backward as the forward read it.
@@ -26,7 +26,7 @@ from support.block_matrices import (
 )
 
 import safesparse as ss
-from safesparse.tensor import blocks
+from safesparse.tensor import products
 
 # ---------------------------------------------------------------------------------------------
 # One block engine (issue 40, item 5): 2-D products on CPU run the kernels of safesparse.nn's
@@ -40,7 +40,7 @@ HALF = (torch.float16, torch.bfloat16)
 
 def _force(route: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if route == "elements":
-        monkeypatch.setattr(blocks, "_kernels_cover", lambda a: False)
+        monkeypatch.setattr(products, "_kernels_cover", lambda a: False)
 
 
 def _engine_tol(dtype: torch.dtype) -> dict[str, float]:
@@ -159,7 +159,7 @@ def test_gradcheck_every_form(route: str, layout: torch.layout, block: tuple[int
                               monkeypatch: pytest.MonkeyPatch) -> None:
     """``gradcheck`` of values -> product and operand -> product for every form, through the
     zero-copy transposes; 16 x 16 blocks take the kernels' values gradient, smaller ones the
-    element route's (``blocks._KERNEL_GRAD_FROM``)."""
+    element route's (``products._KERNEL_GRAD_FROM``)."""
     _force(route, monkeypatch)
     a, dense = make(layout, block)
     compressed, plain = members(a)
@@ -190,26 +190,27 @@ def test_gradients_of_half_types_match_float64(layout: torch.layout) -> None:
         (d @ xd).backward(gy.double())
         assert values.grad is not None and x.grad is not None
         assert values.grad.dtype == dtype and x.grad.dtype == dtype
-        dv = d.grad.reshape(-1)[blocks.pattern_positions(ss.validate(
+        dv = d.grad.reshape(-1)[products.pattern_positions(ss.validate(
             factory(layout)(compressed, plain, values.detach().double(), dense.shape)))]
         torch.testing.assert_close(values.grad.double(), dv, rtol=3e-2, atol=3e-2)
         torch.testing.assert_close(x.grad.double(), xd.grad, rtol=3e-2, atol=3e-2)
 
 
 def test_two_dimensional_cpu_products_run_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The 2-D products and both gradients call safesparse.kernels.blocks (the functions of
-    safesparse.nn's operators); batched tensors do not."""
+    """The 2-D products and both gradients call safesparse.kernels.blocks (the kernels of the
+    safesparse operators, their gradients by the operators' formula); batched tensors do
+    not."""
     calls: list[str] = []
     for name in ("matmul", "matmul_grad_input", "matmul_grad_values", "linear",
                  "linear_grad_input", "linear_grad_values"):
-        original = getattr(blocks.kernels, name)
+        original = getattr(products.kernels, name)
 
         def spy(*args: object, _f: Callable[..., torch.Tensor] = original,
                 _n: str = name) -> torch.Tensor:
             calls.append(_n)
             return _f(*args)
 
-        monkeypatch.setattr(blocks.kernels, name, spy)
+        monkeypatch.setattr(products.kernels, name, spy)
     a, dense = make(BSC, (16, 16))
     compressed, plain = members(a)
     values = a.values().detach().clone().requires_grad_()
@@ -244,8 +245,8 @@ def test_kernel_pattern_is_kept_with_the_proof(layout: torch.layout) -> None:
     assert_dense_result(a @ x, dense @ x, torch.float64)
     assert_dense_result(a.mT @ rand(dense.shape[0], 2, seed=4),
                         dense.mT @ rand(dense.shape[0], 2, seed=4), torch.float64)
-    first = blocks._pattern(a)
-    assert blocks._pattern(a) is first
+    first = products._pattern(a)
+    assert products._pattern(a) is first
     assert first.compressed.data_ptr() != members(a)[0].data_ptr()  # a private copy
     # move MASK's only block of block row 2 / column 1 (valid) through the plain member
     plain = members(a)[1]
@@ -261,7 +262,7 @@ def test_kernel_pattern_is_kept_with_the_proof(layout: torch.layout) -> None:
     assert_dense_result(a @ x, moved @ x, torch.float64)
     assert_dense_result(a.mT @ rand(dense.shape[0], 2, seed=4),
                         moved.mT @ rand(dense.shape[0], 2, seed=4), torch.float64)
-    assert blocks._pattern(a) is not first
+    assert products._pattern(a) is not first
 
 
 @ROUTES
@@ -291,7 +292,7 @@ def test_backward_reads_the_pattern_of_its_forward(route: str,
         original = ss.validate(dense.to_sparse_bsr((2, 3)) if layout == BSR
                                else dense.to_sparse_bsc((2, 3)))
         torch.testing.assert_close(values.grad,
-                                   d.grad.reshape(-1)[blocks.pattern_positions(original)])
+                                   d.grad.reshape(-1)[products.pattern_positions(original)])
 
 
 def test_values_written_between_forward_and_backward_are_refused() -> None:
@@ -316,7 +317,7 @@ def test_debug_mode_builds_the_kernel_pattern_afresh(layout: torch.layout) -> No
     x = rand(dense.shape[1], 2).requires_grad_()
     with ss.debug():
         t = factory(layout)(compressed, plain, values, dense.shape)
-        assert blocks._pattern(t) is not blocks._pattern(t)
+        assert products._pattern(t) is not products._pattern(t)
         y = t @ x
         assert_dense_result(y.detach(), dense @ x.detach(), torch.float64)
         y.sum().backward()

@@ -2,8 +2,8 @@
 
 torch 2.13 on CPU multiplies only square-block BSR tensors, forward, and has no kernel for the
 gradient with respect to the dense operand, for non-square blocks, for BSC or for ``A.mT @ g``
-(the BSC view of a BSR ``A``). safesparse computes all of them (safesparse/tensor/blocks.py). Every
-result is compared with the same computation on the dense matrix; gradients with ``gradcheck``
+(the BSC view of a BSR ``A``). safesparse computes all of them (safesparse/tensor/products.py).
+Every result is compared with the same computation on the dense matrix; gradients with ``gradcheck``
 (float64) and with the dense gradients (float32 and float64).
 """
 
@@ -26,7 +26,7 @@ from support.block_matrices import (
 )
 
 import safesparse as ss
-from safesparse.tensor import blocks
+from safesparse.tensor import products
 
 BLOCKS = [(2, 2), (2, 3), (3, 2), (1, 4), (4, 4)]
 DTYPES = [torch.float32, torch.float64]
@@ -239,13 +239,13 @@ def test_sparse_leaf_below_is_found() -> None:
     a scalar product) means a strided gradient; values below a factory mean a values one."""
     a, dense = make(BSR, (2, 3))
     leaf = a.detach().requires_grad_()
-    assert not blocks._gradient_through_values(leaf)
-    assert not blocks._gradient_through_values((leaf * 2).mT)
+    assert not products._gradient_through_values(leaf)
+    assert not products._gradient_through_values((leaf * 2).mT)
     compressed, plain = members(a)
     values = a.values().detach().clone().requires_grad_()
     built = ss.sparse_bsr_tensor(compressed, plain, values * 3, dense.shape)
-    assert blocks._gradient_through_values(built.mT)
-    assert not blocks._gradient_through_values(a)  # no gradient at all
+    assert products._gradient_through_values(built.mT)
+    assert not products._gradient_through_values(a)  # no gradient at all
 
 
 def test_no_grad_needed_gives_no_graph() -> None:
@@ -295,23 +295,23 @@ def test_block_sparse_layer_trains_with_sgd() -> None:
 def test_route_decision() -> None:
     a, dense = make(BSR, (2, 3))
     x = rand(dense.shape[1], 2)
-    call = blocks.block_call(torch.mm, (a, x), {})
+    call = products.block_call(torch.mm, (a, x), {})
     assert call is not None and call.a is a and call.x is x and call.sparse_left
-    call = blocks.block_call(torch.addmm, (rand(2), x.mT, a.mT), {"beta": 2})
+    call = products.block_call(torch.addmm, (rand(2), x.mT, a.mT), {"beta": 2})
     assert call is not None and not call.sparse_left and call.beta == 2
     unchecked = ss.sparse_bsr_tensor(*members(a), a.values(), a.shape, check_invariants=False)
     assert not ss.is_checked(unchecked)
-    assert blocks.block_call(torch.mm, (unchecked, x), {}) is None
-    assert blocks.block_call(torch.mm, (a, x.float()), {}) is None  # dtypes differ
-    assert blocks.block_call(torch.mm, (a, rand(5, 2)), {}) is None  # shapes differ
-    out_call = blocks.block_call(torch.mm, (a, x), {"out": torch.empty(4, 2)})
+    assert products.block_call(torch.mm, (unchecked, x), {}) is None
+    assert products.block_call(torch.mm, (a, x.float()), {}) is None  # dtypes differ
+    assert products.block_call(torch.mm, (a, rand(5, 2)), {}) is None  # shapes differ
+    out_call = products.block_call(torch.mm, (a, x), {"out": torch.empty(4, 2)})
     assert out_call is not None and out_call.a is a  # routed; ops writes the result into out
-    assert blocks.block_call(torch.mm, (a, x), {"out_dtype": torch.float32}) is None
-    assert blocks.block_call(torch.addmm, (a, x.mT, x), {}) is None  # sparse input
+    assert products.block_call(torch.mm, (a, x), {"out_dtype": torch.float32}) is None
+    assert products.block_call(torch.addmm, (a, x.mT, x), {}) is None  # sparse input
     csr = ss.validate(dense.to_sparse_csr())
-    assert blocks.block_call(torch.mm, (csr, x), {}) is None
+    assert products.block_call(torch.mm, (csr, x), {}) is None
     hybrid = ss.validate(torch.randn(4, 6, 2, dtype=torch.float64).to_sparse_bsr((2, 3), 1))
-    assert blocks.block_call(torch.matmul, (hybrid, x), {}) is None
+    assert products.block_call(torch.matmul, (hybrid, x), {}) is None
 
 
 def test_fallbacks_behave_as_torch() -> None:
@@ -340,13 +340,13 @@ def test_square_blocks_without_grad_use_torch_kernel(monkeypatch: pytest.MonkeyP
     a, dense = make(BSR, (2, 2))
     x = rand(dense.shape[1], 3)
     taken: list[bool] = []
-    original = blocks._product
+    original = products._product
 
     def spy(*args: object, **kwargs: object) -> torch.Tensor:
         taken.append(True)
         return original(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(blocks, "_product", spy)
+    monkeypatch.setattr(products, "_product", spy)
     assert_dense_result(a @ x, dense @ x, torch.float64)
     assert bool(taken) is native_kernels
     assert_dense_result(a @ x.requires_grad_(), dense @ x, torch.float64)
@@ -360,16 +360,16 @@ def test_values_found_behind_the_factory() -> None:
     a, dense = make(BSR, (2, 3))
     values = a.values().detach().clone().requires_grad_()
     built = ss.sparse_bsr_tensor(*members(a), values, dense.shape)
-    found = blocks._values_source(built)
+    found = products._values_source(built)
     # the factory builds on its own view of the values (so that `.data =` on them cannot change
     # the built tensor): found is that view, connected to `values` in the graph
     assert found is not None and found._base is values and found.grad_fn is not None
     for view in (built.mT, built.t(), built.transpose(0, 1), built.mT.mT):
-        found = blocks._values_source(view)
+        found = products._values_source(view)
         assert found is not None and found.data_ptr() == values.data_ptr()
         assert found.shape == view.values().shape and found.stride() == view.values().stride()
-    assert blocks._values_source(built * 2) is None
-    assert blocks._values_source(a) is None
+    assert products._values_source(built * 2) is None
+    assert products._values_source(a) is None
 
 
 @PARAMS
@@ -494,11 +494,11 @@ def test_structure_is_cached_with_the_proof(layout: torch.layout) -> None:
     a, dense = make(layout, (2, 3))
     x = rand(dense.shape[1], 2)
     assert_dense_result(a @ x, dense @ x, torch.float64)
-    first = blocks.structure(a, True, True)
-    assert blocks.structure(a, True, True) is first  # kept: no sort, no rebuild
+    first = products.structure(a, True, True)
+    assert products.structure(a, True, True) is first  # kept: no sort, no rebuild
     twin = factory(layout)(*members(a), a.values().clone(), a.shape)
-    assert blocks.structure(twin, True, True) is first  # same proven index data
-    assert blocks.structure(a.mT, True, True) is not first  # another layout: its own entry
+    assert products.structure(twin, True, True) is first  # same proven index data
+    assert products.structure(a.mT, True, True) is not first  # another layout: its own entry
 
 
 def _alias_writers(a: torch.Tensor) -> list[tuple[str, Callable[[], torch.Tensor]]]:
@@ -521,7 +521,7 @@ def test_write_through_an_alias_invalidates_the_cached_structure(writer: int) ->
     a, dense = make(BSC, (2, 3))
     x = rand(dense.shape[1], 2)
     assert_dense_result(a @ x, dense @ x, torch.float64)
-    stale = blocks.structure(a, True, True)
+    stale = products.structure(a, True, True)
     stale.side(False)
     # MASK's block column 1 holds one block, at block row 2: move it to block row 1 (valid)
     ccol = a.ccol_indices()
@@ -534,7 +534,7 @@ def test_write_through_an_alias_invalidates_the_cached_structure(writer: int) ->
     moved[2:4, 3:6], moved[4:6, 3:6] = dense[4:6, 3:6], 0
     assert_dense_result(a @ x, moved @ x, torch.float64)  # revalidated by the guard
     assert ss.is_checked(a)
-    assert blocks.structure(a, True, True) is not stale
+    assert products.structure(a, True, True) is not stale
     alias()[pos] = 7  # out of range: refused before any kernel reads it
     with pytest.raises(ss.InvariantError):
         a @ x
@@ -543,23 +543,23 @@ def test_write_through_an_alias_invalidates_the_cached_structure(writer: int) ->
 def test_pattern_positions_gather_the_stored_entries() -> None:
     for layout, block in ((BSR, (2, 3)), (BSC, (3, 2))):
         a, dense = make(layout, block, batch=(2,))
-        pos = blocks.pattern_positions(a)
+        pos = products.pattern_positions(a)
         assert pos.shape == a.values().shape
         assert torch.equal(dense.reshape(-1)[pos], a.values())
         view = a.mT
-        assert torch.equal(dense.mT.reshape(-1)[blocks.pattern_positions(view)], view.values())
+        assert torch.equal(dense.mT.reshape(-1)[products.pattern_positions(view)], view.values())
     csr = ss.validate(rand(4, 5).to_sparse_csr())
-    assert torch.equal(csr.to_dense().reshape(-1)[blocks.pattern_positions(csr)], csr.values())
+    assert torch.equal(csr.to_dense().reshape(-1)[products.pattern_positions(csr)], csr.values())
 
 
 @PARAMS
 @pytest.mark.parametrize("batch", [(), (2,)], ids=["2d", "batched"])
 def test_gradcheck_large_blocks(layout: torch.layout, batch: tuple[int, ...]) -> None:
-    """Blocks of at least ``blocks._BMM_MIN`` elements get the values' gradient from one
+    """Blocks of at least ``products._BMM_MIN`` elements get the values' gradient from one
     batched matmul instead of ``sampled_addmm``: every orientation, shared and batched
     operands."""
     block = (12, 12)
-    assert block[0] * block[1] >= blocks._BMM_MIN
+    assert block[0] * block[1] >= products._BMM_MIN
     a, dense = make(layout, block, batch=batch)
     compressed, plain = members(a)
     values = a.values().detach().clone().requires_grad_()

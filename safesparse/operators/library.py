@@ -1,15 +1,17 @@
 """The ``safesparse`` operators: sparse products over the dense members of a proven matrix.
 
-Each product of :mod:`safesparse.nn` is one ``torch.library`` custom operator whose inputs are
-strided tensors only (the compressed and plain index members, the values, the dense operand),
-so ``torch.compile(fullgraph=True)`` traces it as one node (its fake implementation gives the
-output's shape) and ``torch.export`` exports it. Their autograd formulas are operators too
-(gradient to the dense operand: the transposed product; to the values: one small product per
-stored block; :mod:`safesparse.nn.forward`), so compiled backward graphs hold them the same
-way.
+Each sparse product (of :mod:`safesparse.nn`'s layers, of compiled operands) is one
+``torch.library`` custom operator whose inputs are strided tensors only (the compressed and
+plain index members, the values, the dense operand), so ``torch.compile(fullgraph=True)``
+traces it as one node (its fake implementation gives the output's shape) and ``torch.export``
+exports it. Their autograd formulas are operators too (gradient to the dense operand: the
+transposed product; to the values: one small product per stored block; :mod:`.autograd`), so
+compiled backward graphs hold them the same way.
 
 Validation happens where data enters (the modules' construction, ``load_state_dict``, setting
-a new weight) and, for index members that are not the proven ones, here. Every real
+a new weight, ``ss.as_operand``) and, for index members that are not the proven ones, here:
+by the engine (the factories' validation), the proof made and remembered by the checked state
+(:mod:`safesparse.state.members_proof`), never by a factory of the layers above. Every real
 implementation asks :func:`safesparse.state.members_proof.confirm`, in O(1), whether the index
 members it was given are proven for this geometry and unwritten since; members that are not
 (written by DDP's default buffer broadcast, in a program loaded with ``torch.export.load``, in
@@ -34,19 +36,23 @@ from typing import Any
 import torch
 from torch.library import custom_op
 
+from ..base import originals as _originals
 from ..base.debug_flag import is_debug
 from ..base.layouts import BLOCK_LAYOUTS, COMPRESSED_LAYOUTS, ROW_LAYOUTS, SHORT_NAMES
 from ..catalog.errors import InvariantError
-from ..factories import sparse_compressed_tensor
+from ..engine.indices import per_batch_contiguous
+from ..engine.metadata import CompressedMeta, check_compressed_metadata
+from ..engine.validation import check_compressed_indices
 from ..kernels import blocks as blockkernels
 from ..state import checked, members_proof
+from ..state.writers import Validation, admit
 
-__all__ = ["LAYOUT_NAMES", "UninitialisedMemoryError", "UnprovenMembersError", "keyed", "linear",
-           "linear_bias", "matmul"]
+__all__ = ["UnprovenMembersError", "check_matrix", "linear", "linear_bias", "linear_grad_input",
+           "linear_grad_values", "matmul", "matmul_grad_input", "matmul_grad_values",
+           "member_of"]
 
-#: The ``layout`` strings of the operators ("csr", "csc", "bsr", "bsc").
-LAYOUT_NAMES: dict[torch.layout, str] = {lay: SHORT_NAMES[lay] for lay in COMPRESSED_LAYOUTS}
-_LAYOUTS = {name: layout for layout, name in LAYOUT_NAMES.items()}
+#: The operators' ``layout`` strings (``base.layouts.SHORT_NAMES`` of the compressed layouts).
+_LAYOUTS = {SHORT_NAMES[layout]: layout for layout in COMPRESSED_LAYOUTS}
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
@@ -136,13 +142,39 @@ def _prove(op: str, layout: torch.layout, compressed: torch.Tensor, plain: torch
     if unseen:  # written without a counter moving: fresh copies, validated and read
         compressed, plain = compressed.clone(), plain.clone()
     try:
-        proven = sparse_compressed_tensor(compressed, plain, values.detach(), (n_rows, n_cols),
-                                          layout=layout)
+        proven = _validated(compressed, plain, values.detach(), n_rows, n_cols, layout)
     except InvariantError as err:
         raise err.with_context(op=f"safesparse::{op}", path=member_of(err)) from None
     if not unseen:
         members_proof.remember(proven, compressed, plain)
     return compressed, plain
+
+
+def _validated(compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor,
+               n_rows: int, n_cols: int, layout: torch.layout) -> torch.Tensor:
+    """A plain tensor of ``layout`` built on the members once the engine validated them (the
+    factories' validation: the metadata stage, then the index stage), carrying the record the
+    checked state gave it (:func:`safesparse.state.admission.admit`: whether and how a proof
+    is made is answered there). Raises ``InvariantError`` naming the first violation."""
+    c, p = per_batch_contiguous(compressed), per_batch_contiguous(plain)
+    vals = values.contiguous()  # (a checked tensor's values are contiguous: 3.7)
+    meta = check_compressed_metadata(c, p, vals, (n_rows, n_cols), layout,
+                                     requested_layout=layout)
+
+    def check(ms: tuple[torch.Tensor, ...], m: CompressedMeta, est: bool) -> CompressedMeta:
+        return check_compressed_indices(m, ms[0], ms[1], estimate=est, values=vals)
+
+    def build(ms: tuple[torch.Tensor, ...], m: CompressedMeta) -> torch.Tensor:
+        return _originals.sparse_compressed_tensor(ms[0].detach(), ms[1].detach(), vals,
+                                                   m.size, layout=layout,
+                                                   check_invariants=False)
+
+    def geometry(m: CompressedMeta) -> Any:
+        return checked.compressed_geometry(m.n_compressed, m.n_plain)
+
+    how = Validation(check, build, geometry, lambda _, m: geometry(m), lambda m: (geometry(m),))
+    built, _ = admit((c, p)).validate(how, meta, debug=is_debug())
+    return built
 
 
 def _broadcast_by_ddp() -> bool:
@@ -169,53 +201,18 @@ def member_of(err: InvariantError) -> str:
     return "compressed_indices, plain_indices"
 
 
-def keyed(module: torch.nn.Module, err: InvariantError) -> InvariantError:
-    """``err`` (raised by an operator over ``module``'s members) naming the member by its key
-    in the outermost module whose code called ``module`` (``fc1.plain_indices``; under DDP
-    ``module.fc1.plain_indices``), found from the calling frames: an error path only."""
-    key = ""
-    frame = sys._getframe(1)
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, torch.nn.Module) and owner is not module:
-            for name, sub in owner.named_modules(remove_duplicate=False):
-                if sub is module:
-                    key = name
-                    break
-        frame = frame.f_back  # type: ignore[assignment]
-    member = err.path or member_of(err)
-    if key:
-        member = ", ".join(f"{key}.{m}" for m in member.split(", "))
-    keyed_err = err.with_context(path=member)
-    if module.__dict__.get("_emptied"):  # (set by to_empty, dropped once a pattern is proven)
-        return UninitialisedMemoryError.of(
-            keyed_err, f"{type(module).__name__} {key!r}" if key else type(module).__name__)
-    return keyed_err
-
-
-class UninitialisedMemoryError(InvariantError):
-    """The index buffers of a layer moved with ``to_empty()`` (uninitialised memory) and not
-    loaded since were refused: an :class:`~safesparse.InvariantError` whose first line says
-    so and names the way that works (load a state dict first); the refusal follows."""
-
-    __module__ = "safesparse.nn"
-    layer: str = ""
-
-    @classmethod
-    def of(cls, err: InvariantError, layer: str) -> UninitialisedMemoryError:
-        """``err`` (a refusal of ``layer``'s index buffers, keyed) saying first that they are
-        uninitialised memory from ``to_empty``."""
-        out = cls(err.layout, err.invariant, err.detail, location=err.location, op=err.op,
-                  path=err.path, built_by=err.built_by, explanation=err.explanation,
-                  loaded_by=err.loaded_by)
-        out.layer = layer
-        out.args = (str(out),)
-        return out
-
-    def _message(self) -> str:
-        return (f"{self.layer or 'the layer'}: uninitialised memory (to_empty) in its index "
-                "buffers: load a state dict first (model.load_state_dict(sd))\n"
-                + super()._message())
+def check_matrix(owner: str, matrix: Any) -> None:
+    """``matrix`` is a matrix the operators take (2-D CSR, CSC, BSR or BSC without dense
+    dims): ``TypeError`` / ``ValueError`` naming ``owner`` otherwise."""
+    if not isinstance(matrix, torch.Tensor) or matrix.layout not in COMPRESSED_LAYOUTS:
+        got = matrix.layout if isinstance(matrix, torch.Tensor) else type(matrix).__name__
+        raise TypeError(
+            f"{owner}: the matrix must be a CSR, CSC, BSR or BSC tensor, got {got}\n"
+            "  Convert a dense one with .to_sparse_csr() or .to_sparse_bsr(blocksize).")
+    if matrix.dim() != 2 or matrix.dense_dim() != 0:
+        raise ValueError(
+            f"{owner}: the matrix must be 2-D without dense dims, got shape "
+            f"{tuple(matrix.shape)} with {matrix.dense_dim()} dense dims")
 
 
 def _operand(op: str, x: torch.Tensor, values: torch.Tensor, shape: tuple[Any, Any],

@@ -3,7 +3,7 @@
 * **Autograd that ``torch.func`` can transform**: ``register_autograd`` of a custom operator
   makes an ``autograd.Function`` without a ``setup_context`` staticmethod, which
   ``torch.func.grad`` / ``jacrev`` refuse; under a ``torch.func`` transform the modules call
-  the operators through autograd.Functions that have one (:mod:`safesparse.nn.forward`), whose
+  the operators through autograd.Functions that have one (:mod:`.autograd`), whose
   ``generate_vmap_rule`` uses the rules below.
 * **Batching rules** (``torch.library.register_vmap``): a batch of dense operands over one
   matrix is one call on the stacked rows (``linear``, ``linear_grad_input``) or columns
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch._library.custom_ops import CustomOpDef
 
-from . import operators as ops
+from . import library as ops
 
 __all__: list[str] = []
 

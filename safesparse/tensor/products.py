@@ -5,13 +5,14 @@ CPU kernel for BSC (so none for ``A.mT @ g``, the BSC view of a BSR ``A``, nor f
 ``F.linear(x, W)`` with a BSR ``W``) and none for the gradient with respect to the dense
 operand. Here every such product is computed by one of two routes:
 
-* 2-D tensors on CPU (any block shape, float32 / float64 / float16 / bfloat16): the kernels of
-  ``safesparse.nn``'s operators (:mod:`safesparse.kernels.blocks`: ``matmul`` / ``linear`` and
-  their gradients), through :class:`_KernelProduct` and the tensor's :class:`_Pattern` (a
-  private copy of the checked index members and the other storage order, kept with the
-  proof). Where the kernels' torch-op implementation is measured slower: the square-block BSR
-  forward without a gradient takes torch's MKL kernel (:data:`_MKL_BLOCKS`), the values
-  gradient of small blocks the element route below (:data:`_KERNEL_GRAD_FROM`), and
+* 2-D tensors on CPU (any block shape, float32 / float64 / float16 / bfloat16): the products
+  of the ``safesparse`` operators (:mod:`safesparse.operators.autograd`'s four, whose gradients
+  are its one formula, :func:`~safesparse.operators.autograd.gradients`), computed by their
+  kernels (:mod:`safesparse.kernels.blocks`) through :class:`_KernelProduct` and the tensor's
+  :class:`_Pattern` (a private copy of the checked index members and the other storage order,
+  kept with the proof). Where the kernels' torch-op implementation is measured slower: the
+  square-block BSR forward without a gradient takes torch's MKL kernel (:data:`_MKL_BLOCKS`),
+  the values gradient of small blocks the element route below (:data:`_KERNEL_GRAD_FROM`), and
   batch-major products of small blocks (``F.linear``, ``x @ A``) the column-major kernel on
   the transposes (:data:`_BATCH_MAJOR_FROM`). With the native kernels the first is dropped
   (they are faster than MKL at every square block); the other two were measured on the
@@ -40,6 +41,7 @@ from ..base import originals as _originals
 from ..base.layouts import BLOCK_LAYOUTS
 from ..kernels import blocks as kernels
 from ..kernels import native
+from ..operators.autograd import PRODUCTS, SparseProduct, gradients
 from ..state import checked
 from .binding import Product, bind
 from .core import ToSafeSparseTensor, _is_checked, _ToPlain
@@ -397,7 +399,7 @@ def _apply(values: torch.Tensor, x: torch.Tensor, target: torch.Tensor | None,
 
 
 # ---------------------------------------------------------------------------------------------
-# 2-D products on CPU: the kernels of safesparse.nn's operators (safesparse.kernels.blocks)
+# 2-D products on CPU: the operators' products and their gradients (safesparse.operators)
 
 
 def _kernels_cover(a: torch.Tensor) -> bool:
@@ -448,7 +450,9 @@ class _Pattern:
     def apply(self, values: torch.Tensor, operand: torch.Tensor, batch_major: bool,
               transpose: bool) -> torch.Tensor:
         """``op(A) @ operand`` (``operand`` (n_in, N)) or, ``batch_major``, ``operand @
-        op(A).T`` (``operand`` (N, n_in)); ``op(A)`` is ``A`` or, ``transpose``, ``A.T``."""
+        op(A).T`` (``operand`` (N, n_in)); ``op(A)`` is ``A`` or, ``transpose``, ``A.T``: the
+        product ``PRODUCTS[(batch_major, transpose)]`` (:mod:`safesparse.operators.autograd`),
+        by its kernel."""
         layout, compressed, plain = self.layout, self.compressed, self.plain
         if (layout == torch.sparse_bsr) == transpose and plain.numel() > 0:
             layout, compressed, plain, order = self.regrouped()
@@ -458,10 +462,10 @@ class _Pattern:
             return (kernels.linear_grad_input if transpose else kernels.linear)(operand, *args)
         return (kernels.matmul_grad_input if transpose else kernels.matmul)(*args, operand)
 
-    def values_grad(self, values_shape: torch.Size, gy: torch.Tensor, x: torch.Tensor,
-                    batch_major: bool, transpose: bool) -> torch.Tensor:
-        """The gradient of the stored values for ``y = apply(values, x, ...)``."""
-        left, right = (x, gy) if transpose else (gy, x)
+    def values_grad(self, values_shape: torch.Size, left: torch.Tensor, right: torch.Tensor,
+                    batch_major: bool) -> torch.Tensor:
+        """The gradient of the stored values of a product (``batch_major`` or not) for its
+        ``(left, right)`` (:func:`safesparse.operators.autograd.gradients` says which)."""
         args = (self.layout, self.compressed, self.plain, values_shape, self.n_rows,
                 self.n_cols)
         if batch_major:
@@ -501,47 +505,42 @@ _BATCH_MAJOR_FROM = 256
 
 
 class _KernelProduct(torch.autograd.Function):
-    """``y = op(A) @ x`` (``x`` (n_in, N)) or, ``batch_major``, ``y = x @ op(A).T`` (``x``
-    (N, n_in)) for a 2-D block tensor ``A`` on CPU, its stored values ``values`` and its
-    :class:`_Pattern`; ``op`` the identity or, ``transpose``, the transpose. Forward and both
-    gradients are the kernels' (:meth:`_Pattern.apply` with the other ``transpose`` for the
-    gradient to ``x``); ``a`` / ``old`` as for :class:`_BlockProduct` (``old``: the element
-    structure for the values gradient of small blocks, see ``_KERNEL_GRAD_FROM``)."""
+    """``y = product(A, x)`` for a 2-D block tensor ``A`` on CPU, its stored values
+    ``values`` and its :class:`_Pattern`: one of the operators' four products (``x`` (n_in,
+    N), or (N, n_in) for a batch-major one), by the kernels. Its gradients are the operators'
+    formula (:func:`safesparse.operators.autograd.gradients`) over the pattern; ``a`` /
+    ``old`` as for :class:`_BlockProduct` (``old``: the element structure for the values
+    gradient of small blocks, see ``_KERNEL_GRAD_FROM``)."""
 
     @staticmethod
     def forward(ctx: Any, values: torch.Tensor, x: torch.Tensor, a: torch.Tensor | None,
-                pattern: _Pattern, old: Structure | None, batch_major: bool,
-                transpose: bool) -> torch.Tensor:
-        ctx.pattern, ctx.old = pattern, old
-        ctx.batch_major, ctx.transpose = batch_major, transpose
+                pattern: _Pattern, old: Structure | None, product: SparseProduct) -> torch.Tensor:
+        ctx.pattern, ctx.old, ctx.product = pattern, old, product
         ctx.a_meta = None if a is None else _Meta(pattern.compressed, pattern.plain,
                                                   a.values().shape, a.shape, a.layout)
         ctx.save_for_backward(values, x)
-        return pattern.apply(values, x, batch_major, transpose)
+        return pattern.apply(values, x, product.batch_major, product.transpose)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         values, x = ctx.saved_tensors
-        pattern, batch_major, transpose = ctx.pattern, ctx.batch_major, ctx.transpose
-        g_values = g_x = g_a = None
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[2]:
-            old: Structure | None = ctx.old
-            if old is None:
-                g_values = pattern.values_grad(values.shape, gy, x, batch_major, transpose)
-            else:  # the element structure reads column-major operands
-                gc, xc = (gy.mT, x.mT) if batch_major else (gy, x)
-                gc, xc = gc.contiguous(), xc.contiguous()
-                if old.r * old.c >= _BMM_MIN:
-                    g_values = old.block_grad(gc, xc, transpose).view(values.shape)
-                else:
-                    g_values = old.side(transpose).sampled(gc, xc, values.shape)
-        if ctx.needs_input_grad[1]:
-            g_x = pattern.apply(values, gy, batch_major, not transpose)
-        if ctx.needs_input_grad[2]:
-            g_a = ctx.a_meta.dense(g_values)
-        return ((g_values if ctx.needs_input_grad[0] else None), g_x, g_a,
-                None, None, None, None)
+        pattern, product, old = ctx.pattern, ctx.product, ctx.old
+        batch_major, transpose = product.batch_major, product.transpose
+        need_values = ctx.needs_input_grad[0] or ctx.needs_input_grad[2]
+        g_x, g_values = gradients(
+            product, gy, x, ctx.needs_input_grad[1], need_values and old is None,
+            lambda p, o: pattern.apply(values, o, p.batch_major, p.transpose),
+            lambda left, right: pattern.values_grad(values.shape, left, right, batch_major))
+        if need_values and old is not None:  # small blocks: the element structure, which
+            gc, xc = (gy.mT, x.mT) if batch_major else (gy, x)  # reads column-major operands
+            gc, xc = gc.contiguous(), xc.contiguous()
+            if old.r * old.c >= _BMM_MIN:
+                g_values = old.block_grad(gc, xc, transpose).view(values.shape)
+            else:
+                g_values = old.side(transpose).sampled(gc, xc, values.shape)
+        g_a = ctx.a_meta.dense(g_values) if ctx.needs_input_grad[2] else None
+        return ((g_values if ctx.needs_input_grad[0] else None), g_x, g_a, None, None, None)
 
 
 def _kernel_product(a: torch.Tensor, x: torch.Tensor, *, batch_major: bool,
@@ -561,7 +560,7 @@ def _kernel_product(a: torch.Tensor, x: torch.Tensor, *, batch_major: bool,
             and pattern.r * pattern.c < _KERNEL_GRAD_FROM):
         old = structure(a, True, True)
     y: torch.Tensor = _KernelProduct.apply(  # type: ignore[no-untyped-call]
-        values, x, target, pattern, old, batch_major, transpose)
+        values, x, target, pattern, old, PRODUCTS[(batch_major, transpose)])
     return y
 
 
