@@ -39,6 +39,7 @@ from ..base.layouts import BLOCK_LAYOUTS, COMPRESSED_LAYOUTS, ROW_LAYOUTS, SHORT
 from ..catalog.errors import InvariantError
 from ..factories import sparse_compressed_tensor
 from ..kernels import blocks as blockkernels
+from ..kernels.pattern import matrix
 from ..state import checked, members_proof
 
 __all__ = ["LAYOUT_NAMES", "UninitialisedMemoryError", "UnprovenMembersError", "keyed", "linear",
@@ -257,8 +258,8 @@ def linear(x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor, value
                          in_features)
     compressed, plain, cache = _geometry("linear", lay, compressed, plain, values, out_features,
                                          in_features)
-    return blockkernels.linear(x, lay, compressed, plain, values, out_features, in_features,
-                               cache=cache)
+    return blockkernels.linear(matrix(lay, compressed, plain, values, out_features, in_features),
+                               x, cache=cache)
 
 
 @linear.register_fake
@@ -286,8 +287,8 @@ def linear_grad_input(g: torch.Tensor, compressed: torch.Tensor, plain: torch.Te
                                     in_features)
     compressed, plain, cache = _geometry(op, lay, compressed, plain, values, out_features,
                                          in_features)
-    return blockkernels.linear_grad_input(g, lay, compressed, plain, values, out_features,
-                                          in_features, cache=cache)
+    return blockkernels.linear_grad_input(
+        matrix(lay, compressed, plain, values, out_features, in_features), g, cache=cache)
 
 
 @linear_grad_input.register_fake
@@ -318,8 +319,8 @@ def linear_grad_values(g: torch.Tensor, x: torch.Tensor, compressed: torch.Tenso
                                      in_features)
     compressed, plain, cache = _geometry(op, lay, compressed, plain, values, out_features,
                                          in_features)
-    return blockkernels.linear_grad_values(g, x, lay, compressed, plain, values, out_features,
-                                           in_features, cache=cache)
+    return blockkernels.linear_grad_values(
+        matrix(lay, compressed, plain, values, out_features, in_features), g, x, cache=cache)
 
 
 @linear_grad_values.register_fake
@@ -350,8 +351,8 @@ def linear_bias(x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor,
                               in_features)
     compressed, plain, cache = _geometry(op, lay, compressed, plain, values, out_features,
                                          in_features)
-    return blockkernels.linear(x, lay, compressed, plain, values, out_features, in_features,
-                               cache=cache, bias=bias)
+    return blockkernels.linear(matrix(lay, compressed, plain, values, out_features, in_features),
+                               x, cache=cache, bias=bias)
 
 
 @linear_bias.register_fake
@@ -381,7 +382,8 @@ def matmul(compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor, 
     lay = _matmul_checks("matmul", compressed, plain, values, layout, n_rows, n_cols, x)
     compressed, plain, cache = _geometry("matmul", lay, compressed, plain, values, n_rows,
                                          n_cols)
-    return blockkernels.matmul(lay, compressed, plain, values, n_rows, n_cols, x, cache=cache)
+    return blockkernels.matmul(matrix(lay, compressed, plain, values, n_rows, n_cols), x,
+                               cache=cache)
 
 
 @matmul.register_fake
@@ -406,8 +408,8 @@ def matmul_grad_input(compressed: torch.Tensor, plain: torch.Tensor, values: tor
     op = "matmul_grad_input"
     lay = _matmul_grad_input_checks(op, compressed, plain, values, layout, n_rows, n_cols, g)
     compressed, plain, cache = _geometry(op, lay, compressed, plain, values, n_rows, n_cols)
-    return blockkernels.matmul_grad_input(lay, compressed, plain, values, n_rows, n_cols, g,
-                                          cache=cache)
+    return blockkernels.matmul_grad_input(matrix(lay, compressed, plain, values, n_rows, n_cols),
+                                          g, cache=cache)
 
 
 @matmul_grad_input.register_fake
@@ -436,8 +438,8 @@ def matmul_grad_values(compressed: torch.Tensor, plain: torch.Tensor, values: to
     lay = _matmul_grad_values_checks(op, compressed, plain, values, layout, n_rows, n_cols, g,
                                      x)
     compressed, plain, cache = _geometry(op, lay, compressed, plain, values, n_rows, n_cols)
-    return blockkernels.matmul_grad_values(g, x, lay, compressed, plain, values, n_rows, n_cols,
-                                           cache=cache)
+    return blockkernels.matmul_grad_values(
+        matrix(lay, compressed, plain, values, n_rows, n_cols), g, x, cache=cache)
 
 
 @matmul_grad_values.register_fake

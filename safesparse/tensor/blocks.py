@@ -40,6 +40,7 @@ from ..base import originals as _originals
 from ..base.layouts import BLOCK_LAYOUTS
 from ..kernels import blocks as kernels
 from ..kernels import native
+from ..kernels.pattern import matrix
 from ..state import checked
 from .binding import Product, bind
 from .core import ToSafeSparseTensor, _is_checked, _ToPlain
@@ -453,20 +454,19 @@ class _Pattern:
         if (layout == torch.sparse_bsr) == transpose and plain.numel() > 0:
             layout, compressed, plain, order = self.regrouped()
             values = values.index_select(0, order)
-        args = (layout, compressed, plain, values, self.n_rows, self.n_cols)
+        a = matrix(layout, compressed, plain, values, self.n_rows, self.n_cols)
         if batch_major:
-            return (kernels.linear_grad_input if transpose else kernels.linear)(operand, *args)
-        return (kernels.matmul_grad_input if transpose else kernels.matmul)(*args, operand)
+            return (kernels.linear_grad_input if transpose else kernels.linear)(a, operand)
+        return (kernels.matmul_grad_input if transpose else kernels.matmul)(a, operand)
 
-    def values_grad(self, values_shape: torch.Size, gy: torch.Tensor, x: torch.Tensor,
+    def values_grad(self, values: torch.Tensor, gy: torch.Tensor, x: torch.Tensor,
                     batch_major: bool, transpose: bool) -> torch.Tensor:
         """The gradient of the stored values for ``y = apply(values, x, ...)``."""
         left, right = (x, gy) if transpose else (gy, x)
-        args = (self.layout, self.compressed, self.plain, values_shape, self.n_rows,
-                self.n_cols)
+        a = matrix(self.layout, self.compressed, self.plain, values, self.n_rows, self.n_cols)
         if batch_major:
-            return kernels.linear_grad_values(left, right, *args)
-        return kernels.matmul_grad_values(left, right, *args)
+            return kernels.linear_grad_values(a, left, right)
+        return kernels.matmul_grad_values(a, left, right)
 
 
 def _pattern(a: torch.Tensor, block: torch.Size | None = None) -> _Pattern:
@@ -528,7 +528,7 @@ class _KernelProduct(torch.autograd.Function):
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[2]:
             old: Structure | None = ctx.old
             if old is None:
-                g_values = pattern.values_grad(values.shape, gy, x, batch_major, transpose)
+                g_values = pattern.values_grad(values, gy, x, batch_major, transpose)
             else:  # the element structure reads column-major operands
                 gc, xc = (gy.mT, x.mT) if batch_major else (gy, x)
                 gc, xc = gc.contiguous(), xc.contiguous()
