@@ -71,7 +71,6 @@ T = torch.Tensor
 #: What a caller may hand in to keep pattern-derived data across calls: a dict tied to the
 #: members' proof (``safesparse.state.checked.members_cache``), or None.
 Cache = dict[Hashable, Any] | None
-_NATIVE = (torch.float32, torch.float64)
 #: Fraction of the matrix stored from which the gradient to the values is one dense GEMM read
 #: at the pattern (measured, 16 x 16 blocks, 1024 x 1024, batch 256, one thread: the chunked
 #: batched GEMM below costs 0.2 / 0.47 / 0.65 / 0.82 / 1.16 / 1.8x the dense product at
