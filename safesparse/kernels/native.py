@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from ..base.forking import in_forked_child
-from ..base.layouts import BLOCK_LAYOUTS
+from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS
 from .pattern import IndexDataError, Matrix, by_rows, compute_dtype, coordinates, index_fault
 from .pattern import long as _long
 
@@ -305,7 +305,7 @@ def _rowwise(m: Matrix, transposed: bool, cache: dict[Hashable, Any] | None) -> 
     """``M = A`` (or ``A.T``) read by block rows, over ``m.values`` (any strides)."""
     rs, cs = m.r, m.c
     sp, s1, s2 = _value_strides(m.layout, m.values)
-    if m.row_major != transposed:
+    if (m.layout in ROW_LAYOUTS) != transposed:  # (not m.row_major: one call less per product)
         crow, col = _cached(cache, ("native", "long"),
                             lambda: (_long(m.compressed), _long(m.plain)))
         order = None
