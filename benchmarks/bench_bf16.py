@@ -33,6 +33,7 @@ from rounds import best_of
 
 from safesparse.kernels import blocks as bk
 from safesparse.kernels import native
+from safesparse.kernels.pattern import matrix
 from safesparse.nn import SparseLinear
 
 
@@ -44,16 +45,14 @@ def _switch(on: bool) -> None:
 
 
 def _kernels(layer: SparseLinear, x: torch.Tensor, g: torch.Tensor) -> Callable[[], object]:
-    lay = layer.layout
-    comp, plain, vals = layer.compressed_indices, layer.plain_indices, layer.values.detach()
-    out_f, in_f = layer.out_features, layer.in_features
+    w = matrix(layer.layout, layer.compressed_indices, layer.plain_indices,
+               layer.values.detach(), layer.out_features, layer.in_features)
     cache: dict[object, object] = {}
 
     def run() -> object:
-        bk.linear(x, lay, comp, plain, vals, out_f, in_f, cache=cache)
-        bk.linear_grad_input(g, lay, comp, plain, vals, out_f, in_f, cache=cache)
-        return bk.linear_grad_values(g, x, lay, comp, plain, vals.shape, out_f, in_f,
-                                     cache=cache)
+        bk.linear(w, x, cache=cache)
+        bk.linear_grad_input(w, g, cache=cache)
+        return bk.linear_grad_values(w, g, x, cache=cache)
     return run
 
 

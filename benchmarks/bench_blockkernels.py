@@ -4,7 +4,7 @@ Standalone script (no pytest). A 1024 x 1024 weight with a random pattern of 16 
 (each block kept with probability ``density``), batch 256, CPU, ``--threads`` torch threads
 (default 2). Each row times, side by side in one process, interleaved, min of ``--rounds``:
 
-* ``fwd``: ``blockkernels.linear(x, ...)`` against ``x @ W_dense.T``;
+* ``fwd``: ``blockkernels.linear(w, x)`` against ``x @ W_dense.T``;
 * ``fwd+bwd``: ``linear`` + ``linear_grad_input`` + ``linear_grad_values`` against
   ``x @ Wd.T``, ``g @ Wd``, ``g.T @ x`` (an ``nn.Linear``'s forward and backward products);
 * ``MKL fwd``: torch's own MKL kernel (``torch.mm`` of a torch BSR / CSR tensor) for the same
@@ -48,6 +48,7 @@ from rounds import best_of as rounds_best_of
 
 from safesparse.kernels import blocks as bk
 from safesparse.kernels import native
+from safesparse.kernels.pattern import matrix
 
 TARGETS = {0.05: (0.15, 0.13), 0.10: (0.22, 0.20), 0.25: (0.40, 0.36)}
 
@@ -90,7 +91,7 @@ def linear_row(label: str, layout: torch.layout, block: tuple[int, int] | None,
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(batch, n, generator=gen).to(dtype)
     g = torch.randn(batch, n, generator=gen).to(dtype)
-    args = (layout, cp, pl, v, n, n)
+    w = matrix(layout, cp, pl, v, n, n)
 
     def dense_fb() -> None:
         x @ wd.T
@@ -98,9 +99,9 @@ def linear_row(label: str, layout: torch.layout, block: tuple[int, int] | None,
         g.T @ x
 
     def sparse_fb() -> None:
-        bk.linear(x, *args, cache=cache)
-        bk.linear_grad_input(g, *args, cache=cache)
-        bk.linear_grad_values(g, x, layout, cp, pl, v.shape, n, n, cache=cache)
+        bk.linear(w, x, cache=cache)
+        bk.linear_grad_input(w, g, cache=cache)
+        bk.linear_grad_values(w, g, x, cache=cache)
 
     def torch_ops(f: Callable[[], object]) -> Callable[[], object]:
         def run() -> None:
@@ -109,9 +110,9 @@ def linear_row(label: str, layout: torch.layout, block: tuple[int, int] | None,
         return run
 
     fs: dict[str, Callable[[], object]] = {
-        "dense": lambda: x @ wd.T, "sparse": lambda: bk.linear(x, *args, cache=cache),
+        "dense": lambda: x @ wd.T, "sparse": lambda: bk.linear(w, x, cache=cache),
         "dense_fb": dense_fb, "sparse_fb": sparse_fb,
-        "ops": torch_ops(lambda: bk.linear(x, *args)), "ops_fb": torch_ops(sparse_fb)}
+        "ops": torch_ops(lambda: bk.linear(w, x)), "ops_fb": torch_ops(sparse_fb)}
     torch_w = None
     if dtype == torch.float32 and (layout == torch.sparse_csr or (
             layout == torch.sparse_bsr and block and block[0] == block[1])):
@@ -144,21 +145,20 @@ def gcn_row(rounds: int, nodes: int = 10_000, edges: int = 50_000, feats: int = 
     x = torch.randn(nodes, feats, generator=gen)
     g = torch.randn(nodes, feats, generator=gen)
     at = a.mT
-    args = (torch.sparse_csr, cp, pl, v, nodes, nodes)
+    m = matrix(torch.sparse_csr, cp, pl, v, nodes, nodes)
     cache: dict[object, object] = {}  # what the operators keep with the proof (column order)
 
     def ours() -> None:
-        bk.matmul(*args, x, cache=cache)
-        bk.matmul_grad_input(*args, g, cache=cache)
-        bk.matmul_grad_values(g, x, torch.sparse_csr, cp, pl, v.shape, nodes, nodes,
-                              cache=cache)
+        bk.matmul(m, x, cache=cache)
+        bk.matmul_grad_input(m, g, cache=cache)
+        bk.matmul_grad_values(m, g, x, cache=cache)
 
     def torch_csr() -> None:
         torch.sparse.mm(a, x)
         torch.sparse.mm(at, g)
         torch.sparse.sampled_addmm(a, g, x.T, beta=0.0)
 
-    t = best_of({"ours_f": lambda: bk.matmul(*args, x), "torch_f": lambda: torch.sparse.mm(a, x),
+    t = best_of({"ours_f": lambda: bk.matmul(m, x), "torch_f": lambda: torch.sparse.mm(a, x),
                  "ours": ours, "torch": torch_csr}, rounds)
     return (f"| GCN A @ x vs torch CSR ({a._nnz()} nnz, {feats} cols) | - | "
             f"{t['ours'] / t['torch']:.2f} | {t['ours_f'] / t['torch_f']:.2f} | - | - | "

@@ -180,7 +180,12 @@ def _engine_row(table: Table, cfg: Config, ss: ModuleType, layout: torch.layout,
                else (plain.ccol_indices(), plain.row_indices()))
     fns: dict[str, Callable[[], object]] = {"ss": lambda: a @ x, "dense": lambda: dense @ x}
     if kernels is not None:
-        fns["kernel"] = lambda: kernels.matmul(layout, *members, plain.values(), n, n, x)
+        describe = getattr(load_safesparse("kernels.pattern"), "matrix", None)
+        if describe is not None:  # (the matrix description; an older checkout: members)
+            m = describe(layout, *members, plain.values(), n, n)
+            fns["kernel"] = lambda: kernels.matmul(m, x)
+        else:
+            fns["kernel"] = lambda: kernels.matmul(layout, *members, plain.values(), n, n, x)
     tm = measure(fns, cfg, f"blocks engine {layout} {r}x{c}")
     name, label = ("BSR" if bsr else "BSC"), f"{r}x{c}"
     nnz = plain.values().numel()

@@ -7,7 +7,9 @@ tensors, so enforce mode has nothing to check). ``linear*`` compute ``x @ W.T`` 
 gradients, ``matmul*`` ``A @ x`` and its two. Each takes an optional ``cache``: a dict tied to
 the members' proof (the operators pass ``safesparse.state.checked.members_cache``), where the
 pattern-derived data (int64 copies, the grouping by the other dimension, block coordinates)
-is kept; None computes it per call.
+is kept; None computes it per call. One argument order everywhere: the matrix
+(:class:`~safesparse.kernels.pattern.Matrix`, built by :func:`~safesparse.kernels.pattern.matrix`),
+then the dense operands, then keywords.
 
 Where the native library runs (:mod:`safesparse.kernels.native`: CPU, float32 / float64 /
 float16 / bfloat16 operands), every product is one call into it, one parallel region; the
@@ -60,21 +62,15 @@ from typing import Any
 import torch
 
 from ..base.forking import serial_in_forked_child
-from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS
 from . import native
+from .pattern import Matrix, blocks, by_rows, checked_copy, checked_pointers, coordinates
 from .pattern import block_rows as _block_rows
-from .pattern import block_shape as _block_shape
-from .pattern import by_rows as _by_rows
-from .pattern import checked_copy, checked_pointers
 from .pattern import compute_dtype as _compute_dtype
 
 T = torch.Tensor
 #: What a caller may hand in to keep pattern-derived data across calls: a dict tied to the
 #: members' proof (``safesparse.state.checked.members_cache``), or None.
 Cache = dict[Hashable, Any] | None
-_ROW_LAYOUTS = ROW_LAYOUTS
-_BLOCK_LAYOUTS = BLOCK_LAYOUTS
-_NATIVE = (torch.float32, torch.float64)
 #: Fraction of the matrix stored from which the gradient to the values is one dense GEMM read
 #: at the pattern (measured, 16 x 16 blocks, 1024 x 1024, batch 256, one thread: the chunked
 #: batched GEMM below costs 0.2 / 0.47 / 0.65 / 0.82 / 1.16 / 1.8x the dense product at
@@ -98,13 +94,6 @@ _CHUNK = 64
 
 # ---------------------------------------------------------------------------------------------
 # Pattern helpers (index data only)
-
-
-def _blocks(layout: torch.layout, values: T) -> T:
-    """``values`` as (nnzb, r, c) blocks; CSR / CSC elements are 1 x 1 blocks."""
-    if layout in _BLOCK_LAYOUTS:
-        return values
-    return values.view(-1, 1, 1)
 
 
 def _index_dtype(crow: T, r: int, c: int, n_src: int) -> torch.dtype:
@@ -190,20 +179,18 @@ def _sampled(crow: T, col: T, r: int, c: int, left: T, right_t: T) -> T:
 # Orientation: any stored layout, read as "M stored by block rows"
 
 
-def _rowwise(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int, n_cols: int,
-             transposed: bool) -> tuple[T, T, T]:
+def _rowwise(m: Matrix, transposed: bool) -> tuple[T, T, T]:
     """``M = A`` (or ``A.T`` when ``transposed``) by block rows: (crow, col, blocks of ``M`` as
-    (nnzb, r, c), possibly a strided view) for ``A`` (n_rows, n_cols) stored in ``layout``."""
-    blocks = _blocks(layout, values)
+    (nnzb, r, c), possibly a strided view) for the matrix ``A``."""
+    a_blocks = blocks(m)
     # private, checked pointers: embedding_bag trusts its offsets (the indices it checks)
-    compressed, plain = checked_pointers(compressed, int(blocks.shape[0])), plain.long()
-    row_major = layout in _ROW_LAYOUTS
+    compressed, plain = checked_pointers(m.compressed, int(a_blocks.shape[0])), m.plain.long()
+    row_major = m.row_major
     if row_major != transposed:
         # the stored compressed dimension is M's rows
-        return compressed, plain, blocks if row_major else blocks.transpose(1, 2)
-    n_plain = (n_cols // int(blocks.shape[2])) if row_major else (n_rows // int(blocks.shape[1]))
-    crow, col, order = _by_rows(compressed, plain, n_plain)
-    gathered = blocks.index_select(0, order)
+        return compressed, plain, a_blocks if row_major else a_blocks.transpose(1, 2)
+    crow, col, order = by_rows(compressed, plain, m.n_plain)
+    gathered = a_blocks.index_select(0, order)
     return crow, col, gathered.transpose(1, 2) if row_major else gathered
 
 
@@ -228,30 +215,26 @@ def _segment_product(crow: T, col: T, m_blocks: T, operand: T, n_out: int) -> T:
     return seg.view(n_br, n, r).transpose(0, 1).reshape(n, n_out)
 
 
-def _batch_product(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
-                   n_cols: int, transposed: bool, operand: T) -> T:
+def _batch_product(m: Matrix, transposed: bool, operand: T) -> T:
     """``operand @ M.T`` for ``M = A`` or ``A.T`` and a batch-major ``operand``, in the
     operand's (float32 / float64) dtype: the variant chosen by block size and stored
     fraction."""
-    crow, col, m_blocks = _rowwise(layout, compressed, plain, values, n_rows, n_cols,
-                                   transposed)
+    crow, col, m_blocks = _rowwise(m, transposed)
     nnzb, r, c = (int(s) for s in m_blocks.shape)
-    n_out = n_cols if transposed else n_rows
-    if r * c >= _SEGMENT_FROM_BLOCK and nnzb * r * c < _SEGMENT_BELOW * n_rows * n_cols:
+    n_out = m.n_cols if transposed else m.n_rows
+    if r * c >= _SEGMENT_FROM_BLOCK and nnzb * r * c < _SEGMENT_BELOW * m.n_rows * m.n_cols:
         return _segment_product(crow, col, m_blocks.to(operand.dtype), operand, n_out)
     return _bag_product(crow, col, _weights(m_blocks, operand.dtype), r, c, operand, True,
                         n_out)
 
 
-def _apply(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int, n_cols: int,
-           transposed: bool, src: T) -> T:
+def _apply(m: Matrix, transposed: bool, src: T) -> T:
     """``M @ src`` for ``M = A`` or ``A.T``, ``src`` (n_cols of M, N): (n_rows of M, N)."""
-    m_rows = n_cols if transposed else n_rows
+    m_rows = m.n_cols if transposed else m.n_rows
     n = src.shape[1]
-    if n == 0 or plain.numel() == 0:
+    if n == 0 or m.plain.numel() == 0:
         return src.new_zeros(m_rows, n)
-    crow, col, m_blocks = _rowwise(layout, compressed, plain, values, n_rows, n_cols,
-                                   transposed)
+    crow, col, m_blocks = _rowwise(m, transposed)
     r, c = int(m_blocks.shape[1]), int(m_blocks.shape[2])
     return _bag_product(crow, col, _weights(m_blocks, src.dtype), r, c, src, False, m_rows)
 
@@ -261,55 +244,44 @@ def _apply(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int
 
 
 @serial_in_forked_child
-def linear(x: T, layout: torch.layout, compressed: T, plain: T, values: T,
-           out_features: int, in_features: int, *, cache: Cache = None,
-           bias: T | None = None) -> T:
-    """``x @ W.T`` (``+ bias``, added in the product where native) for ``x`` (N,
-    in_features): (N, out_features), dtype of ``x``."""
-    return _linear_product(x, layout, compressed, plain, values, out_features, in_features,
-                           False, cache, bias)
+def linear(w: Matrix, x: T, *, cache: Cache = None, bias: T | None = None) -> T:
+    """``x @ W.T`` (``+ bias``, added in the product where native) for the ``out_features x
+    in_features`` matrix ``w`` and ``x`` (N, in_features): (N, out_features), dtype of
+    ``x``."""
+    return _linear_product(w, x, False, cache, bias)
 
 
 @serial_in_forked_child
-def linear_grad_input(g: T, layout: torch.layout, compressed: T, plain: T, values: T,
-                      out_features: int, in_features: int, *, cache: Cache = None) -> T:
+def linear_grad_input(w: Matrix, g: T, *, cache: Cache = None) -> T:
     """``g @ W`` for ``g`` (N, out_features): (N, in_features), dtype of ``g``."""
-    return _linear_product(g, layout, compressed, plain, values, out_features, in_features,
-                           True, cache)
+    return _linear_product(w, g, True, cache)
 
 
-def _linear_product(src: T, layout: torch.layout, compressed: T, plain: T, values: T,
-                    out_features: int, in_features: int, transposed: bool,
-                    cache: Cache = None, bias: T | None = None) -> T:
+def _linear_product(w: Matrix, src: T, transposed: bool, cache: Cache = None,
+                    bias: T | None = None) -> T:
     """``src @ W.T`` (``transposed`` False) or ``src @ W`` (True), in ``src``'s dtype, plus
     ``bias`` (forward only)."""
     n = src.shape[0]
-    if n == 0 or plain.numel() == 0 or not native.usable(src, values):
-        return _torch_linear_product(src, layout, compressed, plain, values, out_features,
-                                     in_features, transposed, bias)
-    n_out = in_features if transposed else out_features
+    if n == 0 or w.plain.numel() == 0 or not native.usable(src, w.values):
+        return _torch_linear_product(w, src, transposed, bias)
+    n_out = w.n_cols if transposed else w.n_rows
     y = src.new_empty(n, n_out)
     # half types: the operand converted once (the kernels read it in place, float32)
-    work = src if native.reads_bf16(src.dtype, layout) else src.to(_compute_dtype(src.dtype))
-    if native.product(layout, compressed, plain, values, out_features, in_features,
-                      transposed, work, work.stride(1), work.stride(0), n, y, 1, n_out,
+    work = src if native.reads_bf16(src.dtype, w.layout) else src.to(_compute_dtype(src.dtype))
+    if native.product(w, transposed, work, work.stride(1), work.stride(0), n, y, 1, n_out,
                       bias=bias, cache=cache):
         return y
-    return _torch_linear_product(src, layout, compressed, plain, values, out_features,
-                                 in_features, transposed, bias)
+    return _torch_linear_product(w, src, transposed, bias)
 
 
-def _torch_linear_product(src: T, layout: torch.layout, compressed: T, plain: T, values: T,
-                          out_features: int, in_features: int, transposed: bool,
-                          bias: T | None = None) -> T:
+def _torch_linear_product(w: Matrix, src: T, transposed: bool, bias: T | None = None) -> T:
     """:func:`_linear_product` with torch ops; the bias added in the compute dtype, before
     the one rounding to ``src``'s dtype (as the native kernels add it inside their sums)."""
     n = src.shape[0]
-    if n == 0 or plain.numel() == 0:
-        y = src.new_zeros(n, in_features if transposed else out_features)
+    if n == 0 or w.plain.numel() == 0:
+        y = src.new_zeros(n, w.n_cols if transposed else w.n_rows)
         return y if bias is None else y.add_(bias)
-    y = _batch_product(layout, compressed, plain, values, out_features, in_features,
-                       transposed, src.to(_compute_dtype(src.dtype)))
+    y = _batch_product(w, transposed, src.to(_compute_dtype(src.dtype)))
     if bias is not None:
         y = y.add_(bias.to(y.dtype))
     return y.to(src.dtype)
@@ -352,29 +324,27 @@ def _block_grads(left: T, right: T, rows: T, cols: T, r: int, c: int) -> T:
     return left.new_zeros(rows.numel(), r, c) if grads is None else grads
 
 
-def _values_grad(layout: torch.layout, compressed: T, plain: T,
-                 values_shape: torch.Size, left: T, right: T, dtype: torch.dtype) -> T:
+def _values_grad(m: Matrix, left: T, right: T, dtype: torch.dtype) -> T:
     """Per stored block (i, j): ``left[i-rows] @ right[:, j-cols]`` in the values' shape and
     stored order, for ``left`` (n_rows, K) and ``right`` (K, n_cols)."""
-    r, c = _block_shape(layout, values_shape)
-    if plain.numel() == 0:
+    r, c = m.r, m.c
+    values_shape = m.values.shape
+    if m.plain.numel() == 0:
         return torch.zeros(values_shape, dtype=dtype)
     work = _compute_dtype(dtype)
     left, right = left.to(work), right.to(work)
     n_rows, n_cols = left.shape[0], right.shape[1]
     nnzb = int(values_shape[0])
     # private, checked copies: torch's per-sample-weight gradient trusts its indices and offsets
-    n_plain = n_cols // c if layout in _ROW_LAYOUTS else n_rows // r
-    compressed = checked_pointers(compressed, nnzb)
-    plain = checked_copy(plain, n_plain)
-    outer = _block_rows(compressed, nnzb)
-    rows, cols = (outer, plain) if layout in _ROW_LAYOUTS else (plain, outer)
+    compressed = checked_pointers(m.compressed, nnzb)
+    plain = checked_copy(m.plain, m.n_plain)
+    rows, cols = coordinates(m, compressed, plain)
     if nnzb * r * c >= _DENSE_GRAD_FROM * n_rows * n_cols:
         # dense enough: one GEMM, then the stored blocks read out of it
         grads = (left @ right).view(n_rows // r, r, n_cols // c, c)[rows, :, cols, :]
     elif r * c >= _BMM_FROM_BLOCK:
         grads = _block_grads(left, right, rows, cols, r, c)
-    elif layout in _ROW_LAYOUTS:
+    elif m.row_major:
         grads = _sampled(compressed, plain, r, c, left, right.t())
     else:
         # BSC / CSC: stored by block columns, i.e. A.T by block rows, blocks transposed
@@ -392,90 +362,63 @@ def bias_grad(g: T) -> T:
 
 
 @serial_in_forked_child
-def linear_grad_values(g: T, x: T, layout: torch.layout, compressed: T, plain: T,
-                       values_shape_or_values: T | torch.Size | tuple[int, ...],
-                       out_features: int, in_features: int, *, cache: Cache = None) -> T:
+def linear_grad_values(w: Matrix, g: T, x: T, *, cache: Cache = None) -> T:
     """Gradient of ``sum(g * (x @ W.T))`` with respect to the stored values: for each stored
     block (i, j), ``g[:, rows_i].T @ x[:, cols_j]``, in the values' shape, dtype of ``g``."""
-    shape = _shape_of(values_shape_or_values)
-    if plain.numel() and native.usable(g, x):
-        got = _native_values_grad(layout, compressed, plain, shape, g.t(), x.t(), g.dtype,
-                                  cache)
+    if w.plain.numel() and native.usable(g, x):
+        got = _native_values_grad(w, g.t(), x.t(), g.dtype, cache)
         if got is not None:
             return got
-    return _values_grad(layout, compressed, plain, shape, g.t(), x, g.dtype)
+    return _values_grad(w, g.t(), x, g.dtype)
 
 
-def _native_values_grad(layout: torch.layout, compressed: T, plain: T, shape: torch.Size,
-                        left: T, right_t: T, dtype: torch.dtype, cache: Cache) -> T | None:
+def _native_values_grad(m: Matrix, left: T, right_t: T, dtype: torch.dtype,
+                        cache: Cache) -> T | None:
     """Native values gradient for ``left`` (rows of A, K) and ``right_t`` (columns of A, K),
     any strides; operands made contiguous along K where the kernels need it."""
-    work = dtype if native.reads_bf16(dtype, layout) else _compute_dtype(dtype)
+    work = dtype if native.reads_bf16(dtype, m.layout) else _compute_dtype(dtype)
     left, right_t = left.to(work), right_t.to(work)
     k = left.shape[1]
-    got = native.values_grad(layout, compressed, plain, shape, left, left.stride(0),
-                             left.stride(1), right_t, right_t.stride(0), right_t.stride(1), k,
-                             dtype, cache)
+    got = native.values_grad(m, left, left.stride(0), left.stride(1), right_t,
+                             right_t.stride(0), right_t.stride(1), k, dtype, cache)
     if got is None:
         left, right_t = left.contiguous(), right_t.contiguous()
-        got = native.values_grad(layout, compressed, plain, shape, left, k, 1, right_t, k, 1,
-                                 k, dtype, cache)
+        got = native.values_grad(m, left, k, 1, right_t, k, 1, k, dtype, cache)
     return got
 
 
-def _native_apply(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
-                  n_cols: int, transposed: bool, src: T, cache: Cache) -> T | None:
-    """``M @ src`` natively (``M = A`` or ``A.T``), or None."""
+def _matmul_product(a: Matrix, src: T, transposed: bool, cache: Cache) -> T:
+    """``M @ src`` for ``M = A`` or ``A.T`` (``transposed``), dtype of ``src``: natively
+    where the library takes it, else with torch ops."""
     n = src.shape[1]
-    if n == 0 or plain.numel() == 0 or not native.usable(src, values):
-        return None
-    m_rows = n_cols if transposed else n_rows
-    y = src.new_empty(m_rows, n)
-    if native.product(layout, compressed, plain, values, n_rows, n_cols, transposed, src,
-                      src.stride(0), src.stride(1), n, y, n, 1, cache=cache):
-        return y
-    return None
+    if n and a.plain.numel() and native.usable(src, a.values):
+        y = src.new_empty(a.n_cols if transposed else a.n_rows, n)
+        if native.product(a, transposed, src, src.stride(0), src.stride(1), n, y, n, 1,
+                          cache=cache):
+            return y
+    y = _apply(a, transposed, src.to(_compute_dtype(src.dtype)))
+    return y.to(src.dtype)
 
 
 @serial_in_forked_child
-def matmul(a_layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
-           n_cols: int, x: T, *, cache: Cache = None) -> T:
-    """``A @ x`` for ``x`` (n_cols, N): (n_rows, N), dtype of ``x``."""
-    got = _native_apply(a_layout, compressed, plain, values, n_rows, n_cols, False, x, cache)
-    if got is not None:
-        return got
-    work = _compute_dtype(x.dtype)
-    y = _apply(a_layout, compressed, plain, values, n_rows, n_cols, False, x.to(work))
-    return y.to(x.dtype)
+def matmul(a: Matrix, x: T, *, cache: Cache = None) -> T:
+    """``A @ x`` for the ``n_rows x n_cols`` matrix ``a`` and ``x`` (n_cols, N): (n_rows, N),
+    dtype of ``x``."""
+    return _matmul_product(a, x, False, cache)
 
 
 @serial_in_forked_child
-def matmul_grad_input(a_layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
-                      n_cols: int, g: T, *, cache: Cache = None) -> T:
+def matmul_grad_input(a: Matrix, g: T, *, cache: Cache = None) -> T:
     """``A.T @ g`` for ``g`` (n_rows, N): (n_cols, N), dtype of ``g``."""
-    got = _native_apply(a_layout, compressed, plain, values, n_rows, n_cols, True, g, cache)
-    if got is not None:
-        return got
-    work = _compute_dtype(g.dtype)
-    y = _apply(a_layout, compressed, plain, values, n_rows, n_cols, True, g.to(work))
-    return y.to(g.dtype)
+    return _matmul_product(a, g, True, cache)
 
 
 @serial_in_forked_child
-def matmul_grad_values(g: T, x: T, a_layout: torch.layout, compressed: T, plain: T,
-                       values_shape_or_values: T | torch.Size | tuple[int, ...],
-                       n_rows: int, n_cols: int, *, cache: Cache = None) -> T:
+def matmul_grad_values(a: Matrix, g: T, x: T, *, cache: Cache = None) -> T:
     """Gradient of ``sum(g * (A @ x))`` with respect to the stored values: ``g @ x.T`` sampled
     at the pattern, in the values' shape, dtype of ``g``."""
-    shape = _shape_of(values_shape_or_values)
-    if plain.numel() and native.usable(g, x):
-        got = _native_values_grad(a_layout, compressed, plain, shape, g, x, g.dtype, cache)
+    if a.plain.numel() and native.usable(g, x):
+        got = _native_values_grad(a, g, x, g.dtype, cache)
         if got is not None:
             return got
-    return _values_grad(a_layout, compressed, plain, shape, g, x.t(), g.dtype)
-
-
-def _shape_of(values_shape_or_values: T | torch.Size | tuple[int, ...]) -> torch.Size:
-    if isinstance(values_shape_or_values, torch.Tensor):
-        return values_shape_or_values.shape
-    return torch.Size(values_shape_or_values)
+    return _values_grad(a, g, x.t(), g.dtype)

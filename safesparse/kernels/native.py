@@ -45,7 +45,7 @@ import torch
 
 from ..base.forking import in_forked_child
 from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS
-from .pattern import IndexDataError, block_rows, block_shape, by_rows, compute_dtype, index_fault
+from .pattern import IndexDataError, Matrix, by_rows, compute_dtype, coordinates, index_fault
 from .pattern import long as _long
 
 __all__ = ["IndexDataError", "Status", "available", "disabled", "library_path", "product",
@@ -61,8 +61,6 @@ _ABI = 2
 #: torch dtype -> the library's dtype code, read from the library (``ss_dtype_names``) at load
 _DTYPES: dict[torch.dtype, int] = {}
 _ISA_NAMES = {0: "none", 1: "avx2+fma", 2: "avx512f"}
-_ROW_LAYOUTS = ROW_LAYOUTS
-_BLOCK_LAYOUTS = BLOCK_LAYOUTS
 _OPENMP_NAMES = ("libgomp", "libiomp5", "libomp")
 
 _i64 = ctypes.c_int64
@@ -286,7 +284,7 @@ def _cached(cache: dict[Hashable, Any] | None, key: Hashable, make: Any) -> Any:
 
 
 def _value_strides(layout: torch.layout, values: T) -> tuple[int, int, int]:
-    if layout in _BLOCK_LAYOUTS:
+    if layout in BLOCK_LAYOUTS:
         return values.stride(0), values.stride(1), values.stride(2)
     return values.stride(0), 0, 0
 
@@ -303,34 +301,28 @@ class _Rows:
     sb: int
 
 
-def _rowwise(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
-             n_cols: int, transposed: bool, cache: dict[Hashable, Any] | None) -> _Rows:
-    """``M = A`` (or ``A.T``) read by block rows, over ``values`` (any strides)."""
-    rs, cs = block_shape(layout, values.shape)
-    sp, s1, s2 = _value_strides(layout, values)
-    row_major = layout in _ROW_LAYOUTS
-    if row_major != transposed:
+def _rowwise(m: Matrix, transposed: bool, cache: dict[Hashable, Any] | None) -> _Rows:
+    """``M = A`` (or ``A.T``) read by block rows, over ``m.values`` (any strides)."""
+    rs, cs = m.r, m.c
+    sp, s1, s2 = _value_strides(m.layout, m.values)
+    if (m.layout in ROW_LAYOUTS) != transposed:  # (not m.row_major: one call less per product)
         crow, col = _cached(cache, ("native", "long"),
-                            lambda: (_long(compressed), _long(plain)))
+                            lambda: (_long(m.compressed), _long(m.plain)))
         order = None
     else:
-        n_plain = n_cols // cs if row_major else n_rows // rs
+        n_plain = m.n_plain
         crow, col, order = _cached(cache, ("native", "by_plain", n_plain),
-                                   lambda: by_rows(compressed, plain, n_plain))
+                                   lambda: by_rows(m.compressed, m.plain, n_plain))
     if not transposed:
         return _Rows(crow, col, order, rs, cs, sp, s1, s2)  # M's blocks are A's
     return _Rows(crow, col, order, cs, rs, sp, s2, s1)      # A's blocks, transposed
 
 
-def _outer(layout: torch.layout, compressed: T, plain: T,
-           cache: dict[Hashable, Any] | None) -> tuple[T, T]:
+def _outer(m: Matrix, cache: dict[Hashable, Any] | None) -> tuple[T, T]:
     """Block row and block column of each stored block, in stored order."""
-    def make() -> tuple[T, T]:
-        inner = _long(plain)
-        outer = block_rows(compressed, inner.numel()).contiguous()
-        return (outer, inner) if layout in _ROW_LAYOUTS else (inner, outer)
     # (keyed by the orientation: the same members may be proven for a CSR and a CSC matrix)
-    pair: tuple[T, T] = _cached(cache, ("native", "outer", layout in _ROW_LAYOUTS), make)
+    pair: tuple[T, T] = _cached(cache, ("native", "outer", m.row_major),
+                                lambda: coordinates(m, m.compressed, _long(m.plain)))
     return pair
 
 
@@ -342,14 +334,14 @@ def _ptr_of(t: T | None) -> int | None:
 # Products
 
 
-def product(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
-            n_cols: int, transposed: bool, x: T, xk: int, xn: int, n: int, y: T, yi: int,
+def product(a: Matrix, transposed: bool, x: T, xk: int, xn: int, n: int, y: T, yi: int,
             yn: int, bias: T | None = None,
             cache: dict[Hashable, Any] | None = None) -> bool:
     """``Y = M @ X (+ bias)`` for ``M = A`` (or ``A.T``), ``X[k, n] = x[k * xk + n * xn]``,
     ``Y[row, n] = y[row * yi + n * yn]`` (``y`` fresh, written whole); False when the library
     refused (the caller computes with torch ops)."""
-    rows = _rowwise(layout, compressed, plain, values, n_rows, n_cols, transposed, cache)
+    layout, values, n_rows, n_cols = a.layout, a.values, a.n_rows, a.n_cols
+    rows = _rowwise(a, transposed, cache)
     # bounds from the shapes (never from index data): n_br, nnzb, n_in
     n_br = (n_cols // rows.r if transposed else n_rows // rows.r)
     nnzb = min(rows.col.numel(), int(values.shape[0]))
@@ -357,7 +349,7 @@ def product(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: in
         raise IndexDataError(f"the compressed indices hold {rows.crow.numel()} entries where "
                              f"{n_br + 1} are needed: the index data changed after it was "
                              "validated")
-    if x.dtype == torch.bfloat16 and layout in _BLOCK_LAYOUTS:
+    if x.dtype == torch.bfloat16 and layout in BLOCK_LAYOUTS:
         if _product_bf16(rows, values, n_rows if transposed else n_cols, x, xk, xn, n, y, yi,
                          yn, bias):
             return True
@@ -380,15 +372,14 @@ def product(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: in
     return bool(rc == 0)
 
 
-def values_grad(layout: torch.layout, compressed: T, plain: T, values_shape: torch.Size,
-                l_: T, li: int, ln: int, r_: T, ri: int, rn: int, n: int,
+def values_grad(a: Matrix, l_: T, li: int, ln: int, r_: T, ri: int, rn: int, n: int,
                 dtype: torch.dtype, cache: dict[Hashable, Any] | None = None) -> T | None:
     """Per stored block p at (i, j): ``G_p[a, b] = sum_n L[i r + a, n] R[j c + b, n]`` in the
     values' shape and ``dtype``; ``L[row, n] = l_[row * li + n * ln]``, likewise ``R``;
     operands in float32 / float64 (their common dtype). None when the library refused this
     operand layout."""
-    r, c = block_shape(layout, values_shape)
-    rows, cols = _outer(layout, compressed, plain, cache)
+    r, c, values_shape = a.r, a.c, a.values.shape
+    rows, cols = _outer(a, cache)
     nnzb = int(values_shape[0])
     if rows.numel() != nnzb or cols.numel() != nnzb:
         raise IndexDataError(f"the pattern holds {cols.numel()} stored blocks where the values "
@@ -419,8 +410,7 @@ SLOT_X, SLOT_N, SLOT_Y, SLOT_XK, SLOT_YI, SLOT_THREADS = 11, 16, 17, 13, 19, 22
 PackedArgs = ctypes.Array[ctypes.c_int64]
 
 
-def pack_product(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
-                 n_cols: int, batch_major: bool, x_dtype: torch.dtype, y_dtype: torch.dtype,
+def pack_product(a: Matrix, batch_major: bool, x_dtype: torch.dtype, y_dtype: torch.dtype,
                  bias: T | None = None, cache: dict[Hashable, Any] | None = None
                  ) -> tuple[PackedArgs, tuple[T, ...]] | None:
     """The arguments :func:`product` would pass for ``Y = A @ X (+ bias)`` (``A`` not
@@ -434,7 +424,8 @@ def pack_product(layout: torch.layout, compressed: T, plain: T, values: T, n_row
     dtype are converted here, once (as :func:`product` does per call)."""
     if not available() or x_dtype not in (torch.float32, torch.float64) or y_dtype not in _DTYPES:
         return None
-    rows = _rowwise(layout, compressed, plain, values, n_rows, n_cols, False, cache)
+    layout, values, n_rows, n_cols = a.layout, a.values, a.n_rows, a.n_cols
+    rows = _rowwise(a, False, cache)
     work = compute_dtype(x_dtype)
     vals = values if values.dtype == work else values.to(work)
     if vals is not values:
@@ -485,7 +476,7 @@ def _bf16_library() -> bool:
 def reads_bf16(dtype: torch.dtype, layout: torch.layout) -> bool:
     """Whether the native products of a ``layout`` matrix read ``dtype`` operands as they are
     (bfloat16 computed in bfloat16): the callers then hand them in without a float32 copy."""
-    return (dtype == torch.bfloat16 and layout in _BLOCK_LAYOUTS and available()
+    return (dtype == torch.bfloat16 and layout in BLOCK_LAYOUTS and available()
             and _bf16_library())
 
 

@@ -51,6 +51,7 @@ from ..base.forking import in_forked_child
 from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS
 from ..kernels import blocks as blockkernels
 from ..kernels import native
+from ..kernels.pattern import matrix
 from ..operators.library import linear_grad_input, linear_grad_values
 from ..state import checked, members_proof
 
@@ -253,8 +254,8 @@ def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan
     else:
         vals, bias, y_dtype = v.detach(), None if b is None else b.detach(), v.dtype
     x_dtype = torch.float64 if v.dtype is torch.float64 else torch.float32
-    packed = native.pack_product(layout, c, p, vals, n_rows, n_cols, batch_major, x_dtype,
-                                 y_dtype, bias=bias, cache=cache)
+    packed = native.pack_product(matrix(layout, c, p, vals, n_rows, n_cols), batch_major,
+                                 x_dtype, y_dtype, bias=bias, cache=cache)
     if packed is None:
         return None
     return _Plan(packed, entry, still, c, p, v, b, geometry, autocast, cast, x_dtype, y_dtype,
@@ -290,12 +291,11 @@ class _FastLinear(torch.autograd.Function):
         gx = gv = gb = None
         if (_context() is not None and g2.dtype is plan.dtype
                 and (v.data_ptr(), v.shape, v.stride(), v.dtype) == plan.v_key and plan.still()):
-            lay, cache = plan.layout, plan.cache
+            w, cache = matrix(plan.layout, c, p, v, n_out, width), plan.cache
             if need_x:
-                gx = blockkernels.linear_grad_input(g2, lay, c, p, v, n_out, width, cache=cache)
+                gx = blockkernels.linear_grad_input(w, g2, cache=cache)
             if need_v:
-                gv = blockkernels.linear_grad_values(g2, x2, lay, c, p, v, n_out, width,
-                                                     cache=cache)
+                gv = blockkernels.linear_grad_values(w, g2, x2, cache=cache)
         else:
             name = plan.layout_name
             if need_x:

@@ -44,6 +44,7 @@ from ..engine.indices import per_batch_contiguous
 from ..engine.metadata import CompressedMeta, check_compressed_metadata
 from ..engine.validation import check_compressed_indices
 from ..kernels import blocks as blockkernels
+from ..kernels.pattern import matrix
 from ..state import checked, members_proof
 from ..state.writers import Validation, admit
 
@@ -254,8 +255,8 @@ def linear(x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor, value
                          in_features)
     compressed, plain, cache = _geometry("linear", lay, compressed, plain, values, out_features,
                                          in_features)
-    return blockkernels.linear(x, lay, compressed, plain, values, out_features, in_features,
-                               cache=cache)
+    return blockkernels.linear(matrix(lay, compressed, plain, values, out_features, in_features),
+                               x, cache=cache)
 
 
 @linear.register_fake
@@ -283,8 +284,8 @@ def linear_grad_input(g: torch.Tensor, compressed: torch.Tensor, plain: torch.Te
                                     in_features)
     compressed, plain, cache = _geometry(op, lay, compressed, plain, values, out_features,
                                          in_features)
-    return blockkernels.linear_grad_input(g, lay, compressed, plain, values, out_features,
-                                          in_features, cache=cache)
+    return blockkernels.linear_grad_input(
+        matrix(lay, compressed, plain, values, out_features, in_features), g, cache=cache)
 
 
 @linear_grad_input.register_fake
@@ -315,8 +316,8 @@ def linear_grad_values(g: torch.Tensor, x: torch.Tensor, compressed: torch.Tenso
                                      in_features)
     compressed, plain, cache = _geometry(op, lay, compressed, plain, values, out_features,
                                          in_features)
-    return blockkernels.linear_grad_values(g, x, lay, compressed, plain, values, out_features,
-                                           in_features, cache=cache)
+    return blockkernels.linear_grad_values(
+        matrix(lay, compressed, plain, values, out_features, in_features), g, x, cache=cache)
 
 
 @linear_grad_values.register_fake
@@ -347,8 +348,8 @@ def linear_bias(x: torch.Tensor, compressed: torch.Tensor, plain: torch.Tensor,
                               in_features)
     compressed, plain, cache = _geometry(op, lay, compressed, plain, values, out_features,
                                          in_features)
-    return blockkernels.linear(x, lay, compressed, plain, values, out_features, in_features,
-                               cache=cache, bias=bias)
+    return blockkernels.linear(matrix(lay, compressed, plain, values, out_features, in_features),
+                               x, cache=cache, bias=bias)
 
 
 @linear_bias.register_fake
@@ -378,7 +379,8 @@ def matmul(compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor, 
     lay = _matmul_checks("matmul", compressed, plain, values, layout, n_rows, n_cols, x)
     compressed, plain, cache = _geometry("matmul", lay, compressed, plain, values, n_rows,
                                          n_cols)
-    return blockkernels.matmul(lay, compressed, plain, values, n_rows, n_cols, x, cache=cache)
+    return blockkernels.matmul(matrix(lay, compressed, plain, values, n_rows, n_cols), x,
+                               cache=cache)
 
 
 @matmul.register_fake
@@ -403,8 +405,8 @@ def matmul_grad_input(compressed: torch.Tensor, plain: torch.Tensor, values: tor
     op = "matmul_grad_input"
     lay = _matmul_grad_input_checks(op, compressed, plain, values, layout, n_rows, n_cols, g)
     compressed, plain, cache = _geometry(op, lay, compressed, plain, values, n_rows, n_cols)
-    return blockkernels.matmul_grad_input(lay, compressed, plain, values, n_rows, n_cols, g,
-                                          cache=cache)
+    return blockkernels.matmul_grad_input(matrix(lay, compressed, plain, values, n_rows, n_cols),
+                                          g, cache=cache)
 
 
 @matmul_grad_input.register_fake
@@ -433,8 +435,8 @@ def matmul_grad_values(compressed: torch.Tensor, plain: torch.Tensor, values: to
     lay = _matmul_grad_values_checks(op, compressed, plain, values, layout, n_rows, n_cols, g,
                                      x)
     compressed, plain, cache = _geometry(op, lay, compressed, plain, values, n_rows, n_cols)
-    return blockkernels.matmul_grad_values(g, x, lay, compressed, plain, values, n_rows, n_cols,
-                                           cache=cache)
+    return blockkernels.matmul_grad_values(
+        matrix(lay, compressed, plain, values, n_rows, n_cols), g, x, cache=cache)
 
 
 @matmul_grad_values.register_fake

@@ -41,6 +41,7 @@ from ..base import originals as _originals
 from ..base.layouts import BLOCK_LAYOUTS
 from ..kernels import blocks as kernels
 from ..kernels import native
+from ..kernels.pattern import matrix
 from ..operators.autograd import PRODUCTS, SparseProduct, gradients
 from ..state import checked
 from .binding import Product, bind
@@ -457,20 +458,19 @@ class _Pattern:
         if (layout == torch.sparse_bsr) == transpose and plain.numel() > 0:
             layout, compressed, plain, order = self.regrouped()
             values = values.index_select(0, order)
-        args = (layout, compressed, plain, values, self.n_rows, self.n_cols)
+        a = matrix(layout, compressed, plain, values, self.n_rows, self.n_cols)
         if batch_major:
-            return (kernels.linear_grad_input if transpose else kernels.linear)(operand, *args)
-        return (kernels.matmul_grad_input if transpose else kernels.matmul)(*args, operand)
+            return (kernels.linear_grad_input if transpose else kernels.linear)(a, operand)
+        return (kernels.matmul_grad_input if transpose else kernels.matmul)(a, operand)
 
-    def values_grad(self, values_shape: torch.Size, left: torch.Tensor, right: torch.Tensor,
+    def values_grad(self, values: torch.Tensor, left: torch.Tensor, right: torch.Tensor,
                     batch_major: bool) -> torch.Tensor:
         """The gradient of the stored values of a product (``batch_major`` or not) for its
         ``(left, right)`` (:func:`safesparse.operators.autograd.gradients` says which)."""
-        args = (self.layout, self.compressed, self.plain, values_shape, self.n_rows,
-                self.n_cols)
+        a = matrix(self.layout, self.compressed, self.plain, values, self.n_rows, self.n_cols)
         if batch_major:
-            return kernels.linear_grad_values(left, right, *args)
-        return kernels.matmul_grad_values(left, right, *args)
+            return kernels.linear_grad_values(a, left, right)
+        return kernels.matmul_grad_values(a, left, right)
 
 
 def _pattern(a: torch.Tensor, block: torch.Size | None = None) -> _Pattern:
@@ -531,7 +531,7 @@ class _KernelProduct(torch.autograd.Function):
         g_x, g_values = gradients(
             product, gy, x, ctx.needs_input_grad[1], need_values and old is None,
             lambda p, o: pattern.apply(values, o, p.batch_major, p.transpose),
-            lambda left, right: pattern.values_grad(values.shape, left, right, batch_major))
+            lambda left, right: pattern.values_grad(values, left, right, batch_major))
         if need_values and old is not None:  # small blocks: the element structure, which
             gc, xc = (gy.mT, x.mT) if batch_major else (gy, x)  # reads column-major operands
             gc, xc = gc.contiguous(), xc.contiguous()

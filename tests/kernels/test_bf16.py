@@ -91,18 +91,18 @@ def _check_products(p: Pattern, batch: int, seed: int = 1, bias_after: bool = Fa
     b = torch.randn(p.n_rows, generator=gen, dtype=torch.float64).to(torch.bfloat16)
     w, xd, gd, bd = p.dense, x.double(), g.double(), b.double()
     aw, ax, ag = w.abs(), xd.abs(), gd.abs()
-    _within_bf16(bk.linear(x, *p.members), xd @ w.T, ax @ aw.T)
-    _within_bf16(bk.linear(x, *p.members, bias=b), xd @ w.T + bd, ax @ aw.T + bd.abs(),
+    m = p.matrix()
+    _within_bf16(bk.linear(m, x), xd @ w.T, ax @ aw.T)
+    _within_bf16(bk.linear(m, x, bias=b), xd @ w.T + bd, ax @ aw.T + bd.abs(),
                  xd @ w.T if bias_after else None)
-    _within_bf16(bk.linear_grad_input(g, *p.members), gd @ w, ag @ aw)
-    layout, comp, plain, values, n_rows, n_cols = p.members
-    _within_bf16(bk.linear_grad_values(g, x, layout, comp, plain, values.shape, n_rows, n_cols),
+    _within_bf16(bk.linear_grad_input(m, g), gd @ w, ag @ aw)
+    _within_bf16(bk.linear_grad_values(m, g, x),
                  values_grad_reference(p, gd.T @ xd), values_grad_reference(p, ag.T @ ax))
     # SparseMatmul's products: feature-major operands (n_cols, N), (n_rows, N)
     xm, gm = x.T.contiguous(), g.T.contiguous()
-    _within_bf16(bk.matmul(*p.members, xm), w @ xd.T, aw @ ax.T)
-    _within_bf16(bk.matmul_grad_input(*p.members, gm), w.T @ gd.T, aw.T @ ag.T)
-    _within_bf16(bk.matmul_grad_values(gm, xm, layout, comp, plain, values, n_rows, n_cols),
+    _within_bf16(bk.matmul(m, xm), w @ xd.T, aw @ ax.T)
+    _within_bf16(bk.matmul_grad_input(m, gm), w.T @ gd.T, aw.T @ ag.T)
+    _within_bf16(bk.matmul_grad_values(m, gm, xm),
                  values_grad_reference(p, gd.T @ xd), values_grad_reference(p, ag.T @ ax))
 
 
@@ -169,9 +169,8 @@ def test_strided_operands_and_two_threads() -> None:
             native._lib.ss_reset_backoff()
             for operand in (x, xt):
                 for vals in (p.values, values):
-                    members = (p.layout, p.compressed, p.plain, vals, p.n_rows, p.n_cols)
                     xd = operand.double()
-                    _within_bf16(bk.linear(operand, *members), xd @ p.dense.T,
+                    _within_bf16(bk.linear(p.matrix(vals), operand), xd @ p.dense.T,
                                  xd.abs() @ p.dense.abs().T)
     finally:
         torch.set_num_threads(saved)
@@ -209,6 +208,7 @@ import sys, torch
 sys.path.insert(0, sys.argv[1] + "/tests/kernels")
 from test_blocks import pattern, random_mask
 from safesparse.kernels import blocks as bk, native
+from safesparse.kernels.pattern import matrix
 p = pattern(torch.sparse_bsr, random_mask(4, 4, 0.6, seed=1), (16, 16), torch.bfloat16)
 x = torch.randn(20, p.n_cols).to(torch.bfloat16)
 g = torch.randn(20, p.n_rows).to(torch.bfloat16)
@@ -226,35 +226,32 @@ def run(name, what, call):
 
 bad_plain = {"column": p.plain.clone().fill_(10**9), "negative column": p.plain.clone().fill_(-1)}
 for name, plain in bad_plain.items():
-    run(name, "forward", lambda: bk.linear(x, p.layout, p.compressed, plain, p.values, p.n_rows,
-                                           p.n_cols))
-    run(name, "values", lambda: bk.linear_grad_values(g, x, p.layout, p.compressed, plain,
-                                                      p.values.shape, p.n_rows, p.n_cols))
+    m = matrix(p.layout, p.compressed, plain, p.values, p.n_rows, p.n_cols)
+    run(name, "forward", lambda: bk.linear(m, x))
+    run(name, "values", lambda: bk.linear_grad_values(m, g, x))
     xm, gm = x.T.contiguous(), g.T.contiguous()  # SparseMatmul's (feature-major) products
-    run(name, "matmul", lambda: bk.matmul(p.layout, p.compressed, plain, p.values, p.n_rows,
-                                          p.n_cols, xm))
-    run(name, "matmul values", lambda: bk.matmul_grad_values(
-        gm, xm, p.layout, p.compressed, plain, p.values.shape, p.n_rows, p.n_cols))
+    run(name, "matmul", lambda: bk.matmul(m, xm))
+    run(name, "matmul values", lambda: bk.matmul_grad_values(m, gm, xm))
 crow = p.compressed.clone()
 crow[2] = 10**6
-run("row pointer", "forward", lambda: bk.linear(x, p.layout, crow, p.plain, p.values, p.n_rows,
-                                                p.n_cols))
+run("row pointer", "forward", lambda: bk.linear(
+    matrix(p.layout, crow, p.plain, p.values, p.n_rows, p.n_cols), x))
 crow = p.compressed.clone()
 crow[2], crow[3] = crow[3], crow[2] - 1
-run("decreasing row pointer", "forward", lambda: bk.linear(x, p.layout, crow, p.plain,
-                                                           p.values, p.n_rows, p.n_cols))
+run("decreasing row pointer", "forward", lambda: bk.linear(
+    matrix(p.layout, crow, p.plain, p.values, p.n_rows, p.n_cols), x))
 # the gradient to the input reads the pattern grouped by block columns (cached with the
 # proof): crafted groupings, as a writer racing the grouping could leave them
 key = ("native", "by_plain", p.n_cols // 16)
 for name, change in (("block row", lambda rows, order: rows.fill_(99)),
                      ("stored position", lambda rows, order: order.fill_(nnzb))):
     cache = {}
-    bk.linear_grad_input(g, *p.members, cache=cache)
+    bk.linear_grad_input(p.matrix(), g, cache=cache)
     ptr, rows, order = cache[key]
     rows, order = rows.clone(), order.clone()
     change(rows, order)
     cache[key] = (ptr, rows, order)
-    run(name, "input", lambda: bk.linear_grad_input(g, *p.members, cache=cache))
+    run(name, "input", lambda: bk.linear_grad_input(p.matrix(), g, cache=cache))
 """
 
 

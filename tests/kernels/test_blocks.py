@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 import safesparse as ss
 from safesparse.kernels import blocks as bk
 from safesparse.kernels import native
+from safesparse.kernels.pattern import Matrix, matrix
 
 #: the kernel paths this machine has (the native one where the library was built)
 PATHS = ["torch ops", *(["native"] if native.status().native else [])]
@@ -49,9 +50,10 @@ class Pattern:
     n_cols: int
     dense: torch.Tensor
 
-    @property
-    def members(self) -> tuple[Any, ...]:
-        return self.layout, self.compressed, self.plain, self.values, self.n_rows, self.n_cols
+    def matrix(self, values: torch.Tensor | None = None) -> Matrix:
+        """The kernels' description of this matrix (with ``values`` instead of its own)."""
+        return matrix(self.layout, self.compressed, self.plain,
+                      self.values if values is None else values, self.n_rows, self.n_cols)
 
 
 def pattern(layout: torch.layout, mask: torch.Tensor, block: tuple[int, int],
@@ -108,17 +110,14 @@ def check_all(p: Pattern, batch: int, dtype: torch.dtype, seed: int = 1) -> None
     x = torch.randn(batch, p.n_cols, generator=gen, dtype=torch.float64).to(dtype)
     g = torch.randn(batch, p.n_rows, generator=gen, dtype=torch.float64).to(dtype)
     w, xd, gd = p.dense, x.double(), g.double()
-    close(bk.linear(x, *p.members), xd @ w.T, dtype)
-    close(bk.linear_grad_input(g, *p.members), gd @ w, dtype)
-    layout, comp, plain, values, n_rows, n_cols = p.members
-    close(bk.linear_grad_values(g, x, layout, comp, plain, values, n_rows, n_cols),
-          values_grad_reference(p, gd.T @ xd), dtype)
-    close(bk.linear_grad_values(g, x, layout, comp, plain, values.shape, n_rows, n_cols),
-          values_grad_reference(p, gd.T @ xd), dtype)
+    m = p.matrix()
+    close(bk.linear(m, x), xd @ w.T, dtype)
+    close(bk.linear_grad_input(m, g), gd @ w, dtype)
+    close(bk.linear_grad_values(m, g, x), values_grad_reference(p, gd.T @ xd), dtype)
     xm, gm = x.T.contiguous(), g.T.contiguous()
-    close(bk.matmul(*p.members, xm), w @ xm.double(), dtype)
-    close(bk.matmul_grad_input(*p.members, gm), w.T @ gm.double(), dtype)
-    close(bk.matmul_grad_values(gm, xm, layout, comp, plain, values, n_rows, n_cols),
+    close(bk.matmul(m, xm), w @ xm.double(), dtype)
+    close(bk.matmul_grad_input(m, gm), w.T @ gm.double(), dtype)
+    close(bk.matmul_grad_values(m, gm, xm),
           values_grad_reference(p, gm.double() @ xm.double().T), dtype)
 
 
@@ -224,16 +223,14 @@ class _Linear(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, values: torch.Tensor, p: Pattern) -> torch.Tensor:
         ctx.save_for_backward(x, values)
         ctx.p = p
-        return bk.linear(x, p.layout, p.compressed, p.plain, values, p.n_rows, p.n_cols)
+        return bk.linear(p.matrix(values), x)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         x, values = ctx.saved_tensors
         p = ctx.p
-        args = (p.layout, p.compressed, p.plain)
-        gx = bk.linear_grad_input(g, *args, values, p.n_rows, p.n_cols)
-        gv = bk.linear_grad_values(g, x, *args, values.shape, p.n_rows, p.n_cols)
-        return gx, gv, None
+        m = p.matrix(values)
+        return bk.linear_grad_input(m, g), bk.linear_grad_values(m, g, x), None
 
 
 class _Matmul(torch.autograd.Function):
@@ -243,16 +240,14 @@ class _Matmul(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, values: torch.Tensor, p: Pattern) -> torch.Tensor:
         ctx.save_for_backward(x, values)
         ctx.p = p
-        return bk.matmul(p.layout, p.compressed, p.plain, values, p.n_rows, p.n_cols, x)
+        return bk.matmul(p.matrix(values), x)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         x, values = ctx.saved_tensors
         p = ctx.p
-        args = (p.layout, p.compressed, p.plain)
-        gx = bk.matmul_grad_input(*args, values, p.n_rows, p.n_cols, g)
-        gv = bk.matmul_grad_values(g, x, *args, values.shape, p.n_rows, p.n_cols)
-        return gx, gv, None
+        m = p.matrix(values)
+        return bk.matmul_grad_input(m, g), bk.matmul_grad_values(m, g, x), None
 
 
 @pytest.mark.parametrize("block", [(2, 2), (1, 3)], ids=str)

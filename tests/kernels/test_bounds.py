@@ -37,6 +37,7 @@ CRAFTED = r"""
 import torch
 from safesparse.kernels import blocks as bk, native
 from test_blocks import pattern, random_mask
+from safesparse.kernels.pattern import matrix
 
 def attempt(what, fn):
     try:
@@ -63,24 +64,21 @@ for layout, block in ((torch.sparse_bsr, (16, 16)), (torch.sparse_bsr, (8, 4)),
         else:
             first, second = int(comp[1]), int(comp[2])
             comp[1], comp[2] = second + 1, first
-        members = (p.layout, comp, plain, p.values, p.n_rows, p.n_cols)
+        m = matrix(p.layout, comp, plain, p.values, p.n_rows, p.n_cols)
         tag = f"{layout} {block} {member} {value}"
         for batch in (1, 3, 40):       # rowdot, batch-major tiles, several tiles
             x = torch.randn(batch, p.n_cols)
             g = torch.randn(batch, p.n_rows)
-            attempt(f"{tag} linear {batch}", lambda: bk.linear(x, *members))
-            attempt(f"{tag} linear_grad_input {batch}",
-                    lambda: bk.linear_grad_input(g, *members))
+            attempt(f"{tag} linear {batch}", lambda: bk.linear(m, x))
+            attempt(f"{tag} linear_grad_input {batch}", lambda: bk.linear_grad_input(m, g))
             attempt(f"{tag} linear_grad_values {batch}",
-                    lambda: bk.linear_grad_values(g, x, *members))
-            attempt(f"{tag} matmul {batch}", lambda: bk.matmul(*members, x.T.contiguous()))
-            attempt(f"{tag} matmul strided {batch}", lambda: bk.matmul(*members, x.T))
+                    lambda: bk.linear_grad_values(m, g, x))
+            attempt(f"{tag} matmul {batch}", lambda: bk.matmul(m, x.T.contiguous()))
+            attempt(f"{tag} matmul strided {batch}", lambda: bk.matmul(m, x.T))
             attempt(f"{tag} matmul_grad_input {batch}",
-                    lambda: bk.matmul_grad_input(*members, g.T.contiguous()))
+                    lambda: bk.matmul_grad_input(m, g.T.contiguous()))
             attempt(f"{tag} matmul_grad_values {batch}",
-                    lambda: bk.matmul_grad_values(g.T.contiguous(), x.T.contiguous(),
-                                                  *members[:3], p.values.shape,
-                                                  p.n_rows, p.n_cols))
+                    lambda: bk.matmul_grad_values(m, g.T.contiguous(), x.T.contiguous()))
 print("done")
 """
 

@@ -151,15 +151,14 @@ def test_non_contiguous_operands_and_values(layout: torch.layout, dtype: torch.d
         x = torch.randn(p.n_cols, batch, generator=gen).to(dtype).T
         g = _strided(torch.randn(batch, p.n_rows, generator=gen).to(dtype))
         w, xd, gd = p.dense, x.double(), g.double()
-        args = (p.layout, p.compressed, p.plain, p.values, p.n_rows, p.n_cols)
-        _close(bk.linear(x, *args), xd @ w.T, dtype)
-        _close(bk.linear_grad_input(g, *args), gd @ w, dtype)
-        _close(bk.linear_grad_values(g, x, *args[:3], p.values.shape, p.n_rows, p.n_cols),
-               values_grad_reference(p, gd.T @ xd), dtype)
+        m = p.matrix()
+        _close(bk.linear(m, x), xd @ w.T, dtype)
+        _close(bk.linear_grad_input(m, g), gd @ w, dtype)
+        _close(bk.linear_grad_values(m, g, x), values_grad_reference(p, gd.T @ xd), dtype)
         xm, gm = x.T, g.T        # (features, batch) views with the batch strided
-        _close(bk.matmul(*args, xm), w @ xm.double(), dtype)
-        _close(bk.matmul_grad_input(*args, gm), w.T @ gm.double(), dtype)
-        _close(bk.matmul_grad_values(gm, xm, *args[:3], p.values.shape, p.n_rows, p.n_cols),
+        _close(bk.matmul(m, xm), w @ xm.double(), dtype)
+        _close(bk.matmul_grad_input(m, gm), w.T @ gm.double(), dtype)
+        _close(bk.matmul_grad_values(m, gm, xm),
                values_grad_reference(p, gm.double() @ xm.double().T), dtype)
 
 
@@ -232,8 +231,8 @@ from test_blocks import pattern, random_mask
 p = pattern(torch.sparse_bsr, random_mask(8, 8, 0.5, seed=1), (16, 16), torch.float32)
 x, g = torch.randn(200, p.n_cols), torch.randn(200, p.n_rows)
 def products():
-    return (bk.linear(x, *p.members), bk.linear_grad_input(g, *p.members),
-            bk.linear_grad_values(g, x, *p.members))
+    return (bk.linear(p.matrix(), x), bk.linear_grad_input(p.matrix(), g),
+            bk.linear_grad_values(p.matrix(), g, x))
 before = products()                                   # the parent's pool runs
 runtimes = {line.split()[-1] for line in open("/proc/self/maps")
             if os.path.basename(line.split()[-1]).startswith(("libgomp", "libiomp", "libomp"))}
@@ -284,7 +283,7 @@ def test_bias_in_the_product_on_both_paths(layout: torch.layout, dtype: torch.dt
         want = x.double() @ p.dense.T + b.double()
         for path in PATHS_HERE:
             with path():
-                _close(bk.linear(x, *p.members, bias=b), want, dtype)
+                _close(bk.linear(p.matrix(), x, bias=b), want, dtype)
     weight = torch.sparse_compressed_tensor(p.compressed, p.plain, p.values.float(),
                                             (p.n_rows, p.n_cols), layout=layout,
                                             check_invariants=True)

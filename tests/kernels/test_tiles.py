@@ -85,5 +85,5 @@ def test_every_batch_and_tile(layout: torch.layout, dtype: torch.dtype, path: st
                 continue  # the torch-op kernels have no row tiles (their 64-row chunks: 255)
             check_all(p, batch, dtype, seed=batch)
             x = torch.randn(batch, p.n_cols, generator=gen, dtype=torch.float64).to(dtype)
-            close(bk.linear(x, *p.members, bias=bias),
+            close(bk.linear(p.matrix(), x, bias=bias),
                   x.double() @ p.dense.T + bias.double(), dtype)
