@@ -160,6 +160,8 @@ def _bind(lib: Any) -> None:
                                _ptr, _int, _i64, _i64, _ptr, _int]
     lib.ss_product_packed.restype = _int
     lib.ss_product_packed.argtypes = [_ptr]
+    lib.ss_product_bf16_packed.restype = _int
+    lib.ss_product_bf16_packed.argtypes = [_ptr]
     lib.ss_bf16_supported.restype = _int
     lib.ss_bf16_supported.argtypes = []
     lib.ss_product_bf16.restype = _int
@@ -459,6 +461,48 @@ def packed_entry() -> Any:
     """``ss_product_packed`` (one argument: the address of a :func:`pack_product` array,
     ``ctypes.addressof``; 0 on success), or None where the native path does not run."""
     return _lib.ss_product_packed if available() else None
+
+
+#: :func:`pack_product_bf16`'s slot for the operand's dtype, per call: bfloat16's
+#: :func:`dtype_code` (read in place) or float32's (a float32 operand the library rounds to
+#: bfloat16 first, as ``.to(torch.bfloat16)``: for small operands, where a separate conversion
+#: costs more than the product)
+SLOT_XDT = 12
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    """The library's code for ``dtype`` (for :data:`SLOT_XDT`); the library is loaded."""
+    return _DTYPES[dtype]
+
+
+def pack_product_bf16(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
+                      n_cols: int, batch_major: bool, bias: T | None = None,
+                      cache: dict[Hashable, Any] | None = None
+                      ) -> tuple[PackedArgs, tuple[T, ...]] | None:
+    """:func:`pack_product` for the bfloat16 kernels (``ss_product_bf16_packed``: the same
+    slots, :data:`SLOT_XDT` written per call, bfloat16 ``values`` and ``bias`` read in place,
+    output bfloat16); None where they do not run (:func:`reads_bf16`)."""
+    if (not reads_bf16(torch.bfloat16, layout) or values.dtype != torch.bfloat16
+            or (bias is not None and bias.dtype != torch.bfloat16)):
+        return None
+    rows = _rowwise(layout, compressed, plain, values, n_rows, n_cols, False, cache)
+    b = None if bias is None else bias.contiguous()
+    xk, xn, yi, yn = (1, n_cols, 1, n_rows) if batch_major else (0, 1, 0, 1)
+    if rows.crow.numel() != n_rows // rows.r + 1:
+        return None
+    bf16 = _DTYPES[torch.bfloat16]
+    args = (ctypes.c_int64 * 24)(
+        n_rows // rows.r, rows.r, rows.c, rows.col.numel(), rows.crow.data_ptr(),
+        rows.col.data_ptr(), _ptr_of(rows.order) or 0, values.data_ptr(), rows.sp, rows.sa,
+        rows.sb, 0, bf16, xk, xn, n_cols, 0, 0, bf16, yi, yn, _ptr_of(b) or 0, _threads(),
+        int(values.shape[0]))
+    keep = tuple(t for t in (rows.crow, rows.col, rows.order, values, b) if t is not None)
+    return args, keep
+
+
+def packed_entry_bf16() -> Any:
+    """``ss_product_bf16_packed`` (a :func:`pack_product_bf16` array's address), or None."""
+    return _lib.ss_product_bf16_packed if available() and _bf16_library() else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -623,3 +623,50 @@ int ss_product_packed(const int64_t *a)
 /* bfloat16 computed in bfloat16 (AVX512_BF16): ss_bf16_supported, ss_product_bf16,
  * ss_values_grad_bf16 */
 #include "kern_bf16.h"
+
+/* float32 to bfloat16, round to nearest even, NaN kept quiet (f32_to_bf16, in a loop the
+ * compiler vectorizes: AVX-512 where the bfloat16 kernels run) */
+#ifdef SS_X86
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+#endif
+static void round_bf16(const float *restrict src, uint16_t *restrict dst, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, src + i, 4);
+        uint32_t r = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x400000u)
+                                                     : u + 0x7fffu + ((u >> 16) & 1u);
+        dst[i] = (uint16_t)(r >> 16);
+    }
+}
+
+/* ss_product_bf16 with its arguments in ss_product_packed's array (24 slots: the same 23, slot
+ * 15 the input's length n_in, slot 23 the number of blocks the values hold, n_vals): one ctypes
+ * argument per call (the eager fast path of safesparse.nn). Slot 12, the operand's dtype: DT_BF16
+ * (read in place), or DT_F32: a float32 operand rounded to bfloat16 here first (round to nearest
+ * even, as torch's .to(torch.bfloat16); a buffer of this call), for small operands, where a
+ * separate conversion costs more than the product (the caller's choice). Returns as
+ * ss_product_bf16, -1 for another dtype, -2 out of memory. */
+int ss_product_bf16_packed(const int64_t *a)
+{
+    const void *x = (const void *)(intptr_t)a[11];
+    uint16_t *tmp = NULL;
+    int64_t n_in = a[15], N = a[16], xk = a[13], xn = a[14];
+    if (a[12] == DT_F32 && N > 0 && n_in > 0) {
+        int64_t count = (n_in - 1) * xk + (N - 1) * xn + 1;
+        if (!ss_bf16_supported()) return -1;
+        tmp = (uint16_t *)malloc((size_t)count * 2);
+        if (!tmp) return -2;
+        round_bf16((const float *)x, tmp, count);
+        x = tmp;
+    } else if (a[12] != DT_BF16) {
+        return -1;
+    }
+    int rc = ss_product_bf16(a[0], a[1], a[2], (const int64_t *)(intptr_t)a[4],
+                             (const int64_t *)(intptr_t)a[5], (const int64_t *)(intptr_t)a[6],
+                             a[3], a[2] > 0 ? n_in / a[2] : 0, (const void *)(intptr_t)a[7],
+                             a[23], a[8], a[9], a[10], x, xk, xn, N, (void *)(intptr_t)a[17],
+                             a[19], a[20], (const void *)(intptr_t)a[21], (int)a[22]);
+    free(tmp);
+    return rc;
+}

@@ -71,6 +71,9 @@ int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
                         int64_t li, int64_t ln, const void *rgt, int64_t ri, int64_t rn,
                         int64_t N, void *g, int nthreads);
 
+/* ss_product_bf16 with its arguments in ss_product_packed's array (24 slots; see blockprod.c) */
+int ss_product_bf16_packed(const int64_t *args);
+
 int ss_convert(const void *src, int sdt, void *dst, int ddt, int64_t n);
 void ss_region_stats(int64_t *out);
 void ss_reset_backoff(void);
