@@ -57,7 +57,7 @@ _HERE = Path(__file__).resolve().parent
 LIB_FILE = "_blockprod.native.so"
 #: The interface version these bindings are written for (csrc/blockprod.h's SS_ABI_VERSION;
 #: tests/kernels/test_interface.py checks both, and every binding, against the header).
-_ABI = 2
+_ABI = 3
 #: torch dtype -> the library's dtype code, read from the library (``ss_dtype_names``) at load
 _DTYPES: dict[torch.dtype, int] = {}
 _ISA_NAMES = {0: "none", 1: "avx2+fma", 2: "avx512f"}
@@ -160,8 +160,8 @@ def _bind(lib: Any) -> None:
                                _ptr, _int, _i64, _i64, _ptr, _int]
     lib.ss_product_packed.restype = _int
     lib.ss_product_packed.argtypes = [_ptr]
-    lib.ss_product_bf16_packed.restype = _int
-    lib.ss_product_bf16_packed.argtypes = [_ptr]
+    lib.ss_product_packed_rounded.restype = _int
+    lib.ss_product_packed_rounded.argtypes = [_ptr]
     lib.ss_bf16_supported.restype = _int
     lib.ss_bf16_supported.argtypes = []
     lib.ss_product_bf16.restype = _int
@@ -432,12 +432,17 @@ def pack_product(layout: torch.layout, compressed: T, plain: T, values: T, n_row
     ``x @ W.T``); else ``X`` (n_cols, N) and ``Y`` (n_rows, N), contiguous (``A @ x``). The
     caller writes :data:`SLOT_X`, :data:`SLOT_N`, :data:`SLOT_Y` (and, not batch-major,
     :data:`SLOT_XK` and :data:`SLOT_YI`: N) per call; ``x_dtype`` is the operand's dtype as the
-    kernel reads it (float32 / float64), ``y_dtype`` the output's. Values and bias of another
-    dtype are converted here, once (as :func:`product` does per call)."""
-    if not available() or x_dtype not in (torch.float32, torch.float64) or y_dtype not in _DTYPES:
+    kernel reads it (float32 / float64; bfloat16 where :func:`reads_bf16` says so: the product
+    then runs in bfloat16 and ``y_dtype`` must be bfloat16 too), ``y_dtype`` the output's.
+    Values and bias of another dtype are converted here, once (as :func:`product` does per
+    call)."""
+    bf16 = x_dtype == torch.bfloat16
+    if (not available() or y_dtype not in _DTYPES
+            or (bf16 and (y_dtype != torch.bfloat16 or not reads_bf16(x_dtype, layout)))
+            or (not bf16 and x_dtype not in (torch.float32, torch.float64))):
         return None
     rows = _rowwise(layout, compressed, plain, values, n_rows, n_cols, False, cache)
-    work = compute_dtype(x_dtype)
+    work = x_dtype if bf16 else compute_dtype(x_dtype)
     vals = values if values.dtype == work else values.to(work)
     if vals is not values:
         rows.sp, rows.sa, rows.sb = _value_strides(layout, vals)
@@ -448,11 +453,12 @@ def pack_product(layout: torch.layout, compressed: T, plain: T, values: T, n_row
     nnzb = min(rows.col.numel(), int(values.shape[0]))
     if rows.crow.numel() != n_br + 1:
         return None
-    args = (ctypes.c_int64 * 23)(
+    # (slot 23: the values' dtype; bfloat16 runs ss_product_bf16 on the same slots)
+    args = (ctypes.c_int64 * 24)(
         n_br, rows.r, rows.c, nnzb, rows.crow.data_ptr(), rows.col.data_ptr(),
         _ptr_of(rows.order) or 0, vals.data_ptr(), rows.sp, rows.sa, rows.sb, 0,
         _DTYPES[x_dtype], xk, xn, n_cols, 0, 0, _DTYPES[y_dtype], yi, yn, _ptr_of(b) or 0,
-        _threads())
+        _threads(), _DTYPES[work])
     keep = tuple(t for t in (rows.crow, rows.col, rows.order, vals, b) if t is not None)
     return args, keep
 
@@ -463,46 +469,12 @@ def packed_entry() -> Any:
     return _lib.ss_product_packed if available() else None
 
 
-#: :func:`pack_product_bf16`'s slot for the operand's dtype, per call: bfloat16's
-#: :func:`dtype_code` (read in place) or float32's (a float32 operand the library rounds to
-#: bfloat16 first, as ``.to(torch.bfloat16)``: for small operands, where a separate conversion
-#: costs more than the product)
-SLOT_XDT = 12
-
-
-def dtype_code(dtype: torch.dtype) -> int:
-    """The library's code for ``dtype`` (for :data:`SLOT_XDT`); the library is loaded."""
-    return _DTYPES[dtype]
-
-
-def pack_product_bf16(layout: torch.layout, compressed: T, plain: T, values: T, n_rows: int,
-                      n_cols: int, batch_major: bool, bias: T | None = None,
-                      cache: dict[Hashable, Any] | None = None
-                      ) -> tuple[PackedArgs, tuple[T, ...]] | None:
-    """:func:`pack_product` for the bfloat16 kernels (``ss_product_bf16_packed``: the same
-    slots, :data:`SLOT_XDT` written per call, bfloat16 ``values`` and ``bias`` read in place,
-    output bfloat16); None where they do not run (:func:`reads_bf16`)."""
-    if (not reads_bf16(torch.bfloat16, layout) or values.dtype != torch.bfloat16
-            or (bias is not None and bias.dtype != torch.bfloat16)):
-        return None
-    rows = _rowwise(layout, compressed, plain, values, n_rows, n_cols, False, cache)
-    b = None if bias is None else bias.contiguous()
-    xk, xn, yi, yn = (1, n_cols, 1, n_rows) if batch_major else (0, 1, 0, 1)
-    if rows.crow.numel() != n_rows // rows.r + 1:
-        return None
-    bf16 = _DTYPES[torch.bfloat16]
-    args = (ctypes.c_int64 * 24)(
-        n_rows // rows.r, rows.r, rows.c, rows.col.numel(), rows.crow.data_ptr(),
-        rows.col.data_ptr(), _ptr_of(rows.order) or 0, values.data_ptr(), rows.sp, rows.sa,
-        rows.sb, 0, bf16, xk, xn, n_cols, 0, 0, bf16, yi, yn, _ptr_of(b) or 0, _threads(),
-        int(values.shape[0]))
-    keep = tuple(t for t in (rows.crow, rows.col, rows.order, values, b) if t is not None)
-    return args, keep
-
-
-def packed_entry_bf16() -> Any:
-    """``ss_product_bf16_packed`` (a :func:`pack_product_bf16` array's address), or None."""
-    return _lib.ss_product_bf16_packed if available() and _bf16_library() else None
+def packed_entry_rounded() -> Any:
+    """``ss_product_packed_rounded``: :func:`packed_entry` for a bfloat16 array
+    (:func:`pack_product` with ``x_dtype`` bfloat16) whose operand is float32, rounded to
+    bfloat16 in the call (as ``.to(torch.bfloat16)``: for small operands, where a separate
+    conversion costs more than the product); None where the native path does not run."""
+    return _lib.ss_product_packed_rounded if available() else None
 
 
 # ---------------------------------------------------------------------------------------------

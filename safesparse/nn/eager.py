@@ -55,7 +55,7 @@ from ..state import checked, members_proof
 from .operators import linear_grad_input, linear_grad_values
 
 _SLOT_X, _SLOT_N, _SLOT_Y = native.SLOT_X, native.SLOT_N, native.SLOT_Y
-_SLOT_XK, _SLOT_YI, _SLOT_XDT = native.SLOT_XK, native.SLOT_YI, native.SLOT_XDT
+_SLOT_XK, _SLOT_YI = native.SLOT_XK, native.SLOT_YI
 
 __all__ = ["PlanSlot", "linear", "matmul", "plan_of"]
 
@@ -147,11 +147,10 @@ def _context() -> torch.dtype | None:
 class _Plan:
     """One module's packed product and the key it holds for (module docstring)."""
 
-    __slots__ = ("addr", "args", "autocast", "b", "b_alias", "b_ptr", "batch_major",
-                 "bf16_code", "c", "cache", "dtype", "entry", "f32_code", "geometry", "grad",
-                 "keep", "kind", "layout", "layout_name", "n_out", "p", "still", "thread",
-                 "threads", "v", "v_alias", "v_ptr", "vals", "ver", "width", "x_alt",
-                 "x_dtype", "y_dtype")
+    __slots__ = ("addr", "args", "autocast", "b", "b_alias", "b_ptr", "batch_major", "c",
+                 "cache", "dtype", "entry", "geometry", "grad", "keep", "kind", "layout",
+                 "layout_name", "n_out", "p", "rounded", "still", "thread", "threads", "v",
+                 "v_alias", "v_ptr", "vals", "ver", "width", "x_alt", "x_dtype", "y_dtype")
 
     def __init__(self, packed: tuple[native.PackedArgs, tuple[T, ...]], entry: Any,
                  still: Callable[[], bool], c: T, p: T, v: T, b: T | None, vals: T,
@@ -187,8 +186,8 @@ class _Plan:
         self.x_dtype = v.dtype if autocast is _F32 else _F32
         self.x_alt = self.x_dtype if autocast is _F32 else autocast
         self.y_dtype = y_dtype
-        self.f32_code = native.dtype_code(_F32)
-        self.bf16_code = native.dtype_code(_BF16)
+        # (under autocast: the entry that rounds a small float32 input in the call)
+        self.rounded = native.packed_entry_rounded() if kind == _AUTOCAST else None
         self.width, self.n_out = width, n_out
         self.batch_major = batch_major
         self.layout, self.layout_name = layout, layout_name
@@ -230,17 +229,16 @@ class _Plan:
             args = type(args).from_buffer_copy(args)
             addr = addressof(args)
         kind = self.kind
+        entry = self.entry
         if kind == _DIRECT:
             y = _empty(y_shape, dtype=self.y_dtype)
         elif kind == _AUTOCAST:  # bfloat16 kernels; a float32 x rounded to bfloat16 once
             y = _empty(y_shape, dtype=_BF16)
-            if x.dtype is _BF16:
-                args[_SLOT_XDT] = self.bf16_code
-            elif n * self.width <= _ROUND_IN_CALL:
-                args[_SLOT_XDT] = self.f32_code  # (by the library, in this call)
-            else:
-                x = x.to(_BF16)
-                args[_SLOT_XDT] = self.bf16_code
+            if x.dtype is not _BF16:
+                if n * self.width <= _ROUND_IN_CALL and self.rounded is not None:
+                    entry = self.rounded  # (by the library, in this call)
+                else:
+                    x = x.to(_BF16)
         else:  # x as the operators hand it to the kernel: under autocast rounded to its
             if self.autocast is not _F32:  # dtype; read in float32
                 x = x.to(self.autocast)
@@ -252,7 +250,7 @@ class _Plan:
         if not self.batch_major:
             args[_SLOT_XK] = n
             args[_SLOT_YI] = n
-        if self.entry(addr) != 0:
+        if entry(addr) != 0:
             return None
         return y
 
@@ -301,9 +299,8 @@ def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan
             kind = _AUTOCAST
             vals = vals.to(_BF16)
             bias = None if bias is None else bias.to(_BF16)
-        packed = native.pack_product_bf16(layout, c, p, vals, n_rows, n_cols, batch_major,
-                                          bias=bias, cache=cache)
-        entry = native.packed_entry_bf16()
+        packed = native.pack_product(layout, c, p, vals, n_rows, n_cols, batch_major, _BF16,
+                                     _BF16, bias=bias, cache=cache)
     if packed is None:
         if want in _HALF:  # through float32 from converted copies
             kind = _CONVERTED
@@ -312,7 +309,7 @@ def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan
         x_dtype = torch.float64 if v.dtype is torch.float64 else _F32
         packed = native.pack_product(layout, c, p, vals, n_rows, n_cols, batch_major,
                                      x_dtype, want, bias=bias, cache=cache)
-        entry = native.packed_entry()
+    entry = native.packed_entry()
     if packed is None or entry is None:
         return None
     return _Plan(packed, entry, still, c, p, v, b, vals, geometry, autocast, kind, want, n_cols,
