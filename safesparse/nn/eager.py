@@ -21,7 +21,9 @@ skips nothing whose answer could have changed, all re-checked in O(1) per call:
   dicts, never through ``nn.Module.__getattr__``), at the same data address and shape; the
   values' and bias's address, shape, strides and dtype (the kernel reads them in place: a
   write to them changes the result, not the plan); where the plan holds a converted copy of
-  them (autocast, half types) also their version counters;
+  them (autocast, half types) also their version counters: a write through the parameters
+  makes a new plan at the next call, on the same proof (:func:`_build` asks the state again),
+  so a stale copy is never read;
 * the thread count;
 * and the proof itself: the state layer's answer (:func:`safesparse.state.members_proof.proof`
   when the plan is built, then its O(1) re-check :func:`~safesparse.state.members_proof.holding`
@@ -31,7 +33,16 @@ skips nothing whose answer could have changed, all re-checked in O(1) per call:
 Any change falls back to the operators, which validate what they cannot prove (refusing only
 invalid data) and, once they succeeded, the plan is built again. Members the state cannot
 watch (shared memory, inference tensors, index buffers DDP broadcasts) are never proven, so
-they never get a plan. With gradients on, the plan's product runs inside a plain
+they never get a plan.
+
+Under ``torch.autocast("cpu", dtype=torch.bfloat16)`` a float32 layer's plan runs the bfloat16
+kernels (:func:`safesparse.kernels.native.pack_product` with bfloat16 operands) on a cached
+bfloat16 copy of its values and bias, the input rounded once (by the library inside the call
+for small inputs, ``ss_product_packed_rounded``; by torch above; read in place when it is
+bfloat16 already), the output bfloat16, as the operators' autocast kernel computes it. A
+bfloat16 layer's plan reads its values in place in the same kernels.
+
+With gradients on, the plan's product runs inside a plain
 ``autograd.Function`` whose backward calls the gradient kernels after the same re-check (the
 gradient operators otherwise); not under saved-tensor hooks (activation checkpointing compares
 what the forward saved with what its recomputation saves: both take the operators).
