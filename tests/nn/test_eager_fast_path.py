@@ -436,6 +436,31 @@ def test_autocast_keyed_changes_fall_back(calls: Calls) -> None:
     assert y.dtype == torch.float64
 
 
+def test_sparse_matmul_under_autocast(calls: Calls) -> None:
+    """``A @ x`` (feature-major) under bfloat16 autocast: the plan's bfloat16 product equals
+    the proving path's, for a float32 x rounded in the call, a large one rounded by torch, and a
+    bfloat16 one; and a bfloat16 ``SparseMatmul`` reads its values in place."""
+    torch.manual_seed(1)
+    a = (torch.rand(48, 32) < 0.3).float() * torch.randn(48, 32)
+    m = SparseMatmul(a.to_sparse_bsr((16, 16)))
+    for x in (torch.randn(32), torch.randn(32, 5), torch.randn(32, 2100),
+              torch.randn(32, 3).bfloat16()):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            m(x)
+            before = calls.fast
+            y = m(x)
+            assert calls.fast == before + 1 and y.dtype == torch.bfloat16
+            assert torch.equal(y, proving(m, x))
+            want = a.bfloat16() @ x.bfloat16()
+        torch.testing.assert_close(y.float(), want.float(), rtol=1.6e-2, atol=3e-2)
+    half = SparseMatmul(a.bfloat16().to_sparse_bsr((16, 16)))
+    x = torch.randn(32, 4).bfloat16()
+    half(x)
+    before = calls.fast
+    y = half(x)
+    assert calls.fast == before + 1 and torch.equal(y, proving(half, x))
+
+
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
 def test_autocast_gradients(calls: Calls, x_dtype: torch.dtype) -> None:
     """With grad under autocast the plan's product and a bfloat16 backward: the proving
