@@ -437,8 +437,12 @@ def linear(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
                 holds = _NO if plan is None else _YES
             if holds == _YES and plan is not None:
                 held = True
-                n = x.numel() // width
-                y_shape = (*shape[:-1], plan.n_out)
+                if len(shape) == 2:
+                    n = shape[0]
+                    y_shape: tuple[int, ...] = (n, plan.n_out)
+                else:
+                    n = x.numel() // width
+                    y_shape = (*shape[:-1], plan.n_out)
                 v = plan.v
                 b = plan.b
                 if n and not (_grad_enabled() and (x.requires_grad or v.requires_grad or (
