@@ -176,15 +176,15 @@ def encoder(table: Table, timed: Timed, ss: ModuleType, quick: bool) -> None:
 
 
 def layers(table: Table, timed: Timed, ss: ModuleType, quick: bool,
-           batches: Sequence[int] | None) -> None:
+           batches: Sequence[int] | None, autocast_only: bool = False) -> None:
     width = QUICK_WIDTH if quick else WIDTH
     torch.manual_seed(SEED)
     linear = nn.Linear(width, width)
     sparse = ss.nn.SparseLinear.from_dense(linear, BLOCK, DENSITY)
     half = nn.Linear(width, width).bfloat16()
     half.load_state_dict({k: v.bfloat16() for k, v in linear.state_dict().items()})
-    pairs = {torch.float32: (sparse, linear)}
-    if not quick:
+    pairs = {} if autocast_only else {torch.float32: (sparse, linear)}
+    if not quick and not autocast_only:
         pairs[torch.bfloat16] = (ss.nn.SparseLinear.from_dense(half, BLOCK, DENSITY), half)
     for n in batches or (QUICK_BATCHES if quick else BATCHES):
         for dtype, (s, d) in pairs.items():
@@ -226,6 +226,25 @@ def layers(table: Table, timed: Timed, ss: ModuleType, quick: bool,
                       f"layer autocast {n}")
         _add(table, f"batch {n}, float32 layer under bf16 autocast, forward (no_grad)",
              t["autocast"], "the same layer, float32", t["float32"], None)
+        xa = x.clone().requires_grad_(True)
+        ga = torch.randn(n, width)
+        params = [xa, *sparse.parameters()]
+
+        def autocast_step(m: nn.Module = sparse, a: torch.Tensor = xa,
+                          g: torch.Tensor = ga, ps: list[torch.Tensor] = params) -> object:
+            torch.set_autocast_enabled("cpu", True)
+            try:
+                y = m(a)
+            finally:
+                torch.set_autocast_enabled("cpu", False)
+            return torch.autograd.grad(y, ps, g.to(y.dtype))
+        autocast_step()
+        t = timed({"autocast": autocast_step,
+                   "float32": lambda m=sparse, a=xa, g=ga, ps=params: torch.autograd.grad(
+                       m(a), ps, g)},
+                  f"layer autocast {n} fwd+bwd")
+        _add(table, f"batch {n}, float32 layer under bf16 autocast, forward + backward",
+             t["autocast"], "the same layer, float32", t["float32"], None)
         gc.collect()
 
 
@@ -257,9 +276,10 @@ def run_tables(timed: Timed, quick: bool, batches: Sequence[int] | None,
     with DebugOff(ss):
         if "encoder" in only:
             encoder(enc, timed, ss, quick)
-        if "layers" in only:
-            layers(lay, timed, ss, quick, batches)
-    out = [t for t, name in ((enc, "encoder"), (lay, "layers")) if name in only]
+        if "layers" in only or "autocast" in only:
+            layers(lay, timed, ss, quick, batches, autocast_only="layers" not in only)
+    out = [t for t, name in ((enc, "encoder"), (lay, "layers"), (lay, "autocast"))
+           if name in only]
     _notes(ss, out)
     return out
 
@@ -296,7 +316,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--min-time", type=float, default=1.0,
                         help="seconds per statement, over all rounds")
-    parser.add_argument("--only", action="append", choices=("encoder", "layers"))
+    parser.add_argument("--only", action="append", choices=("encoder", "layers", "autocast"),
+                        help="autocast: only the layer table's rows of a float32 layer under "
+                        "bf16 autocast (forward, forward + backward) against it in float32")
     parser.add_argument("--batches", type=int, nargs="+")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)

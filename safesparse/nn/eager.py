@@ -21,7 +21,9 @@ skips nothing whose answer could have changed, all re-checked in O(1) per call:
   dicts, never through ``nn.Module.__getattr__``), at the same data address and shape; the
   values' and bias's address, shape, strides and dtype (the kernel reads them in place: a
   write to them changes the result, not the plan); where the plan holds a converted copy of
-  them (autocast, half types) also their version counters;
+  them (autocast, half types) also their version counters: a write through the parameters
+  makes a new plan at the next call, on the same proof (:func:`_build` asks the state again),
+  so a stale copy is never read;
 * the thread count;
 * and the proof itself: the state layer's answer (:func:`safesparse.state.members_proof.proof`
   when the plan is built, then its O(1) re-check :func:`~safesparse.state.members_proof.holding`
@@ -31,7 +33,16 @@ skips nothing whose answer could have changed, all re-checked in O(1) per call:
 Any change falls back to the operators, which validate what they cannot prove (refusing only
 invalid data) and, once they succeeded, the plan is built again. Members the state cannot
 watch (shared memory, inference tensors, index buffers DDP broadcasts) are never proven, so
-they never get a plan. With gradients on, the plan's product runs inside a plain
+they never get a plan.
+
+Under ``torch.autocast("cpu", dtype=torch.bfloat16)`` a float32 layer's plan runs the bfloat16
+kernels (:func:`safesparse.kernels.native.pack_product` with bfloat16 operands) on a cached
+bfloat16 copy of its values and bias, the input rounded once (by the library inside the call
+for small inputs, ``ss_product_packed_rounded``; by torch above; read in place when it is
+bfloat16 already), the output bfloat16, as the operators' autocast kernel computes it. A
+bfloat16 layer's plan reads its values in place in the same kernels.
+
+With gradients on, the plan's product runs inside a plain
 ``autograd.Function`` whose backward calls the gradient kernels after the same re-check (the
 gradient operators otherwise); not under saved-tensor hooks (activation checkpointing compares
 what the forward saved with what its recomputation saves: both take the operators).
@@ -62,6 +73,7 @@ __all__ = ["PlanSlot", "linear", "matmul", "plan_of"]
 
 T = torch.Tensor
 _Tensor = torch.Tensor
+_F32, _BF16 = torch.float32, torch.bfloat16
 _FAST_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _HALF = (torch.bfloat16, torch.float16)
 _is_compiling = torch.compiler.is_compiling
@@ -70,12 +82,26 @@ _transforms = torch._C._are_functorch_transforms_active
 _function_mode = torch._C._is_torch_function_mode_enabled
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _any_autocast = torch._C._is_any_autocast_enabled
+_cpu_autocast = torch.is_autocast_enabled
 _autocast_dtype = torch.get_autocast_dtype
 _grad_enabled = torch.is_grad_enabled
 _saved_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 _threads = torch.get_num_threads
 _ident = threading.get_ident
 _empty = torch.empty
+
+#: The plan's kinds: the kernels read the values and the input in place (float32 / float64,
+#: and bfloat16 in the bfloat16 kernels); a float32 layer under bfloat16 autocast, in the
+#: bfloat16 kernels from a cached bfloat16 copy of the values; half types through float32
+#: (float16; bfloat16 where the bfloat16 kernels do not run), from converted copies.
+_DIRECT, _AUTOCAST, _CONVERTED = 0, 1, 2
+#: The plan's answers to "does it hold?": no; yes; yes but its cached copy of the values (or
+#: bias) is stale (a write moved their counter: a new plan is built at once, O(values)).
+_NO, _YES, _STALE = 0, 1, 2
+#: Under bfloat16 autocast, a float32 input of at most this many elements is rounded to
+#: bfloat16 by the library inside the product's call (one pass, no tensor); larger ones by
+#: torch (``x.to(torch.bfloat16)``: threaded), then read in place.
+_ROUND_IN_CALL = 64 * 1024
 
 
 class PlanSlot:
@@ -133,15 +159,15 @@ def _context() -> torch.dtype | None:
 class _Plan:
     """One module's packed product and the key it holds for (module docstring)."""
 
-    __slots__ = ("addr", "args", "autocast", "b", "b_key", "batch_major", "c", "cache", "cast",
-                 "dtype", "entry", "geometry", "grad", "keep", "layout", "layout_name", "n_out",
-                 "p", "still", "thread", "threads", "v", "v_key", "v_ver", "width", "x_dtype",
-                 "y_dtype")
+    __slots__ = ("addr", "args", "autocast", "b", "b_alias", "b_ptr", "batch_major", "c",
+                 "cache", "dtype", "entry", "geometry", "grad", "keep", "kind", "layout",
+                 "layout_name", "n_out", "p", "rounded", "still", "thread", "threads", "v",
+                 "v_alias", "v_ptr", "vals", "ver", "width", "x_alt", "x_dtype", "y_dtype")
 
     def __init__(self, packed: tuple[native.PackedArgs, tuple[T, ...]], entry: Any,
-                 still: Callable[[], bool], c: T, p: T, v: T, b: T | None,
-                 geometry: Hashable, autocast: torch.dtype, cast: bool, x_dtype: torch.dtype,
-                 y_dtype: torch.dtype, width: int, n_out: int, batch_major: bool,
+                 still: Callable[[], bool], c: T, p: T, v: T, b: T | None, vals: T,
+                 geometry: Hashable, autocast: torch.dtype, kind: int, y_dtype: torch.dtype,
+                 width: int, n_out: int, batch_major: bool,
                  layout: torch.layout, layout_name: str, cache: dict[Hashable, Any] | None
                  ) -> None:
         self.args, self.keep = packed
@@ -150,65 +176,93 @@ class _Plan:
         self.still = still  # the state layer's O(1) re-check of the proof
         self.thread = _ident()
         self.c, self.p, self.v, self.b = c, p, v, b
-        self.dtype = v.dtype  # (the input's: the proving path refuses any other)
-        self.v_key = (v.data_ptr(), v.shape, v.stride(), v.dtype)
-        self.b_key = None if b is None else (b.data_ptr(), b.shape, b.stride())
-        self.v_ver = (v._version, None if b is None else b._version)
+        self.vals = vals  # what the kernel reads: the values (detached), or the plan's copy
+        self.dtype = v.dtype
+        # the values and bias as the plan read them: the same storage, offset, sizes and
+        # strides (``is_set_to`` against an alias), address and dtype
+        self.v_alias, self.v_ptr = v.detach(), v.data_ptr()
+        self.b_alias: T = self.v_alias if b is None else b.detach()  # (read only with a bias)
+        self.b_ptr = 0 if b is None else b.data_ptr()
+        # where the plan holds converted copies: their sources' counters
+        self.ver = None if kind == _DIRECT else (v._version,
+                                                 None if b is None else b._version)
         self.geometry = geometry
         self.threads = _threads()
         self.autocast = autocast
-        self.cast = cast  # values (and bias) converted into the plan: keyed on versions too
-        # gradients through the plan except under autocast (whose cast of the values is part
-        # of the graph torch records); a half-type layer's converted copy is keyed on the
-        # values' version, which autograd checks again before the backward reads them
-        self.grad = autocast is torch.float32
-        self.x_dtype, self.y_dtype = x_dtype, y_dtype
+        self.kind = kind
+        # gradients through the plan except for the float32 route under autocast (whose cast
+        # of the values torch's autograd records on the operators' path)
+        self.grad = kind != _CONVERTED or autocast is _F32
+        # the input's dtype (the proving path refuses any other) and, under autocast, the
+        # autocast dtype's (the output of an earlier layer under autocast)
+        self.x_dtype = v.dtype if autocast is _F32 else _F32
+        self.x_alt = self.x_dtype if autocast is _F32 else autocast
+        self.y_dtype = y_dtype
+        # (under autocast: the entry that rounds a small float32 input in the call)
+        self.rounded = native.packed_entry_rounded() if kind == _AUTOCAST else None
         self.width, self.n_out = width, n_out
         self.batch_major = batch_major
         self.layout, self.layout_name = layout, layout_name
         self.cache = cache  # (the proof's cache of pattern data, as the operators pass it)
 
     def holds(self, buffers: dict[str, Any], params: dict[str, Any], autocast: torch.dtype
-              ) -> bool:
-        """Whether nothing this plan skips could have changed (module docstring)."""
-        c = buffers.get("compressed_indices")
-        p = buffers.get("plain_indices")
+              ) -> int:
+        """Whether nothing this plan skips could have changed (module docstring): ``_YES``,
+        ``_NO``, or ``_STALE`` (it holds but its converted copy of the values or bias is
+        older than a write to them)."""
         v = params.get("values")
         b = params.get("bias")
-        if (c is not self.c or p is not self.p or v is not self.v or b is not self.b
-                or autocast is not self.autocast or _threads() != self.threads):
-            return False
-        if (v.data_ptr(), v.shape, v.stride(), v.dtype) != self.v_key:
-            return False
-        if b is not None and (b.data_ptr(), b.shape, b.stride()) != self.b_key:
-            return False
-        if self.cast and (v._version, None if b is None else b._version) != self.v_ver:
-            return False
-        return self.still()  # (the members' views, every counter on their memory)
+        if (buffers.get("compressed_indices") is not self.c
+                or buffers.get("plain_indices") is not self.p or v is not self.v
+                or b is not self.b or autocast is not self.autocast
+                or _threads() != self.threads):
+            return _NO
+        if (v.dtype is not self.dtype or v.data_ptr() != self.v_ptr
+                or not v.is_set_to(self.v_alias)):
+            return _NO
+        if b is not None and (b.dtype is not self.dtype or b.data_ptr() != self.b_ptr
+                              or not b.is_set_to(self.b_alias)):
+            return _NO
+        if not self.still():  # (the members' views, every counter on their memory)
+            return _NO
+        ver = self.ver
+        if ver is not None and (ver[0] != v._version
+                                or (b is not None and ver[1] != b._version)):
+            return _STALE
+        return _YES
 
     def run(self, x: T, n: int, y_shape: tuple[int, ...]) -> T | None:
         """The product for the contiguous ``x`` of ``n`` rows (batch-major) or columns, into
         a fresh output of ``y_shape``; None when the library refused (the caller falls
         back)."""
-        if self.cast:  # x as the operators hand it to the kernel: under autocast rounded
-            if self.autocast is not torch.float32:  # to its dtype; read in float32
-                x = x.to(self.autocast)
-            x = x.to(self.x_dtype)
-            y = _empty(y_shape, dtype=self.y_dtype)
-        else:
-            y = x.new_empty(y_shape)
         args = self.args
         addr = self.addr
         if self.thread != _ident():  # (another thread: its own copy of the array)
             args = type(args).from_buffer_copy(args)
             addr = addressof(args)
+        kind = self.kind
+        entry = self.entry
+        if kind == _DIRECT:
+            y = _empty(y_shape, dtype=self.y_dtype)
+        elif kind == _AUTOCAST:  # bfloat16 kernels; a float32 x rounded to bfloat16 once
+            y = _empty(y_shape, dtype=_BF16)
+            if x.dtype is not _BF16:
+                if n * self.width <= _ROUND_IN_CALL and self.rounded is not None:
+                    entry = self.rounded  # (by the library, in this call)
+                else:
+                    x = x.to(_BF16)
+        else:  # x as the operators hand it to the kernel: under autocast rounded to its
+            if self.autocast is not _F32:  # dtype; read in float32
+                x = x.to(self.autocast)
+            x = x.to(_F32)
+            y = _empty(y_shape, dtype=self.y_dtype)
         args[_SLOT_X] = x.data_ptr()
         args[_SLOT_N] = n
         args[_SLOT_Y] = y.data_ptr()
         if not self.batch_major:
             args[_SLOT_XK] = n
             args[_SLOT_YI] = n
-        if self.entry(addr) != 0:
+        if entry(addr) != 0:
             return None
         return y
 
@@ -221,18 +275,21 @@ def _geometry(layout: torch.layout, values: T, n_rows: int, n_cols: int) -> Hash
 
 
 def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan | None:
-    """A plan for ``module`` after a proving call with ``x`` succeeded, or None (members not
-    proven, not watchable, no native path, an operand the plan does not take)."""
-    entry = native.packed_entry()
-    if entry is None:
-        return None
+    """A plan for ``module`` after a proving call with ``x`` succeeded (or where its plan's
+    copy of the values went stale), or None (members not proven, not watchable, no native
+    path, an operand the plan does not take)."""
     buffers, params = module._buffers, module._parameters
     c, p = buffers.get("compressed_indices"), buffers.get("plain_indices")
     v, b = params.get("values"), params.get("bias") if batch_major else None
     if (not isinstance(c, _Tensor) or not isinstance(p, _Tensor) or not isinstance(v, _Tensor)
             or v.device.type != "cpu" or p.numel() == 0 or v.dtype not in _FAST_DTYPES
-            or v.dtype is not x.dtype):
+            or (b is not None and (not isinstance(b, _Tensor) or b.dtype is not v.dtype))):
         return None
+    if autocast is _F32:
+        if v.dtype is not x.dtype:
+            return None
+    elif v.dtype is not _F32 or autocast not in _HALF or x.dtype not in (_F32, autocast):
+        return None  # (autocast casts float32 layers only)
     layout = module.layout
     n_rows, n_cols = module._size
     if n_rows == 0 or n_cols == 0:
@@ -244,54 +301,75 @@ def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan
     still = members_proof.holding(c, p, geometry) if proven else None
     if still is None:
         return None
-    cast = autocast is not torch.float32 or v.dtype in _HALF
-    if autocast is not torch.float32:  # what the autocast kernel hands the operators
-        if v.dtype is not torch.float32 or autocast not in _HALF:
-            return None
-        vals = v.detach().to(autocast)
-        bias = None if b is None else b.detach().to(autocast)
-        y_dtype = autocast
-    else:
-        vals, bias, y_dtype = v.detach(), None if b is None else b.detach(), v.dtype
-    x_dtype = torch.float64 if v.dtype is torch.float64 else torch.float32
-    packed = native.pack_product(matrix(layout, c, p, vals, n_rows, n_cols), batch_major,
-                                 x_dtype, y_dtype, bias=bias, cache=cache)
+    kind = _DIRECT
+    want = v.dtype if autocast is _F32 else autocast  # the dtype the product computes in
+    vals = v.detach()
+    bias = None if b is None else b.detach()
+    packed = None
+    if want is _BF16:  # the bfloat16 kernels, values read in place or the plan's copy
+        if autocast is not _F32:
+            kind = _AUTOCAST
+            vals = vals.to(_BF16)
+            bias = None if bias is None else bias.to(_BF16)
+        packed = native.pack_product(matrix(layout, c, p, vals, n_rows, n_cols), batch_major,
+                                     _BF16, _BF16, bias=bias, cache=cache)
     if packed is None:
+        if want in _HALF:  # through float32 from converted copies
+            kind = _CONVERTED
+            vals = v.detach().to(want)
+            bias = None if b is None else b.detach().to(want)
+        x_dtype = torch.float64 if v.dtype is torch.float64 else _F32
+        packed = native.pack_product(matrix(layout, c, p, vals, n_rows, n_cols), batch_major,
+                                     x_dtype, want, bias=bias, cache=cache)
+    entry = native.packed_entry()
+    if packed is None or entry is None:
         return None
-    return _Plan(packed, entry, still, c, p, v, b, geometry, autocast, cast, x_dtype, y_dtype,
-                 n_cols, n_rows, batch_major, layout, module._layout_name, cache)
+    return _Plan(packed, entry, still, c, p, v, b, vals, geometry, autocast, kind, want, n_cols,
+                 n_rows, batch_major, layout, module._layout_name, cache)
 
 
 class _FastLinear(torch.autograd.Function):
     """The plan's product with gradients. The backward calls the gradient kernels directly
     where the plan still holds when it runs (the same O(1) questions: the context, the
     state's re-check of the proof, the values' address, shape and strides); else the gradient
-    operators, which confirm (or validate) the members themselves."""
+    operators, which confirm (or validate) the members themselves. Under bfloat16 autocast
+    the backward runs in bfloat16 from what the forward read (the input rounded once, the
+    plan's copy of the values) and the gradients reach the float32 parameters and input
+    converted, as autocast's own casts would."""
 
     @staticmethod
     def forward(ctx: Any, x: T, v: T, b: T | None, plan: _Plan, n: int,
                 y_shape: tuple[int, ...]) -> T:
+        vals = v
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        if plan.kind == _AUTOCAST:  # (the rounded input is what the backward reads)
+            vals = plan.vals
+            if x.dtype is not _BF16:
+                x = x.to(_BF16)
         y = plan.run(x, n, y_shape)
         if y is None:
             raise _Refused
-        ctx.save_for_backward(x, v)
+        ctx.save_for_backward(x, vals)
         ctx.plan = plan  # (its members: the backward confirms them, or the operators do)
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, g: T) -> tuple[T | None, ...]:
-        x, v = ctx.saved_tensors
+        x, vals = ctx.saved_tensors
         plan: _Plan = ctx.plan
         c, p = plan.c, plan.p
         n_out, width = plan.n_out, plan.width
         need_x, need_v, need_b = ctx.needs_input_grad[:3]
         g2 = g.reshape(-1, n_out).contiguous()
+        if g2.dtype is not vals.dtype:
+            g2 = g2.to(vals.dtype)
         x2 = x.view(-1, width)
         gx = gv = gb = None
-        if (_context() is not None and g2.dtype is plan.dtype
-                and (v.data_ptr(), v.shape, v.stride(), v.dtype) == plan.v_key and plan.still()):
-            w, cache = matrix(plan.layout, c, p, v, n_out, width), plan.cache
+        if (_context() is not None and vals.dtype is plan.vals.dtype
+                and vals.data_ptr() == plan.vals.data_ptr() and vals.is_set_to(plan.vals)
+                and plan.still()):
+            w, cache = matrix(plan.layout, c, p, vals, n_out, width), plan.cache
             if need_x:
                 gx = blockkernels.linear_grad_input(w, g2, cache=cache)
             if need_v:
@@ -299,12 +377,16 @@ class _FastLinear(torch.autograd.Function):
         else:
             name = plan.layout_name
             if need_x:
-                gx = linear_grad_input(g2, c, p, v, name, n_out, width)
+                gx = linear_grad_input(g2, c, p, vals, name, n_out, width)
             if need_v:
-                gv = linear_grad_values(g2, x2, c, p, v, name, n_out, width)
+                gv = linear_grad_values(g2, x2, c, p, vals, name, n_out, width)
         if need_b:
             gb = blockkernels.bias_grad(g2)
-        return (None if gx is None else gx.view(x.shape)), gv, gb, None, None, None
+        if plan.kind == _AUTOCAST:  # (to the float32 parameters and input, as autocast's)
+            gv = None if gv is None else gv.to(plan.dtype)
+            gb = None if gb is None else gb.to(plan.dtype)
+        return (None if gx is None else gx.view(ctx.x_shape).to(ctx.x_dtype)), gv, gb, \
+            None, None, None
 
 
 _apply: Callable[..., T] = _FastLinear.apply
@@ -319,6 +401,17 @@ def _replan(module: Any, x: T, autocast: torch.dtype | None, batch_major: bool) 
             _slot(module).plan = None
 
 
+def _refresh(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan | None:
+    """A plan whose converted copy went stale (the values or bias written): a new one at
+    once, on the same proof (no proving call: :func:`_build` asks the state again)."""
+    _replan(module, x, autocast, batch_major)
+    plan = plan_of(module)
+    d = module.__dict__
+    if plan is None or plan.holds(d["_buffers"], d["_parameters"], autocast) != _YES:
+        return None
+    return plan  # type: ignore[no-any-return]
+
+
 class _Refused(Exception):
     """The library refused the packed call (never seen by users: the proving path runs)."""
 
@@ -327,33 +420,44 @@ def linear(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
     """``SparseLinear.forward`` in eager mode: the plan where it holds, else ``proving``
     (the operators), after which a plan is built."""
     d = module.__dict__
-    plan, autocast = _current(d)
+    slot: PlanSlot | None = d.get("_ss_fast")
+    plan = None if slot is None else slot.plan
+    autocast = _context()
     held = False
     if (plan is not None and autocast is not None and type(x) is _Tensor
-            and x.dtype is plan.dtype and x.is_cpu and x.is_contiguous()):
+            and (x.dtype is plan.x_dtype or x.dtype is plan.x_alt) and x.is_cpu
+            and x.is_contiguous()):
         width = plan.width
         shape = x.shape
-        if shape and shape[-1] == width and plan.holds(d["_buffers"], d["_parameters"],
-                                                       autocast):
-            held = True
-            n = x.numel() // width
-            y_shape = (*shape[:-1], plan.n_out)
-            v = plan.v
-            b = plan.b
-            if n and not (_grad_enabled() and (x.requires_grad or v.requires_grad or (
-                    b is not None and b.requires_grad))):
-                y = plan.run(x, n, y_shape)
-                if y is not None:
-                    return y
-            elif n and plan.grad and _saved_hooks(False) is None:
-                # (saved-tensor hooks: activation checkpointing recomputes the forward and
-                # hands the graph the tensors saved then: both runs take the operators)
-                try:
-                    y = _apply(x, v, b, plan, n, y_shape)
-                except _Refused:
-                    pass
+        if shape and shape[-1] == width:
+            holds = plan.holds(d["_buffers"], d["_parameters"], autocast)
+            if holds == _STALE:
+                plan = _refresh(module, x, autocast, True)
+                holds = _NO if plan is None else _YES
+            if holds == _YES and plan is not None:
+                held = True
+                if len(shape) == 2:
+                    n = shape[0]
+                    y_shape: tuple[int, ...] = (n, plan.n_out)
                 else:
-                    return y
+                    n = x.numel() // width
+                    y_shape = (*shape[:-1], plan.n_out)
+                v = plan.v
+                b = plan.b
+                if n and not (_grad_enabled() and (x.requires_grad or v.requires_grad or (
+                        b is not None and b.requires_grad))):
+                    y = plan.run(x, n, y_shape)
+                    if y is not None:
+                        return y
+                elif n and plan.grad and _saved_hooks(False) is None:
+                    # (saved-tensor hooks: activation checkpointing recomputes the forward and
+                    # hands the graph the tensors saved then: both runs take the operators)
+                    try:
+                        y = _apply(x, v, b, plan, n, y_shape)
+                    except _Refused:
+                        pass
+                    else:
+                        return y
     y = proving(module, x)
     if not held:
         _replan(module, x, autocast, batch_major=True)
@@ -365,19 +469,26 @@ def matmul(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
     gradient is recorded (a trainable ``A`` or an ``x`` requiring grad take the operators),
     else ``proving``."""
     d = module.__dict__
-    plan, autocast = _current(d)
+    slot: PlanSlot | None = d.get("_ss_fast")
+    plan = None if slot is None else slot.plan
+    autocast = _context()
     held = False
     if (plan is not None and autocast is not None and type(x) is _Tensor
-            and x.dtype is plan.dtype and x.is_cpu and x.is_contiguous()):
+            and (x.dtype is plan.x_dtype or x.dtype is plan.x_alt) and x.is_cpu
+            and x.is_contiguous()):
         shape = x.shape
-        if (len(shape) in (1, 2) and shape[0] == plan.width
-                and plan.holds(d["_buffers"], d["_parameters"], autocast)):
-            held = True
-            n = 1 if len(shape) == 1 else shape[1]
-            if n and not (_grad_enabled() and (x.requires_grad or plan.v.requires_grad)):
-                y = plan.run(x, n, (plan.n_out,) if len(shape) == 1 else (plan.n_out, n))
-                if y is not None:
-                    return y
+        if len(shape) in (1, 2) and shape[0] == plan.width:
+            holds = plan.holds(d["_buffers"], d["_parameters"], autocast)
+            if holds == _STALE:
+                plan = _refresh(module, x, autocast, False)
+                holds = _NO if plan is None else _YES
+            if holds == _YES and plan is not None:
+                held = True
+                n = 1 if len(shape) == 1 else shape[1]
+                if n and not (_grad_enabled() and (x.requires_grad or plan.v.requires_grad)):
+                    y = plan.run(x, n, (plan.n_out,) if len(shape) == 1 else (plan.n_out, n))
+                    if y is not None:
+                        return y
     y = proving(module, x)
     if not held:
         _replan(module, x, autocast, batch_major=False)

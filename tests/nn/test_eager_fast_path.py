@@ -326,14 +326,171 @@ def test_autocast(calls: Calls) -> None:
         assert y.dtype == torch.bfloat16
         before = calls.fast
         with torch.no_grad():
-            y2 = layer(x)  # an autocast plan (bf16-rounded values, cached)
+            y2 = layer(x)  # an autocast plan (a cached bfloat16 copy of the values)
         assert calls.fast == before + 1 and torch.equal(y2, y)
-        with torch.no_grad():
-            layer.values.mul_(2)  # a write: the cached copy is rebuilt
-        y3 = fell_back(layer, x, calls)
-        assert torch.equal(y3, proving(layer, x))
+        assert eager.plan_of(layer).kind == eager._AUTOCAST
+    y4 = fell_back(layer, x, calls)  # autocast off: the float32 plan again, after a proving call
+    assert y4.dtype == torch.float32
     with torch.no_grad():
-        assert layer(x).dtype == torch.float32
+        assert torch.equal(layer(x), y4)
+
+
+def autocast_reference(layer: SparseLinear, x: torch.Tensor) -> torch.Tensor:
+    """``F.linear`` under bfloat16 autocast with the dense weight."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return torch.nn.functional.linear(x, layer.weight.to_dense(), layer.bias)
+
+
+def autocast_warm(layer: nn.Module, x: torch.Tensor, calls: Calls) -> None:
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        layer(x)
+        assert eager.plan_of(layer).kind == eager._AUTOCAST
+        before = calls.fast
+        layer(x)
+        assert calls.fast == before + 1
+
+
+@pytest.mark.parametrize("layout", ["bsr", "bsc"])
+@pytest.mark.parametrize("shape", [(96,), (1, 96), (8, 96), (3, 5, 96), (700, 96)])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_autocast_plan_numerics(calls: Calls, layout: str, shape: tuple[int, ...],
+                                x_dtype: torch.dtype) -> None:
+    """bfloat16 kernels from the plan's copy of the values: the proving path's result exactly
+    (a float32 input rounded in the library's call or by torch: the same rounding), and
+    ``F.linear`` under autocast within bfloat16 rounding; a bfloat16 input (an earlier layer's
+    output under autocast) is read in place."""
+    layer = make(layout)
+    x = torch.randn(shape).to(x_dtype)
+    autocast_warm(layer, x, calls)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        before = calls.fast
+        y = layer(x)
+        assert calls.fast == before + 1
+        ref = proving(layer, x)
+    want = autocast_reference(layer, x)
+    assert y.dtype == want.dtype == torch.bfloat16 and y.shape == want.shape
+    assert torch.equal(y, ref)
+    torch.testing.assert_close(y.float(), want.float(), rtol=1.6e-2, atol=2e-2)
+
+
+def test_autocast_rounds_as_torch() -> None:
+    """A float32 input rounded to bfloat16 in the library's call (round to nearest even,
+    ties, infinities, NaN) equals ``x.to(torch.bfloat16)``: through an identity layer."""
+    eye = SparseLinear(torch.eye(64).to_sparse_bsr((16, 16)))
+    bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (1, 64), dtype=torch.int32)
+    x = bits.view(torch.float32)
+    x = torch.where(x.abs() < 1e-30, torch.ones_like(x), x)  # (vdpbf16ps flushes subnormals)
+    x[0, :6] = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), float("inf"),
+                             -float("inf"), 3.0e38])
+    x = x.clamp(-3e38, 3e38).nan_to_num(0.0)  # (the product of a finite x and 1 stays finite)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        eye(x)
+        assert eager.plan_of(eye) is not None
+        y = eye(x)
+    finite = x.isfinite()
+    assert torch.equal(y[finite], x.to(torch.bfloat16)[finite])
+
+
+def test_autocast_write_to_values_never_reads_a_stale_copy(calls: Calls) -> None:
+    """A write to the values (or bias) between calls under autocast: the next call reads a
+    fresh bfloat16 copy (the plan is rebuilt on the same proof), never the stale one."""
+    layer = make()
+    x = torch.randn(3, 96)
+    autocast_warm(layer, x, calls)
+    old = eager.plan_of(layer)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        y1 = layer(x)
+        layer.values.mul_(2)  # a write: the cached copy is stale
+        y2 = layer(x)
+        assert eager.plan_of(layer) is not old
+        assert torch.equal(y2, proving(layer, x)) and not torch.equal(y1, y2)
+        layer.bias.add_(1)  # type: ignore[union-attr]
+        y3 = layer(x)
+        assert torch.equal(y3, proving(layer, x)) and not torch.equal(y2, y3)
+        opt_step = layer.values.detach()
+        opt_step.sub_(0.5)  # through an alias sharing the counter
+        y4 = layer(x)
+        assert torch.equal(y4, proving(layer, x)) and not torch.equal(y3, y4)
+    torch.testing.assert_close(y4.float(), autocast_reference(layer, x).float(), rtol=1.6e-2,
+                               atol=5e-2)
+
+
+def test_autocast_keyed_changes_fall_back(calls: Calls) -> None:
+    layer = make()
+    x = torch.randn(3, 96)
+    autocast_warm(layer, x, calls)
+    with torch.autocast("cpu", dtype=torch.float16):  # another autocast dtype
+        y = fell_back(layer, x, calls)
+        assert y.dtype == torch.float16
+    autocast_warm(layer, x, calls)
+    layer.values.data = torch.randn_like(layer.values)  # replaced values
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fell_back(layer, x, calls)
+    with torch.no_grad():
+        layer.plain_indices.copy_(layer.plain_indices.clone())  # a write to a member
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fell_back(layer, x, calls)
+    layer.double()  # a dtype change: autocast leaves float64 alone
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = fell_back(layer, x.double(), calls)
+    assert y.dtype == torch.float64
+
+
+def test_sparse_matmul_under_autocast(calls: Calls) -> None:
+    """``A @ x`` (feature-major) under bfloat16 autocast: the plan's bfloat16 product equals
+    the proving path's, for a float32 x rounded in the call, a large one rounded by torch, and a
+    bfloat16 one; and a bfloat16 ``SparseMatmul`` reads its values in place."""
+    torch.manual_seed(1)
+    a = (torch.rand(48, 32) < 0.3).float() * torch.randn(48, 32)
+    m = SparseMatmul(a.to_sparse_bsr((16, 16)))
+    for x in (torch.randn(32), torch.randn(32, 5), torch.randn(32, 2100),
+              torch.randn(32, 3).bfloat16()):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            m(x)
+            before = calls.fast
+            y = m(x)
+            assert calls.fast == before + 1 and y.dtype == torch.bfloat16
+            assert torch.equal(y, proving(m, x))
+            want = a.bfloat16() @ x.bfloat16()
+        torch.testing.assert_close(y.float(), want.float(), rtol=1.6e-2, atol=3e-2)
+    half = SparseMatmul(a.bfloat16().to_sparse_bsr((16, 16)))
+    x = torch.randn(32, 4).bfloat16()
+    half(x)
+    before = calls.fast
+    y = half(x)
+    assert calls.fast == before + 1 and torch.equal(y, proving(half, x))
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_autocast_gradients(calls: Calls, x_dtype: torch.dtype) -> None:
+    """With grad under autocast the plan's product and a bfloat16 backward: the proving
+    path's gradients (float32 parameters, the input's dtype)."""
+    layer = make()
+    x = torch.randn(7, 96).to(x_dtype).requires_grad_(True)
+    autocast_warm(layer, x.detach(), calls)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        before = calls.fast
+        y = layer(x)
+        assert calls.fast == before + 1 and y.dtype == torch.bfloat16
+        g = torch.randn_like(y)
+        y.backward(g)
+        grads = (x.grad, layer.values.grad, layer.bias.grad)  # type: ignore[union-attr]
+        x2 = x.detach().clone().requires_grad_(True)
+        layer.zero_grad(set_to_none=True)
+        y2 = proving(layer, x2)
+        y2.backward(g)
+    assert torch.equal(y, y2)
+    for got, want in zip(grads, (x2.grad, layer.values.grad, layer.bias.grad),  # type: ignore[union-attr]
+                         strict=True):
+        assert got is not None and want is not None and got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
+    assert grads[0].dtype == x_dtype and grads[1].dtype == torch.float32
+    # against F.linear under autocast with the dense weight (bf16 rounding)
+    w = layer.weight.to_dense().detach().requires_grad_(True)
+    x3 = x.detach().clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.nn.functional.linear(x3, w, layer.bias).backward(g)
+    torch.testing.assert_close(grads[0].float(), x3.grad.float(), rtol=2e-2, atol=5e-2)  # type: ignore[union-attr]
 
 
 class Seen(TorchFunctionMode):

@@ -608,10 +608,22 @@ void ss_reset_backoff(void)
 }
 
 /* ss_product with its 23 arguments packed in one int64 array, in ss_product's order (pointers
- * as integers): one argument for a ctypes caller that keeps the array across calls and writes
- * only the slots that change (the eager fast path of safesparse.nn, safesparse/nn/eager.py). */
+ * as integers), and a 24th slot: the values' dtype. One argument for a ctypes caller that keeps
+ * the array across calls and writes only the slots that change (the eager fast path of
+ * safesparse.nn, safesparse/nn/eager.py). a[23] == SS_DT_BF16: the product computed in
+ * bfloat16 (ss_product_bf16; values, bias, x and y all bfloat16, block rows of n_in / c block
+ * columns, a[3] bounding both the stored blocks and the values' blocks); else ss_product. */
 int ss_product_packed(const int64_t *a)
 {
+    if (a[23] == SS_DT_BF16) {
+        if (a[12] != SS_DT_BF16 || a[18] != SS_DT_BF16 || a[2] <= 0) return SS_E_NOKERNEL;
+        return ss_product_bf16(a[0], a[1], a[2], (const int64_t *)(intptr_t)a[4],
+                               (const int64_t *)(intptr_t)a[5], (const int64_t *)(intptr_t)a[6],
+                               a[3], a[15] / a[2], (const void *)(intptr_t)a[7], a[3], a[8],
+                               a[9], a[10], (const void *)(intptr_t)a[11], a[13], a[14], a[16],
+                               (void *)(intptr_t)a[17], a[19], a[20],
+                               (const void *)(intptr_t)a[21], (int)a[22]);
+    }
     return ss_product(a[0], a[1], a[2], a[3], (const int64_t *)(intptr_t)a[4],
                       (const int64_t *)(intptr_t)a[5], (const int64_t *)(intptr_t)a[6],
                       (const void *)(intptr_t)a[7], a[8], a[9], a[10],
@@ -623,3 +635,42 @@ int ss_product_packed(const int64_t *a)
 /* bfloat16 computed in bfloat16 (AVX512_BF16): ss_bf16_supported, ss_product_bf16,
  * ss_values_grad_bf16 */
 #include "kern_bf16.h"
+
+/* float32 to bfloat16, round to nearest even, NaN kept quiet (f32_to_bf16, in a loop the
+ * compiler vectorizes: AVX-512 where the bfloat16 kernels run) */
+#ifdef SS_X86
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+#endif
+static void round_bf16(const float *restrict src, uint16_t *restrict dst, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, src + i, 4);
+        uint32_t r = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x400000u)
+                                                     : u + 0x7fffu + ((u >> 16) & 1u);
+        dst[i] = (uint16_t)(r >> 16);
+    }
+}
+
+/* ss_product_packed for a bfloat16 array (a[23] == SS_DT_BF16) whose operand X (a[11]) is
+ * float32: rounded to bfloat16 here first (round to nearest even, as torch's
+ * .to(torch.bfloat16); a buffer of this call), then the bfloat16 product. For small operands,
+ * where a separate conversion costs more than the product (the eager fast path of
+ * safesparse.nn under bfloat16 autocast). The array is not written. */
+int ss_product_packed_rounded(const int64_t *a)
+{
+    int64_t b[24];
+    int64_t n_in = a[15], N = a[16], xk = a[13], xn = a[14];
+    if (a[23] != SS_DT_BF16 || !ss_bf16_supported()) return SS_E_NOKERNEL;
+    memcpy(b, a, sizeof b);
+    b[12] = SS_DT_BF16;
+    if (N <= 0 || n_in <= 0 || xk < 0 || xn < 0) return ss_product_packed(b);
+    int64_t count = (n_in - 1) * xk + (N - 1) * xn + 1;
+    uint16_t *tmp = (uint16_t *)malloc((size_t)count * 2);
+    if (!tmp) return SS_E_NOMEM;
+    round_bf16((const float *)(intptr_t)a[11], tmp, count);
+    b[11] = (int64_t)(intptr_t)tmp;
+    int rc = ss_product_packed(b);
+    free(tmp);
+    return rc;
+}
