@@ -57,7 +57,7 @@ _HERE = Path(__file__).resolve().parent
 LIB_FILE = "_blockprod.native.so"
 #: The interface version these bindings are written for (csrc/blockprod.h's SS_ABI_VERSION;
 #: tests/kernels/test_interface.py checks both, and every binding, against the header).
-_ABI = 2
+_ABI = 3
 #: torch dtype -> the library's dtype code, read from the library (``ss_dtype_names``) at load
 _DTYPES: dict[torch.dtype, int] = {}
 _ISA_NAMES = {0: "none", 1: "avx2+fma", 2: "avx512f"}
@@ -430,12 +430,17 @@ def pack_product(layout: torch.layout, compressed: T, plain: T, values: T, n_row
     ``x @ W.T``); else ``X`` (n_cols, N) and ``Y`` (n_rows, N), contiguous (``A @ x``). The
     caller writes :data:`SLOT_X`, :data:`SLOT_N`, :data:`SLOT_Y` (and, not batch-major,
     :data:`SLOT_XK` and :data:`SLOT_YI`: N) per call; ``x_dtype`` is the operand's dtype as the
-    kernel reads it (float32 / float64), ``y_dtype`` the output's. Values and bias of another
-    dtype are converted here, once (as :func:`product` does per call)."""
-    if not available() or x_dtype not in (torch.float32, torch.float64) or y_dtype not in _DTYPES:
+    kernel reads it (float32 / float64; bfloat16 where :func:`reads_bf16` says so: the product
+    then runs in bfloat16 and ``y_dtype`` must be bfloat16 too), ``y_dtype`` the output's.
+    Values and bias of another dtype are converted here, once (as :func:`product` does per
+    call)."""
+    bf16 = x_dtype == torch.bfloat16
+    if (not available() or y_dtype not in _DTYPES
+            or (bf16 and (y_dtype != torch.bfloat16 or not reads_bf16(x_dtype, layout)))
+            or (not bf16 and x_dtype not in (torch.float32, torch.float64))):
         return None
     rows = _rowwise(layout, compressed, plain, values, n_rows, n_cols, False, cache)
-    work = compute_dtype(x_dtype)
+    work = x_dtype if bf16 else compute_dtype(x_dtype)
     vals = values if values.dtype == work else values.to(work)
     if vals is not values:
         rows.sp, rows.sa, rows.sb = _value_strides(layout, vals)
@@ -446,11 +451,12 @@ def pack_product(layout: torch.layout, compressed: T, plain: T, values: T, n_row
     nnzb = min(rows.col.numel(), int(values.shape[0]))
     if rows.crow.numel() != n_br + 1:
         return None
-    args = (ctypes.c_int64 * 23)(
+    # (slot 23: the values' dtype; bfloat16 runs ss_product_bf16 on the same slots)
+    args = (ctypes.c_int64 * 24)(
         n_br, rows.r, rows.c, nnzb, rows.crow.data_ptr(), rows.col.data_ptr(),
         _ptr_of(rows.order) or 0, vals.data_ptr(), rows.sp, rows.sa, rows.sb, 0,
         _DTYPES[x_dtype], xk, xn, n_cols, 0, 0, _DTYPES[y_dtype], yi, yn, _ptr_of(b) or 0,
-        _threads())
+        _threads(), _DTYPES[work])
     keep = tuple(t for t in (rows.crow, rows.col, rows.order, vals, b) if t is not None)
     return args, keep
 

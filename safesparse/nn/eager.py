@@ -243,7 +243,6 @@ def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan
     still = members_proof.holding(c, p, geometry) if proven else None
     if still is None:
         return None
-    cast = autocast is not torch.float32 or v.dtype in _HALF
     if autocast is not torch.float32:  # what the autocast kernel hands the operators
         if v.dtype is not torch.float32 or autocast not in _HALF:
             return None
@@ -253,6 +252,9 @@ def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan
     else:
         vals, bias, y_dtype = v.detach(), None if b is None else b.detach(), v.dtype
     x_dtype = torch.float64 if v.dtype is torch.float64 else torch.float32
+    if native.reads_bf16(y_dtype, layout):  # (bfloat16 computed in bfloat16: no copies)
+        x_dtype = y_dtype
+    cast = autocast is not torch.float32 or v.dtype is not x_dtype
     packed = native.pack_product(layout, c, p, vals, n_rows, n_cols, batch_major, x_dtype,
                                  y_dtype, bias=bias, cache=cache)
     if packed is None:

@@ -14,7 +14,7 @@
 
 /* The version of this interface: native.py refuses a library whose ss_abi_version() differs
  * from the one its bindings were written for. */
-#define SS_ABI_VERSION 2
+#define SS_ABI_VERSION 3
 
 /* dtype codes; ss_dtype_names() lists torch's names for them in code order */
 enum { SS_DT_F32 = 0, SS_DT_F64 = 1, SS_DT_F16 = 2, SS_DT_BF16 = 3 };
@@ -46,8 +46,9 @@ int ss_product(int64_t n_br, int64_t r, int64_t c, int64_t nnzb, const int64_t *
                int64_t n_in, int64_t N, void *y, int ydt, int64_t yi, int64_t yn,
                const void *bias, int nthreads);
 
-/* ss_product with its 23 arguments in one array, in ss_product's order (the eager fast path
-   of safesparse.nn: one ctypes argument per call) */
+/* ss_product with its 23 arguments in one array, in ss_product's order, and a 24th slot: the
+   values' dtype (SS_DT_BF16: ss_product_bf16 on the same operands, all bfloat16). The eager
+   fast path of safesparse.nn: one ctypes argument per call. (ABI 3: the 24th slot.) */
 int ss_product_packed(const int64_t *args);
 
 /* G_p = L[rows_p] R[cols_p]^T per stored block (see blockprod.c) */
