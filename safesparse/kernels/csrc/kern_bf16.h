@@ -31,6 +31,9 @@
 #ifndef BF_NB
 #define BF_NB 8 /* batch rows of the product tile */
 #endif
+#ifndef BF_VG_ROWS
+#define BF_VG_ROWS 256 /* batch rows per pass of the values gradient (batch-major) */
+#endif
 
 /* Whether this CPU runs the bfloat16 kernels (AVX512_BF16 with AVX-512BW) and the selected
  * instruction set is AVX-512. */
@@ -191,6 +194,9 @@ BF_INL void bf_fwd_tile(const bfp_ctx *k, const uint32_t *pk, const int64_t *xof
     const uint32_t *w = pk + ac * np * BF_LANES;
     for (int64_t qq = 0; qq < nq; qq++, w += stride) {
         const uint16_t *xb = xs + xoff[qq];
+        /* the next tile's rows of this block (rows a row of the input apart: the hardware
+         * prefetchers miss them; harmless past the end: a hint) */
+        for (int nb = 0; nb < NB; nb++) _mm_prefetch((const char *)(xb + (NB + nb) * xn), _MM_HINT_T0);
         for (int64_t t = 0; t < full; t++) {
             __m512bh wv = (__m512bh)_mm512_loadu_si512(w + t * BF_LANES);
             for (int nb = 0; nb < NB; nb++) {
@@ -209,6 +215,7 @@ BF_INL void bf_fwd_tile(const bfp_ctx *k, const uint32_t *pk, const int64_t *xof
     }
     uint16_t *y = k->y + n * k->yn + i * k->r + a0;
     for (int nb = 0; nb < NB; nb++) _mm256_mask_storeu_epi16(y + nb * k->yn, m, bf_round(acc[nb]));
+    for (int nb = 0; nb < NB; nb++) _mm_prefetch((const char *)(y + (NB + nb) * k->yn), _MM_HINT_T0);
 }
 
 /* Feature-major: 16 batch columns from n (cnt of them) in the lanes, the 16 rows of row chunk
@@ -364,17 +371,27 @@ typedef struct {
     uint16_t *g;
     uint32_t **pairs;
     int err;
+    /* batch-major, large batches: the rows [n0, n1) of one pass; sums of the earlier passes
+     * kept in float32 in acc (nnzb r x c; null: one pass), the first pass starts from zero,
+     * the last one rounds into g */
+    int64_t n0, n1;
+    float *acc;
+    int first, last;
 } bfv_ctx;
 
-/* RT rows x the lanes of columns b0 .. (mask mb) of one block: L's pairs read from the
- * run's packed buffer (lpair[t * 16 + ra]: rows n = 2t, 2t + 1), R's pair interleaved in
- * registers. */
+/* RT rows x the lanes of columns b0 .. (mask mb) of one block over the pass's batch rows:
+ * L's pairs read from the run's packed buffer (lpair[t * 16 + ra]: rows n0 + 2t, + 1), R's
+ * pair interleaved in registers (rp: R at row n0); the sums start from the earlier passes' (ap,
+ * float32) and go to ap, or rounded to gp in the last pass. */
 BF_INL void bf_vg_tile(const bfv_ctx *k, const uint32_t *lpair, const uint16_t *rp,
-                       uint16_t *gp, __mmask16 mb, const int RT)
+                       uint16_t *gp, float *ap, __mmask16 mb, const int RT)
 {
     __m512 acc[16];
-    for (int ra = 0; ra < RT; ra++) acc[ra] = _mm512_setzero_ps();
-    const int64_t N = k->N, rn = k->rn, full = N >> 1;
+    if (k->first)
+        for (int ra = 0; ra < RT; ra++) acc[ra] = _mm512_setzero_ps();
+    else
+        for (int ra = 0; ra < RT; ra++) acc[ra] = _mm512_maskz_loadu_ps(mb, ap + ra * k->c);
+    const int64_t N = k->n1 - k->n0, rn = k->rn, full = N >> 1;
     int64_t t = 0;
     for (; t < full; t++, rp += 2 * rn, lpair += BF_LANES) {
         /* R's rows are strided (a row of the input apart): the hardware prefetchers stop at
@@ -392,7 +409,11 @@ BF_INL void bf_vg_tile(const bfv_ctx *k, const uint32_t *lpair, const uint16_t *
         for (int ra = 0; ra < RT; ra++)
             acc[ra] = _mm512_dpbf16_ps(acc[ra], xv, (__m512bh)_mm512_set1_epi32((int)lpair[ra]));
     }
-    for (int ra = 0; ra < RT; ra++) _mm256_mask_storeu_epi16(gp + ra * k->c, mb, bf_round(acc[ra]));
+    if (k->last)
+        for (int ra = 0; ra < RT; ra++)
+            _mm256_mask_storeu_epi16(gp + ra * k->c, mb, bf_round(acc[ra]));
+    else
+        for (int ra = 0; ra < RT; ra++) _mm512_mask_storeu_ps(ap + ra * k->c, mb, acc[ra]);
 }
 
 /* Dot form (both operands contiguous along the batch): RT rows from lp (L's row a0), the
@@ -456,7 +477,7 @@ static BF_TARGET void bf_vg_task(void *vctx, int64_t run, int tid)
 {
     bfv_ctx *k = (bfv_ctx *)vctx;
     const int64_t p0 = k->starts[run], p1 = k->starts[run + 1];
-    const int64_t r = k->r, c = k->c, N = k->N, ln = k->ln, np = k->npairs;
+    const int64_t r = k->r, c = k->c, n0 = k->n0, N = k->n1, ln = k->ln, np = k->npairs;
     int64_t i = k->rows[p0];
     if (i < 0 || i >= k->n_br) {
         __atomic_store_n(&k->err, 1, __ATOMIC_RELAXED);
@@ -479,7 +500,8 @@ static BF_TARGET void bf_vg_task(void *vctx, int64_t run, int tid)
         const uint16_t *lp = k->l + i * r + ac * BF_LANES;
         uint32_t *d = buf + ac * np * BF_LANES;
         for (int64_t t = 0; t < np; t++) {
-            int64_t n = 2 * t;
+            int64_t n = n0 + 2 * t;
+            if (n >= N) break;
             __m256i hi = n + 1 < N ? _mm256_maskz_loadu_epi16(ma, lp + (n + 1) * ln)
                                    : _mm256_setzero_si256();
             _mm512_storeu_si512(d + t * BF_LANES,
@@ -493,20 +515,22 @@ static BF_TARGET void bf_vg_task(void *vctx, int64_t run, int tid)
             return;
         }
         uint16_t *g = k->g + p * r * c;
+        float *ab = k->acc ? k->acc + p * r * c : 0;
         for (int64_t b0 = 0; b0 < c; b0 += BF_LANES) {
             __mmask16 mb = bf_mask(c - b0);
-            const uint16_t *rp = k->rgt + j * c + b0;
+            const uint16_t *rp = k->rgt + n0 * k->rn + j * c + b0;
             for (int64_t a0 = 0; a0 < r;) {
                 int64_t left = r - a0;
                 const uint32_t *lpair = buf + (a0 / BF_LANES) * np * BF_LANES + a0 % BF_LANES;
                 uint16_t *gp = g + a0 * c + b0;
+                float *ap = ab ? ab + a0 * c + b0 : 0;
                 int64_t lane_left = BF_LANES - a0 % BF_LANES;
                 if (left > lane_left) left = lane_left;
-                if (left >= 16) { bf_vg_tile(k, lpair, rp, gp, mb, 16); a0 += 16; }
-                else if (left >= 8) { bf_vg_tile(k, lpair, rp, gp, mb, 8); a0 += 8; }
-                else if (left >= 4) { bf_vg_tile(k, lpair, rp, gp, mb, 4); a0 += 4; }
-                else if (left >= 2) { bf_vg_tile(k, lpair, rp, gp, mb, 2); a0 += 2; }
-                else { bf_vg_tile(k, lpair, rp, gp, mb, 1); a0 += 1; }
+                if (left >= 16) { bf_vg_tile(k, lpair, rp, gp, ap, mb, 16); a0 += 16; }
+                else if (left >= 8) { bf_vg_tile(k, lpair, rp, gp, ap, mb, 8); a0 += 8; }
+                else if (left >= 4) { bf_vg_tile(k, lpair, rp, gp, ap, mb, 4); a0 += 4; }
+                else if (left >= 2) { bf_vg_tile(k, lpair, rp, gp, ap, mb, 2); a0 += 2; }
+                else { bf_vg_tile(k, lpair, rp, gp, ap, mb, 1); a0 += 1; }
             }
         }
     }
@@ -542,20 +566,35 @@ int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
     if (nthreads < 1) nthreads = 1;
     int nth = nthreads < nruns ? nthreads : (int)nruns;
     if (nth > 256) nth = 256;
-    bfv_ctx k = {r, c, N, n_br, n_bc, (r + BF_LANES - 1) / BF_LANES, (N + 1) / 2, rows, cols,
-                 starts, (const uint16_t *)l, li, ln, (const uint16_t *)rgt, ri, rn, dot,
-                 (uint16_t *)g, 0, 0};
+    /* batch-major: passes of BF_VG_ROWS batch rows (the pass's rows of L and R stay in cache
+     * while every block reads them, so the cost per row stays flat however large the batch),
+     * sums carried in float32 between passes; one pass up to twice that */
+    int64_t tile = dot || N <= 2 * BF_VG_ROWS ? N : BF_VG_ROWS;
+    bfv_ctx k = {r, c, N, n_br, n_bc, (r + BF_LANES - 1) / BF_LANES, (tile + 1) / 2, rows,
+                 cols, starts, (const uint16_t *)l, li, ln, (const uint16_t *)rgt, ri, rn, dot,
+                 (uint16_t *)g, 0, 0, 0, N, 0, 1, 1};
     uint32_t *bufs[256];
     int ok = 1;
     for (int t = 0; t < nth; t++) {
         bufs[t] = dot ? 0 : (uint32_t *)malloc((size_t)(k.nac * k.npairs * BF_LANES) * 4);
         if (!dot && !bufs[t]) ok = 0;
     }
+    if (ok && tile < N) {
+        k.acc = (float *)malloc((size_t)(nnzb * r * c) * sizeof(float));
+        if (!k.acc) ok = 0;
+    }
     if (ok) {
         k.pairs = bufs;
-        run_tasks(bf_vg_task, &k, nruns, nth);
+        for (int64_t n0 = 0; n0 < N && !k.err; n0 += tile) {
+            k.n0 = n0;
+            k.n1 = n0 + tile < N ? n0 + tile : N;
+            k.first = n0 == 0;
+            k.last = k.n1 == N;
+            run_tasks(bf_vg_task, &k, nruns, nth);
+        }
     }
     for (int t = 0; t < nth; t++) free(bufs[t]);
+    free(k.acc);
     free(starts);
     if (!ok) return -2;
     return k.err ? SS_EINDEX : 0;
