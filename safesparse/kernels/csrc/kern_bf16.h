@@ -180,15 +180,19 @@ static BF_TARGET void bf_pack_block(const bfp_ctx *k, const uint16_t *src, uint3
     }
 }
 
-/* NB batch rows from n, output lanes of row chunk ac of block row i */
+/* NB batch rows from n, output lanes of row chunk ac of block row i. Fewer than 8 rows: the
+ * pairs of a block split over K = 8 / NB chains of accumulators (summed at the end), so that
+ * a batch of 1 to 4 rows is not bound by the latency of one chain of vdpbf16ps. */
 BF_INL void bf_fwd_tile(const bfp_ctx *k, const uint32_t *pk, const int64_t *xoff, int64_t nq,
                         int64_t i, int64_t ac, int64_t n, const int NB)
 {
     __m512 acc[16];
+    const int K = NB >= 8 ? 1 : 8 / NB;
     const int64_t a0 = ac * BF_LANES, np = k->np, c = k->c, xn = k->xn;
     __mmask16 m = bf_mask(k->r - a0);
     __m512 b0 = k->bias ? bf_widen(k->bias + i * k->r + a0, m) : _mm512_setzero_ps();
     for (int nb = 0; nb < NB; nb++) acc[nb] = b0;
+    for (int nb = NB; nb < K * NB; nb++) acc[nb] = _mm512_setzero_ps();
     const int64_t full = c >> 1, stride = k->nac * np * BF_LANES;
     const uint16_t *xs = k->x + n * xn;
     const uint32_t *w = pk + ac * np * BF_LANES;
@@ -197,7 +201,18 @@ BF_INL void bf_fwd_tile(const bfp_ctx *k, const uint32_t *pk, const int64_t *xof
         /* the next tile's rows of this block (rows a row of the input apart: the hardware
          * prefetchers miss them; harmless past the end: a hint) */
         for (int nb = 0; nb < NB; nb++) _mm_prefetch((const char *)(xb + (NB + nb) * xn), _MM_HINT_T0);
-        for (int64_t t = 0; t < full; t++) {
+        int64_t t = 0;
+        for (; t + K <= full; t += K)
+            for (int kk = 0; kk < K; kk++) {
+                __m512bh wv = (__m512bh)_mm512_loadu_si512(w + (t + kk) * BF_LANES);
+                for (int nb = 0; nb < NB; nb++) {
+                    uint32_t pair;
+                    memcpy(&pair, xb + nb * xn + 2 * (t + kk), 4);
+                    acc[kk * NB + nb] = _mm512_dpbf16_ps(acc[kk * NB + nb], wv,
+                                                         (__m512bh)_mm512_set1_epi32((int)pair));
+                }
+            }
+        for (; t < full; t++) {
             __m512bh wv = (__m512bh)_mm512_loadu_si512(w + t * BF_LANES);
             for (int nb = 0; nb < NB; nb++) {
                 uint32_t pair;
@@ -213,6 +228,8 @@ BF_INL void bf_fwd_tile(const bfp_ctx *k, const uint32_t *pk, const int64_t *xof
             }
         }
     }
+    for (int kk = 1; kk < K; kk++)
+        for (int nb = 0; nb < NB; nb++) acc[nb] = _mm512_add_ps(acc[nb], acc[kk * NB + nb]);
     uint16_t *y = k->y + n * k->yn + i * k->r + a0;
     for (int nb = 0; nb < NB; nb++) _mm256_mask_storeu_epi16(y + nb * k->yn, m, bf_round(acc[nb]));
     for (int nb = 0; nb < NB; nb++) _mm_prefetch((const char *)(y + (NB + nb) * k->yn), _MM_HINT_T0);
