@@ -13,8 +13,8 @@ dot products, the torch-op kernels of ``SAFESPARSE_NATIVE=0``) each result equal
 dense product of the same bfloat16 inputs within bfloat16 rounding (half a unit in the last
 place of the result, plus float32 accumulation). A bfloat16 layer's eager fast path runs the
 same bfloat16 kernel through ``ss_product_packed`` (no float32 copy of its input per call), and
-reads values trained in place without a new plan. A block index out of range (index members written while
-a product runs) makes the bfloat16 kernels raise, never read out of bounds.
+reads values trained in place without a new plan. A block index out of range (index members
+written while a product runs) makes the bfloat16 kernels raise, never read out of bounds.
 """
 
 from __future__ import annotations
