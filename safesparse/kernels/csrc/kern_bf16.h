@@ -31,6 +31,9 @@
 #ifndef BF_NB
 #define BF_NB 8 /* batch rows of the product tile */
 #endif
+#ifndef BF_SMALL_N
+#define BF_SMALL_N 32 /* batches up to this many rows: whole-block tiles, no packing */
+#endif
 #ifndef BF_VG_ROWS
 #define BF_VG_ROWS 256 /* batch rows per pass of the values gradient (batch-major) */
 #endif
@@ -87,6 +90,7 @@ typedef struct {
     int64_t yi, yn;
     const uint16_t *bias;
     int feature_major; /* X[k, n] = x[k * xk + n], Y[row, n] = y[row * yi + n] */
+    int small; /* batch-major, few rows, 16 x 16 blocks stored row by row: bf_small_tile */
     int64_t nt, maxq, nac, np; /* batch rows per task; blocks per row; row lanes; pairs */
     uint32_t **pack;
     int64_t **xoff;
@@ -270,6 +274,46 @@ BF_INL void bf_fm_tile(const bfp_ctx *k, const uint32_t *pk, const int64_t *xoff
         if (l < left) _mm256_mask_storeu_epi16(y + l * k->yi, mn, bf_round(acc[l]));
 }
 
+/* lanes (i, t) of a and b summed in pairs within 128-bit lanes: [a0 + a1, a2 + a3, b0 + b1,
+ * b2 + b3] per 128-bit lane */
+BF_INL __m512 bf_pairsum(__m512 a, __m512 b)
+{
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+}
+
+/* The small-batch tile: NB batch rows from n, the 16 output rows of block row i, from 16 x 16
+ * blocks read in place (rows a, a + 1 of a block: one 64-byte vector, 8 per block) with the
+ * input's 16 columns broadcast to both halves; acc[nb][h] lane (a - 2h) * 8 + t holds row a's
+ * pair t, summed across the block row; one transpose-reduction per batch row at the end (no
+ * packing: what a few batch rows cannot amortize). */
+BF_INL void bf_small_tile(const bfp_ctx *k, const int64_t *voff, const int64_t *xoff,
+                          int64_t nq, int64_t i, int64_t n, const int NB)
+{
+    __m512 acc[2][8];
+    for (int nb = 0; nb < NB; nb++)
+        for (int h = 0; h < 8; h++) acc[nb][h] = _mm512_setzero_ps();
+    const uint16_t *xs = k->x + n * k->xn;
+    for (int64_t qq = 0; qq < nq; qq++) {
+        const uint16_t *w = k->vals + voff[qq];
+        __m512bh wv[8];
+        for (int h = 0; h < 8; h++) wv[h] = (__m512bh)_mm512_loadu_si512(w + 32 * h);
+        for (int nb = 0; nb < NB; nb++) {
+            __m256i xr = _mm256_loadu_si256((const __m256i *)(xs + nb * k->xn + xoff[qq]));
+            __m512bh xv = (__m512bh)_mm512_broadcast_i64x4(xr);
+            for (int h = 0; h < 8; h++) acc[nb][h] = _mm512_dpbf16_ps(acc[nb][h], wv[h], xv);
+        }
+    }
+    const __m512i idx = _mm512_set_epi32(15, 11, 14, 10, 13, 9, 12, 8, 7, 3, 6, 2, 5, 1, 4, 0);
+    __m512 b0 = k->bias ? bf_widen(k->bias + i * 16, (__mmask16)0xffff) : _mm512_setzero_ps();
+    for (int nb = 0; nb < NB; nb++) {
+        __m512 u = bf_pairsum(bf_pairsum(acc[nb][0], acc[nb][1]), bf_pairsum(acc[nb][2], acc[nb][3]));
+        __m512 v = bf_pairsum(bf_pairsum(acc[nb][4], acc[nb][5]), bf_pairsum(acc[nb][6], acc[nb][7]));
+        __m512 sum = _mm512_add_ps(_mm512_shuffle_f32x4(u, v, 0x88), _mm512_shuffle_f32x4(u, v, 0xDD));
+        __m512 out = _mm512_add_ps(_mm512_permutexvar_ps(idx, sum), b0);
+        _mm256_storeu_si256((__m256i *)(k->y + (n + nb) * k->yn + i * 16), bf_round(out));
+    }
+}
+
 static BF_TARGET void bf_fwd_task(void *vctx, int64_t task, int tid)
 {
     bfp_ctx *k = (bfp_ctx *)vctx;
@@ -292,7 +336,16 @@ static BF_TARGET void bf_fwd_task(void *vctx, int64_t task, int tid)
             return;
         }
         xoff[qq] = j * k->c;
-        bf_pack_block(k, k->vals + p * k->sp, pk + qq * blk);
+        if (k->small)
+            ((int64_t *)pk)[qq] = p * k->sp;
+        else
+            bf_pack_block(k, k->vals + p * k->sp, pk + qq * blk);
+    }
+    if (k->small) {
+        int64_t n = n0;
+        for (; n + 2 <= n0 + nt; n += 2) bf_small_tile(k, (const int64_t *)pk, xoff, nq, i, n, 2);
+        if (n < n0 + nt) bf_small_tile(k, (const int64_t *)pk, xoff, nq, i, n, 1);
+        return;
     }
     if (k->feature_major) {
         for (int64_t ac = 0; ac < k->nac; ac++)
@@ -340,8 +393,9 @@ int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, con
     if (nthreads < 1) nthreads = 1;
     bfp_ctx k = {n_br, r, c, N, nnzb, n_bc, n_vals, crow, col, order, (const uint16_t *)vals,
                  sp, sa, sb, (const uint16_t *)x, xk, xn, (uint16_t *)y, yi, yn,
-                 (const uint16_t *)bias, fm, 0, maxq, (r + BF_LANES - 1) / BF_LANES, (c + 1) / 2,
-                 0, 0, 0};
+                 (const uint16_t *)bias, fm, 0, 0, maxq, (r + BF_LANES - 1) / BF_LANES,
+                 (c + 1) / 2, 0, 0, 0};
+    k.small = !fm && N <= BF_SMALL_N && r == 16 && c == 16 && sa == 16 && sb == 1;
     /* batch rows per task: 256 (a chunk of the input stays in L2 while every block row reads
      * it), fewer where the block rows alone do not give each thread several tasks */
     int64_t nt = N < BF_ROWS ? N : BF_ROWS;
