@@ -6,12 +6,15 @@ without bias, gradient to the input, gradient to the values: batch-major operand
 or BSC matrix run in the bfloat16 kernels, with no float32 copy of the values, the input or the
 gradient (the float32 entry points and the float32 widening are never called), for every block
 shape (16 x 16, 32 x 32, 8 x 8, odd and non-square, a block taller than 16 rows and not a
-multiple of 16) and batches 1, 2, 3, 8, 16, 17, 31, 32, 33, 255 and 1100. On every path (the
-bfloat16 kernels, the float32 native route where the instruction set has no bfloat16 dot
-products, the torch-op kernels of ``SAFESPARSE_NATIVE=0``) each result equals the float64 dense
-product of the same bfloat16 inputs within bfloat16 rounding (half a unit in the last place of
-the result, plus float32 accumulation). A block index out of range (index members written while
-a product runs) makes the bfloat16 kernels raise, never read out of bounds.
+multiple of 16) and batches 1, 2, 3, 8, 16, 17, 31, 32, 33, 255, 1100 and 4096 (the values
+gradient in several passes of batch rows, its sums carried in float32 between them). On every
+path (the bfloat16 kernels, the float32 native route where the instruction set has no bfloat16
+dot products, the torch-op kernels of ``SAFESPARSE_NATIVE=0``) each result equals the float64
+dense product of the same bfloat16 inputs within bfloat16 rounding (half a unit in the last
+place of the result, plus float32 accumulation). A bfloat16 layer's eager fast path runs the
+same bfloat16 kernel through ``ss_product_packed`` (no float32 copy of its input per call), and
+reads values trained in place without a new plan. A block index out of range (index members
+written while a product runs) makes the bfloat16 kernels raise, never read out of bounds.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ BUILT = native.status().native
 BF16 = BUILT and native.reads_bf16(torch.bfloat16, torch.sparse_bsr)
 needs_bf16 = pytest.mark.skipif(not BF16, reason="no AVX512_BF16 kernels on this machine "
                                 f"({native.status().describe()})")
-BATCHES = (1, 2, 3, 8, 16, 17, 31, 32, 33, 255, 1100)
+BATCHES = (1, 2, 3, 8, 16, 17, 31, 32, 33, 255, 1100, 4096)
 LAYOUTS = (torch.sparse_bsr, torch.sparse_bsc)
 BLOCKS = [(16, 16), (32, 32), (8, 8), (16, 8), (5, 17), (2, 3), (24, 20)]
 
@@ -201,6 +204,36 @@ def test_sparse_linear_trains_in_bf16() -> None:
     rows = torch.repeat_interleave(layer.compressed_indices.diff())
     cols = layer.plain_indices
     _within_bf16(layer.values.grad, full[rows, cols], fabs[rows, cols])
+
+
+@needs_bf16
+def test_eager_fast_path_runs_the_bf16_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bfloat16 ``SparseLinear``'s plan packs the bfloat16 product (slot 23: bfloat16): its
+    forward equals the proving path's bit for bit, never widens the input, and keeps holding
+    (reading the new values) after an in-place update of the values."""
+    from torch import nn
+
+    from safesparse.nn import SparseLinear, eager
+
+    torch.manual_seed(4)
+    layer = SparseLinear.from_dense(nn.Linear(96, 80).to(torch.bfloat16), 16, 0.4)
+    x = torch.randn(33, 96).to(torch.bfloat16)
+    with torch.no_grad():
+        first = layer(x)                          # the proving call, then a plan
+        plan = eager.plan_of(layer)
+        assert plan is not None and plan.x_dtype == torch.bfloat16 and plan.kind == eager._DIRECT
+        assert plan.args[23] == native._DTYPES[torch.bfloat16]
+        monkeypatch.setattr(torch.Tensor, "to", lambda *a, **k: pytest.fail("a copy per call"))
+        fast = layer(x)
+        monkeypatch.undo()
+        assert torch.equal(fast, first)
+        layer.values.mul_(2)                      # an optimizer's in-place step
+        again = layer(x)
+        assert eager.plan_of(layer) is plan
+    w = layer.weight.to_dense().detach().double()
+    b = layer.bias.detach().double()
+    xd = x.double()
+    _within_bf16(again, xd @ w.T + b, xd.abs() @ w.abs().T + b.abs())
 
 
 OUT_OF_RANGE = r"""

@@ -31,6 +31,12 @@
 #ifndef BF_NB
 #define BF_NB 8 /* batch rows of the product tile */
 #endif
+#ifndef BF_SMALL_N
+#define BF_SMALL_N 32 /* batches up to this many rows: whole-block tiles, no packing */
+#endif
+#ifndef BF_VG_ROWS
+#define BF_VG_ROWS 256 /* batch rows per pass of the values gradient (batch-major) */
+#endif
 
 /* Whether this CPU runs the bfloat16 kernels (AVX512_BF16 with AVX-512BW) and the selected
  * instruction set is AVX-512. */
@@ -84,6 +90,7 @@ typedef struct {
     int64_t yi, yn;
     const uint16_t *bias;
     int feature_major; /* X[k, n] = x[k * xk + n], Y[row, n] = y[row * yi + n] */
+    int small; /* batch-major, few rows, 16 x 16 blocks stored row by row: bf_small_tile */
     int64_t nt, maxq, nac, np; /* batch rows per task; blocks per row; row lanes; pairs */
     uint32_t **pack;
     int64_t **xoff;
@@ -177,21 +184,39 @@ static BF_TARGET void bf_pack_block(const bfp_ctx *k, const uint16_t *src, uint3
     }
 }
 
-/* NB batch rows from n, output lanes of row chunk ac of block row i */
+/* NB batch rows from n, output lanes of row chunk ac of block row i. Fewer than 8 rows: the
+ * pairs of a block split over K = 8 / NB chains of accumulators (summed at the end), so that
+ * a batch of 1 to 4 rows is not bound by the latency of one chain of vdpbf16ps. */
 BF_INL void bf_fwd_tile(const bfp_ctx *k, const uint32_t *pk, const int64_t *xoff, int64_t nq,
                         int64_t i, int64_t ac, int64_t n, const int NB)
 {
     __m512 acc[16];
+    const int K = NB >= 8 ? 1 : 8 / NB;
     const int64_t a0 = ac * BF_LANES, np = k->np, c = k->c, xn = k->xn;
     __mmask16 m = bf_mask(k->r - a0);
     __m512 b0 = k->bias ? bf_widen(k->bias + i * k->r + a0, m) : _mm512_setzero_ps();
     for (int nb = 0; nb < NB; nb++) acc[nb] = b0;
+    for (int nb = NB; nb < K * NB; nb++) acc[nb] = _mm512_setzero_ps();
     const int64_t full = c >> 1, stride = k->nac * np * BF_LANES;
     const uint16_t *xs = k->x + n * xn;
     const uint32_t *w = pk + ac * np * BF_LANES;
     for (int64_t qq = 0; qq < nq; qq++, w += stride) {
         const uint16_t *xb = xs + xoff[qq];
-        for (int64_t t = 0; t < full; t++) {
+        /* the next tile's rows of this block (rows a row of the input apart: the hardware
+         * prefetchers miss them; harmless past the end: a hint) */
+        for (int nb = 0; nb < NB; nb++) _mm_prefetch((const char *)(xb + (NB + nb) * xn), _MM_HINT_T0);
+        int64_t t = 0;
+        for (; t + K <= full; t += K)
+            for (int kk = 0; kk < K; kk++) {
+                __m512bh wv = (__m512bh)_mm512_loadu_si512(w + (t + kk) * BF_LANES);
+                for (int nb = 0; nb < NB; nb++) {
+                    uint32_t pair;
+                    memcpy(&pair, xb + nb * xn + 2 * (t + kk), 4);
+                    acc[kk * NB + nb] = _mm512_dpbf16_ps(acc[kk * NB + nb], wv,
+                                                         (__m512bh)_mm512_set1_epi32((int)pair));
+                }
+            }
+        for (; t < full; t++) {
             __m512bh wv = (__m512bh)_mm512_loadu_si512(w + t * BF_LANES);
             for (int nb = 0; nb < NB; nb++) {
                 uint32_t pair;
@@ -207,8 +232,11 @@ BF_INL void bf_fwd_tile(const bfp_ctx *k, const uint32_t *pk, const int64_t *xof
             }
         }
     }
+    for (int kk = 1; kk < K; kk++)
+        for (int nb = 0; nb < NB; nb++) acc[nb] = _mm512_add_ps(acc[nb], acc[kk * NB + nb]);
     uint16_t *y = k->y + n * k->yn + i * k->r + a0;
     for (int nb = 0; nb < NB; nb++) _mm256_mask_storeu_epi16(y + nb * k->yn, m, bf_round(acc[nb]));
+    for (int nb = 0; nb < NB; nb++) _mm_prefetch((const char *)(y + (NB + nb) * k->yn), _MM_HINT_T0);
 }
 
 /* Feature-major: 16 batch columns from n (cnt of them) in the lanes, the 16 rows of row chunk
@@ -246,6 +274,46 @@ BF_INL void bf_fm_tile(const bfp_ctx *k, const uint32_t *pk, const int64_t *xoff
         if (l < left) _mm256_mask_storeu_epi16(y + l * k->yi, mn, bf_round(acc[l]));
 }
 
+/* lanes (i, t) of a and b summed in pairs within 128-bit lanes: [a0 + a1, a2 + a3, b0 + b1,
+ * b2 + b3] per 128-bit lane */
+BF_INL __m512 bf_pairsum(__m512 a, __m512 b)
+{
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+}
+
+/* The small-batch tile: NB batch rows from n, the 16 output rows of block row i, from 16 x 16
+ * blocks read in place (rows a, a + 1 of a block: one 64-byte vector, 8 per block) with the
+ * input's 16 columns broadcast to both halves; acc[nb][h] lane (a - 2h) * 8 + t holds row a's
+ * pair t, summed across the block row; one transpose-reduction per batch row at the end (no
+ * packing: what a few batch rows cannot amortize). */
+BF_INL void bf_small_tile(const bfp_ctx *k, const int64_t *voff, const int64_t *xoff,
+                          int64_t nq, int64_t i, int64_t n, const int NB)
+{
+    __m512 acc[2][8];
+    for (int nb = 0; nb < NB; nb++)
+        for (int h = 0; h < 8; h++) acc[nb][h] = _mm512_setzero_ps();
+    const uint16_t *xs = k->x + n * k->xn;
+    for (int64_t qq = 0; qq < nq; qq++) {
+        const uint16_t *w = k->vals + voff[qq];
+        __m512bh wv[8];
+        for (int h = 0; h < 8; h++) wv[h] = (__m512bh)_mm512_loadu_si512(w + 32 * h);
+        for (int nb = 0; nb < NB; nb++) {
+            __m256i xr = _mm256_loadu_si256((const __m256i *)(xs + nb * k->xn + xoff[qq]));
+            __m512bh xv = (__m512bh)_mm512_broadcast_i64x4(xr);
+            for (int h = 0; h < 8; h++) acc[nb][h] = _mm512_dpbf16_ps(acc[nb][h], wv[h], xv);
+        }
+    }
+    const __m512i idx = _mm512_set_epi32(15, 11, 14, 10, 13, 9, 12, 8, 7, 3, 6, 2, 5, 1, 4, 0);
+    __m512 b0 = k->bias ? bf_widen(k->bias + i * 16, (__mmask16)0xffff) : _mm512_setzero_ps();
+    for (int nb = 0; nb < NB; nb++) {
+        __m512 u = bf_pairsum(bf_pairsum(acc[nb][0], acc[nb][1]), bf_pairsum(acc[nb][2], acc[nb][3]));
+        __m512 v = bf_pairsum(bf_pairsum(acc[nb][4], acc[nb][5]), bf_pairsum(acc[nb][6], acc[nb][7]));
+        __m512 sum = _mm512_add_ps(_mm512_shuffle_f32x4(u, v, 0x88), _mm512_shuffle_f32x4(u, v, 0xDD));
+        __m512 out = _mm512_add_ps(_mm512_permutexvar_ps(idx, sum), b0);
+        _mm256_storeu_si256((__m256i *)(k->y + (n + nb) * k->yn + i * 16), bf_round(out));
+    }
+}
+
 static BF_TARGET void bf_fwd_task(void *vctx, int64_t task, int tid)
 {
     bfp_ctx *k = (bfp_ctx *)vctx;
@@ -268,7 +336,16 @@ static BF_TARGET void bf_fwd_task(void *vctx, int64_t task, int tid)
             return;
         }
         xoff[qq] = j * k->c;
-        bf_pack_block(k, k->vals + p * k->sp, pk + qq * blk);
+        if (k->small)
+            ((int64_t *)pk)[qq] = p * k->sp;
+        else
+            bf_pack_block(k, k->vals + p * k->sp, pk + qq * blk);
+    }
+    if (k->small) {
+        int64_t n = n0;
+        for (; n + 2 <= n0 + nt; n += 2) bf_small_tile(k, (const int64_t *)pk, xoff, nq, i, n, 2);
+        if (n < n0 + nt) bf_small_tile(k, (const int64_t *)pk, xoff, nq, i, n, 1);
+        return;
     }
     if (k->feature_major) {
         for (int64_t ac = 0; ac < k->nac; ac++)
@@ -316,8 +393,9 @@ int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, con
     if (nthreads < 1) nthreads = 1;
     bfp_ctx k = {n_br, r, c, N, nnzb, n_bc, n_vals, crow, col, order, (const uint16_t *)vals,
                  sp, sa, sb, (const uint16_t *)x, xk, xn, (uint16_t *)y, yi, yn,
-                 (const uint16_t *)bias, fm, 0, maxq, (r + BF_LANES - 1) / BF_LANES, (c + 1) / 2,
-                 0, 0, 0};
+                 (const uint16_t *)bias, fm, 0, 0, maxq, (r + BF_LANES - 1) / BF_LANES,
+                 (c + 1) / 2, 0, 0, 0};
+    k.small = !fm && N <= BF_SMALL_N && r == 16 && c == 16 && sa == 16 && sb == 1;
     /* batch rows per task: 256 (a chunk of the input stays in L2 while every block row reads
      * it), fewer where the block rows alone do not give each thread several tasks */
     int64_t nt = N < BF_ROWS ? N : BF_ROWS;
@@ -364,17 +442,27 @@ typedef struct {
     uint16_t *g;
     uint32_t **pairs;
     int err;
+    /* batch-major, large batches: the rows [n0, n1) of one pass; sums of the earlier passes
+     * kept in float32 in acc (nnzb r x c; null: one pass), the first pass starts from zero,
+     * the last one rounds into g */
+    int64_t n0, n1;
+    float *acc;
+    int first, last;
 } bfv_ctx;
 
-/* RT rows x the lanes of columns b0 .. (mask mb) of one block: L's pairs read from the
- * run's packed buffer (lpair[t * 16 + ra]: rows n = 2t, 2t + 1), R's pair interleaved in
- * registers. */
+/* RT rows x the lanes of columns b0 .. (mask mb) of one block over the pass's batch rows:
+ * L's pairs read from the run's packed buffer (lpair[t * 16 + ra]: rows n0 + 2t, + 1), R's
+ * pair interleaved in registers (rp: R at row n0); the sums start from the earlier passes' (ap,
+ * float32) and go to ap, or rounded to gp in the last pass. */
 BF_INL void bf_vg_tile(const bfv_ctx *k, const uint32_t *lpair, const uint16_t *rp,
-                       uint16_t *gp, __mmask16 mb, const int RT)
+                       uint16_t *gp, float *ap, __mmask16 mb, const int RT)
 {
     __m512 acc[16];
-    for (int ra = 0; ra < RT; ra++) acc[ra] = _mm512_setzero_ps();
-    const int64_t N = k->N, rn = k->rn, full = N >> 1;
+    if (k->first)
+        for (int ra = 0; ra < RT; ra++) acc[ra] = _mm512_setzero_ps();
+    else
+        for (int ra = 0; ra < RT; ra++) acc[ra] = _mm512_maskz_loadu_ps(mb, ap + ra * k->c);
+    const int64_t N = k->n1 - k->n0, rn = k->rn, full = N >> 1;
     int64_t t = 0;
     for (; t < full; t++, rp += 2 * rn, lpair += BF_LANES) {
         /* R's rows are strided (a row of the input apart): the hardware prefetchers stop at
@@ -392,7 +480,11 @@ BF_INL void bf_vg_tile(const bfv_ctx *k, const uint32_t *lpair, const uint16_t *
         for (int ra = 0; ra < RT; ra++)
             acc[ra] = _mm512_dpbf16_ps(acc[ra], xv, (__m512bh)_mm512_set1_epi32((int)lpair[ra]));
     }
-    for (int ra = 0; ra < RT; ra++) _mm256_mask_storeu_epi16(gp + ra * k->c, mb, bf_round(acc[ra]));
+    if (k->last)
+        for (int ra = 0; ra < RT; ra++)
+            _mm256_mask_storeu_epi16(gp + ra * k->c, mb, bf_round(acc[ra]));
+    else
+        for (int ra = 0; ra < RT; ra++) _mm512_mask_storeu_ps(ap + ra * k->c, mb, acc[ra]);
 }
 
 /* Dot form (both operands contiguous along the batch): RT rows from lp (L's row a0), the
@@ -456,7 +548,7 @@ static BF_TARGET void bf_vg_task(void *vctx, int64_t run, int tid)
 {
     bfv_ctx *k = (bfv_ctx *)vctx;
     const int64_t p0 = k->starts[run], p1 = k->starts[run + 1];
-    const int64_t r = k->r, c = k->c, N = k->N, ln = k->ln, np = k->npairs;
+    const int64_t r = k->r, c = k->c, n0 = k->n0, N = k->n1, ln = k->ln, np = k->npairs;
     int64_t i = k->rows[p0];
     if (i < 0 || i >= k->n_br) {
         __atomic_store_n(&k->err, 1, __ATOMIC_RELAXED);
@@ -479,7 +571,8 @@ static BF_TARGET void bf_vg_task(void *vctx, int64_t run, int tid)
         const uint16_t *lp = k->l + i * r + ac * BF_LANES;
         uint32_t *d = buf + ac * np * BF_LANES;
         for (int64_t t = 0; t < np; t++) {
-            int64_t n = 2 * t;
+            int64_t n = n0 + 2 * t;
+            if (n >= N) break;
             __m256i hi = n + 1 < N ? _mm256_maskz_loadu_epi16(ma, lp + (n + 1) * ln)
                                    : _mm256_setzero_si256();
             _mm512_storeu_si512(d + t * BF_LANES,
@@ -493,20 +586,22 @@ static BF_TARGET void bf_vg_task(void *vctx, int64_t run, int tid)
             return;
         }
         uint16_t *g = k->g + p * r * c;
+        float *ab = k->acc ? k->acc + p * r * c : 0;
         for (int64_t b0 = 0; b0 < c; b0 += BF_LANES) {
             __mmask16 mb = bf_mask(c - b0);
-            const uint16_t *rp = k->rgt + j * c + b0;
+            const uint16_t *rp = k->rgt + n0 * k->rn + j * c + b0;
             for (int64_t a0 = 0; a0 < r;) {
                 int64_t left = r - a0;
                 const uint32_t *lpair = buf + (a0 / BF_LANES) * np * BF_LANES + a0 % BF_LANES;
                 uint16_t *gp = g + a0 * c + b0;
+                float *ap = ab ? ab + a0 * c + b0 : 0;
                 int64_t lane_left = BF_LANES - a0 % BF_LANES;
                 if (left > lane_left) left = lane_left;
-                if (left >= 16) { bf_vg_tile(k, lpair, rp, gp, mb, 16); a0 += 16; }
-                else if (left >= 8) { bf_vg_tile(k, lpair, rp, gp, mb, 8); a0 += 8; }
-                else if (left >= 4) { bf_vg_tile(k, lpair, rp, gp, mb, 4); a0 += 4; }
-                else if (left >= 2) { bf_vg_tile(k, lpair, rp, gp, mb, 2); a0 += 2; }
-                else { bf_vg_tile(k, lpair, rp, gp, mb, 1); a0 += 1; }
+                if (left >= 16) { bf_vg_tile(k, lpair, rp, gp, ap, mb, 16); a0 += 16; }
+                else if (left >= 8) { bf_vg_tile(k, lpair, rp, gp, ap, mb, 8); a0 += 8; }
+                else if (left >= 4) { bf_vg_tile(k, lpair, rp, gp, ap, mb, 4); a0 += 4; }
+                else if (left >= 2) { bf_vg_tile(k, lpair, rp, gp, ap, mb, 2); a0 += 2; }
+                else { bf_vg_tile(k, lpair, rp, gp, ap, mb, 1); a0 += 1; }
             }
         }
     }
@@ -542,20 +637,35 @@ int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
     if (nthreads < 1) nthreads = 1;
     int nth = nthreads < nruns ? nthreads : (int)nruns;
     if (nth > 256) nth = 256;
-    bfv_ctx k = {r, c, N, n_br, n_bc, (r + BF_LANES - 1) / BF_LANES, (N + 1) / 2, rows, cols,
-                 starts, (const uint16_t *)l, li, ln, (const uint16_t *)rgt, ri, rn, dot,
-                 (uint16_t *)g, 0, 0};
+    /* batch-major: passes of BF_VG_ROWS batch rows (the pass's rows of L and R stay in cache
+     * while every block reads them, so the cost per row stays flat however large the batch),
+     * sums carried in float32 between passes; one pass up to twice that */
+    int64_t tile = dot || N <= 2 * BF_VG_ROWS ? N : BF_VG_ROWS;
+    bfv_ctx k = {r, c, N, n_br, n_bc, (r + BF_LANES - 1) / BF_LANES, (tile + 1) / 2, rows,
+                 cols, starts, (const uint16_t *)l, li, ln, (const uint16_t *)rgt, ri, rn, dot,
+                 (uint16_t *)g, 0, 0, 0, N, 0, 1, 1};
     uint32_t *bufs[256];
     int ok = 1;
     for (int t = 0; t < nth; t++) {
         bufs[t] = dot ? 0 : (uint32_t *)malloc((size_t)(k.nac * k.npairs * BF_LANES) * 4);
         if (!dot && !bufs[t]) ok = 0;
     }
+    if (ok && tile < N) {
+        k.acc = (float *)malloc((size_t)(nnzb * r * c) * sizeof(float));
+        if (!k.acc) ok = 0;
+    }
     if (ok) {
         k.pairs = bufs;
-        run_tasks(bf_vg_task, &k, nruns, nth);
+        for (int64_t n0 = 0; n0 < N && !k.err; n0 += tile) {
+            k.n0 = n0;
+            k.n1 = n0 + tile < N ? n0 + tile : N;
+            k.first = n0 == 0;
+            k.last = k.n1 == N;
+            run_tasks(bf_vg_task, &k, nruns, nth);
+        }
     }
     for (int t = 0; t < nth; t++) free(bufs[t]);
+    free(k.acc);
     free(starts);
     if (!ok) return -2;
     return k.err ? SS_EINDEX : 0;
