@@ -427,8 +427,22 @@ static int row_buffers(void **ptrs, int nth, int64_t maxq)
 #define SS_VG_ROWS 128 /* batch rows per region of the values gradient (outer form) */
 #endif
 #ifndef SS_BM_ROWS
-#define SS_BM_ROWS 128 /* batch rows per task of the batch-major product (a row tile) */
+#define SS_BM_ROWS 128 /* most batch rows per task of the batch-major product (a row tile) */
 #endif
+#ifndef SS_TILE_BYTES
+#define SS_TILE_BYTES (512 * 1024) /* a row tile's operands (input and output rows): in L2 */
+#endif
+
+/* Rows of a row tile whose `width` elements per row (the operands' rows together) of `esz`
+ * bytes stay within SS_TILE_BYTES: a multiple of 8 in [16, most] (128-row tiles of a
+ * 3072-wide operand hold 1.5 MiB; the results do not depend on the tile) */
+static int64_t tile_rows(int64_t width, size_t esz, int64_t most)
+{
+    int64_t rows = SS_TILE_BYTES / ((width > 0 ? width : 1) * (int64_t)esz);
+    rows = rows / 8 * 8;
+    if (rows < 16) rows = 16;
+    return rows < most ? rows : most;
+}
 
 /* Y[row, n] = bias[row] + sum_q sum_b M_q[a, b] X[col_q * c + b, n] for a matrix M stored by
  * block rows (n_br of them, blocks r x c, nnzb stored): block q of row i (crow[i] <= q <
@@ -484,7 +498,8 @@ int ss_product(int64_t n_br, int64_t r, int64_t c, int64_t nnzb, const int64_t *
         bnt = (bnt + 7) / 8 * 8;
         /* row tiles: the tile of X and of Y stays in cache across the block rows (tasks run
          * tile by tile), so the cost per row stays flat however large the batch */
-        if (bnt > SS_BM_ROWS) bnt = SS_BM_ROWS;
+        int64_t most = tile_rows(n_in + n_br * r, esz, SS_BM_ROWS);
+        if (bnt > most) bnt = most;
         k.nt = bnt;
         int64_t ntiles = (N + bnt - 1) / bnt;
         ntasks = ntiles * n_br;
