@@ -87,3 +87,29 @@ def test_every_batch_and_tile(layout: torch.layout, dtype: torch.dtype, path: st
             x = torch.randn(batch, p.n_cols, generator=gen, dtype=torch.float64).to(dtype)
             close(bk.linear(x, *p.members, bias=bias),
                   x.double() @ p.dense.T + bias.double(), dtype)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("layout", (torch.sparse_bsr, torch.sparse_bsc), ids=str)
+def test_blocks_of_several_vectors(layout: torch.layout, path: str) -> None:
+    """32 x 32 and 16 x 32 blocks: the batch-major product packs (transposes) them in whole
+    16 x 16 tiles (AVX-512) or element by element; every batch size, float32."""
+    for block in ((32, 32), (16, 32), (32, 16)):
+        mask = random_mask(3, 4, 0.5, seed=block[0] * 3 + block[1])
+        mask[0, 0] = True
+        p = pattern(layout, mask, block, torch.float32)
+        for batch in (1, 8, 17, 33, 255, 1000):
+            check_all(p, batch, torch.float32, seed=batch)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("shape", ((768, 768), (3072, 768), (768, 3072)), ids=str)
+def test_encoder_shapes(shape: tuple[int, int], path: str) -> None:
+    """The encoder layer's linears (benchmarks/group_models.py: 10 % of 16 x 16 blocks, BSR)
+    at one 128-token sequence and a batch of several row tiles with a partial one (the
+    batch-major tile's rows follow the operands' width), float32, against float64 dense."""
+    n_rows, n_cols = shape
+    mask = random_mask(n_rows // 16, n_cols // 16, 0.1, seed=n_rows + 2 * n_cols)
+    p = pattern(torch.sparse_bsr, mask, (16, 16), torch.float32)
+    for batch in (128, 300):
+        check_all(p, batch, torch.float32, seed=batch)
