@@ -113,3 +113,30 @@ def test_encoder_shapes(shape: tuple[int, int], path: str) -> None:
     p = pattern(torch.sparse_bsr, mask, (16, 16), torch.float32)
     for batch in (128, 300):
         check_all(p, batch, torch.float32, seed=batch)
+
+
+@pytest.mark.skipif(not BUILT, reason="the native library is not built")
+def test_packed_buffer_across_threads() -> None:
+    """The batch-major product keeps one buffer of packed blocks across calls, taken by one
+    product at a time: products of different matrices in several threads at once (ctypes lets
+    the GIL go) each get their own blocks, equal to a float64 dense reference."""
+    import threading
+
+    pats = [pattern(torch.sparse_bsr, random_mask(24, 12, 0.3, seed=s), (16, 16),
+                    torch.float32, seed=s) for s in range(4)]
+    gen = torch.Generator().manual_seed(3)
+    xs = [torch.randn(300, p.n_cols, generator=gen) for p in pats]
+    want = [x.double() @ p.dense.T for x, p in zip(xs, pats)]
+    bad: list[int] = []
+
+    def run(t: int) -> None:
+        for _ in range(20):
+            got = bk.linear(xs[t], *pats[t].members)
+            if not torch.allclose(got.double(), want[t], rtol=0.0, atol=1e-3):
+                bad.append(t)
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert bad == []

@@ -444,6 +444,45 @@ static int64_t tile_rows(int64_t width, size_t esz, int64_t most)
     return rows < most ? rows : most;
 }
 
+/* The buffer of M's blocks packed once per call, kept across calls: a fresh one per call of a
+ * large layer is a fresh mapping of the allocator (glibc maps blocks above its mmap threshold,
+ * 128 KiB by default and as benchmarks pin it), and its page faults cost as much as the
+ * product at 128 rows (measured: +0.3 ms on a 0.8 ms product). One buffer for the process,
+ * taken by one product at a time (another product meanwhile, in another thread, allocates its
+ * own), grown to the largest packed matrix up to SS_PACK_KEEP bytes and never shrunk (larger
+ * ones are allocated per call). */
+#ifndef SS_PACK_KEEP
+#define SS_PACK_KEEP ((size_t)16 << 20)
+#endif
+static void *g_pack_buf = 0;
+static size_t g_pack_cap = 0;
+static int g_pack_busy = 0;
+
+/* A buffer of `bytes` (0 when out of memory); *kept says whether it is the kept one */
+static void *pack_buffer(size_t bytes, int *kept)
+{
+    *kept = 0;
+    if (bytes <= SS_PACK_KEEP && !__atomic_exchange_n(&g_pack_busy, 1, __ATOMIC_ACQUIRE)) {
+        if (g_pack_cap < bytes) {
+            free(g_pack_buf);
+            g_pack_buf = malloc(bytes);
+            g_pack_cap = g_pack_buf ? bytes : 0;
+        }
+        if (g_pack_buf) {
+            *kept = 1;
+            return g_pack_buf;
+        }
+        __atomic_store_n(&g_pack_busy, 0, __ATOMIC_RELEASE);
+    }
+    return malloc(bytes);
+}
+
+static void pack_release(void *buf, int kept)
+{
+    if (kept) __atomic_store_n(&g_pack_busy, 0, __ATOMIC_RELEASE);
+    else free(buf);
+}
+
 /* Y[row, n] = bias[row] + sum_q sum_b M_q[a, b] X[col_q * c + b, n] for a matrix M stored by
  * block rows (n_br of them, blocks r x c, nnzb stored): block q of row i (crow[i] <= q <
  * crow[i+1]) is at block column col[q] and has the values vals[p * sp + a * sa + b * sb],
@@ -514,8 +553,9 @@ int ss_product(int64_t n_br, int64_t r, int64_t c, int64_t nnzb, const int64_t *
         }
         /* several row tiles and M's rows strided: pack the blocks once, not per tile */
         void *packed = 0;
+        int kept = 0;
         if (ok && sa != 1 && ntiles > 1) {
-            packed = malloc((size_t)(nnzb > 0 ? nnzb : 1) * r * c * esz);
+            packed = pack_buffer((size_t)(nnzb > 0 ? nnzb : 1) * r * c * esz, &kept);
             if (!packed) ok = 0;
             k.packed = packed;
             if (ok) run_tasks(ks->pack, &k, (nnzb + SS_PACK - 1) / SS_PACK, nth);
@@ -526,7 +566,7 @@ int ss_product(int64_t n_br, int64_t r, int64_t c, int64_t nnzb, const int64_t *
             run_tasks(ks->bm, &k, ntasks, nth);
         }
         for (int t = 0; t < nth; t++) { free(packs[t]); free(ptrs[t]); }
-        free(packed);
+        if (packed) pack_release(packed, kept);
         return ok ? fault_result(&fault) : SS_E_NOMEM;
     }
     if (xdt == cdt && xn == 1) {
