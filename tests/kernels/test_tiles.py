@@ -126,7 +126,7 @@ def test_packed_buffer_across_threads() -> None:
                     torch.float32, seed=s) for s in range(4)]
     gen = torch.Generator().manual_seed(3)
     xs = [torch.randn(300, p.n_cols, generator=gen) for p in pats]
-    want = [x.double() @ p.dense.T for x, p in zip(xs, pats)]
+    want = [x.double() @ p.dense.T for x, p in zip(xs, pats, strict=True)]
     bad: list[int] = []
 
     def run(t: int) -> None:
