@@ -87,3 +87,56 @@ def test_every_batch_and_tile(layout: torch.layout, dtype: torch.dtype, path: st
             x = torch.randn(batch, p.n_cols, generator=gen, dtype=torch.float64).to(dtype)
             close(bk.linear(p.matrix(), x, bias=bias),
                   x.double() @ p.dense.T + bias.double(), dtype)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("layout", (torch.sparse_bsr, torch.sparse_bsc), ids=str)
+def test_blocks_of_several_vectors(layout: torch.layout, path: str) -> None:
+    """32 x 32 and 16 x 32 blocks: the batch-major product packs (transposes) them in whole
+    16 x 16 tiles (AVX-512) or element by element; every batch size, float32."""
+    for block in ((32, 32), (16, 32), (32, 16)):
+        mask = random_mask(3, 4, 0.5, seed=block[0] * 3 + block[1])
+        mask[0, 0] = True
+        p = pattern(layout, mask, block, torch.float32)
+        for batch in (1, 8, 17, 33, 255, 1000):
+            check_all(p, batch, torch.float32, seed=batch)
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("shape", ((768, 768), (3072, 768), (768, 3072)), ids=str)
+def test_encoder_shapes(shape: tuple[int, int], path: str) -> None:
+    """The encoder layer's linears (benchmarks/group_models.py: 10 % of 16 x 16 blocks, BSR)
+    at one 128-token sequence and a batch of several row tiles with a partial one (the
+    batch-major tile's rows follow the operands' width), float32, against float64 dense."""
+    n_rows, n_cols = shape
+    mask = random_mask(n_rows // 16, n_cols // 16, 0.1, seed=n_rows + 2 * n_cols)
+    p = pattern(torch.sparse_bsr, mask, (16, 16), torch.float32)
+    for batch in (128, 300):
+        check_all(p, batch, torch.float32, seed=batch)
+
+
+@pytest.mark.skipif(not BUILT, reason="the native library is not built")
+def test_packed_buffer_across_threads() -> None:
+    """The batch-major product keeps one buffer of packed blocks across calls, taken by one
+    product at a time: products of different matrices in several threads at once (ctypes lets
+    the GIL go) each get their own blocks, equal to a float64 dense reference."""
+    import threading
+
+    pats = [pattern(torch.sparse_bsr, random_mask(24, 12, 0.3, seed=s), (16, 16),
+                    torch.float32, seed=s) for s in range(4)]
+    gen = torch.Generator().manual_seed(3)
+    xs = [torch.randn(300, p.n_cols, generator=gen) for p in pats]
+    want = [x.double() @ p.dense.T for x, p in zip(xs, pats, strict=True)]
+    bad: list[int] = []
+
+    def run(t: int) -> None:
+        for _ in range(20):
+            got = bk.linear(xs[t], *pats[t].members)
+            if not torch.allclose(got.double(), want[t], rtol=0.0, atol=1e-3):
+                bad.append(t)
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert bad == []

@@ -427,8 +427,61 @@ static int row_buffers(void **ptrs, int nth, int64_t maxq)
 #define SS_VG_ROWS 128 /* batch rows per region of the values gradient (outer form) */
 #endif
 #ifndef SS_BM_ROWS
-#define SS_BM_ROWS 128 /* batch rows per task of the batch-major product (a row tile) */
+#define SS_BM_ROWS 128 /* most batch rows per task of the batch-major product (a row tile) */
 #endif
+#ifndef SS_TILE_BYTES
+#define SS_TILE_BYTES (512 * 1024) /* a row tile's operands (input and output rows): in L2 */
+#endif
+
+/* Rows of a row tile whose `width` elements per row (the operands' rows together) of `esz`
+ * bytes stay within SS_TILE_BYTES: a multiple of 8 in [16, most] (128-row tiles of a
+ * 3072-wide operand hold 1.5 MiB; the results do not depend on the tile) */
+static int64_t tile_rows(int64_t width, size_t esz, int64_t most)
+{
+    int64_t rows = SS_TILE_BYTES / ((width > 0 ? width : 1) * (int64_t)esz);
+    rows = rows / 8 * 8;
+    if (rows < 16) rows = 16;
+    return rows < most ? rows : most;
+}
+
+/* The buffer of M's blocks packed once per call, kept across calls: a fresh one per call of a
+ * large layer is a fresh mapping of the allocator (glibc maps blocks above its mmap threshold,
+ * 128 KiB by default and as benchmarks pin it), and its page faults cost as much as the
+ * product at 128 rows (measured: +0.3 ms on a 0.8 ms product). One buffer for the process,
+ * taken by one product at a time (another product meanwhile, in another thread, allocates its
+ * own), grown to the largest packed matrix up to SS_PACK_KEEP bytes and never shrunk (larger
+ * ones are allocated per call). */
+#ifndef SS_PACK_KEEP
+#define SS_PACK_KEEP ((size_t)16 << 20)
+#endif
+static void *g_pack_buf = 0;
+static size_t g_pack_cap = 0;
+static int g_pack_busy = 0;
+
+/* A buffer of `bytes` (0 when out of memory); *kept says whether it is the kept one */
+static void *pack_buffer(size_t bytes, int *kept)
+{
+    *kept = 0;
+    if (bytes <= SS_PACK_KEEP && !__atomic_exchange_n(&g_pack_busy, 1, __ATOMIC_ACQUIRE)) {
+        if (g_pack_cap < bytes) {
+            free(g_pack_buf);
+            g_pack_buf = malloc(bytes);
+            g_pack_cap = g_pack_buf ? bytes : 0;
+        }
+        if (g_pack_buf) {
+            *kept = 1;
+            return g_pack_buf;
+        }
+        __atomic_store_n(&g_pack_busy, 0, __ATOMIC_RELEASE);
+    }
+    return malloc(bytes);
+}
+
+static void pack_release(void *buf, int kept)
+{
+    if (kept) __atomic_store_n(&g_pack_busy, 0, __ATOMIC_RELEASE);
+    else free(buf);
+}
 
 /* Y[row, n] = bias[row] + sum_q sum_b M_q[a, b] X[col_q * c + b, n] for a matrix M stored by
  * block rows (n_br of them, blocks r x c, nnzb stored): block q of row i (crow[i] <= q <
@@ -484,7 +537,8 @@ int ss_product(int64_t n_br, int64_t r, int64_t c, int64_t nnzb, const int64_t *
         bnt = (bnt + 7) / 8 * 8;
         /* row tiles: the tile of X and of Y stays in cache across the block rows (tasks run
          * tile by tile), so the cost per row stays flat however large the batch */
-        if (bnt > SS_BM_ROWS) bnt = SS_BM_ROWS;
+        int64_t most = tile_rows(n_in + n_br * r, esz, SS_BM_ROWS);
+        if (bnt > most) bnt = most;
         k.nt = bnt;
         int64_t ntiles = (N + bnt - 1) / bnt;
         ntasks = ntiles * n_br;
@@ -499,8 +553,9 @@ int ss_product(int64_t n_br, int64_t r, int64_t c, int64_t nnzb, const int64_t *
         }
         /* several row tiles and M's rows strided: pack the blocks once, not per tile */
         void *packed = 0;
+        int kept = 0;
         if (ok && sa != 1 && ntiles > 1) {
-            packed = malloc((size_t)(nnzb > 0 ? nnzb : 1) * r * c * esz);
+            packed = pack_buffer((size_t)(nnzb > 0 ? nnzb : 1) * r * c * esz, &kept);
             if (!packed) ok = 0;
             k.packed = packed;
             if (ok) run_tasks(ks->pack, &k, (nnzb + SS_PACK - 1) / SS_PACK, nth);
@@ -511,7 +566,7 @@ int ss_product(int64_t n_br, int64_t r, int64_t c, int64_t nnzb, const int64_t *
             run_tasks(ks->bm, &k, ntasks, nth);
         }
         for (int t = 0; t < nth; t++) { free(packs[t]); free(ptrs[t]); }
-        free(packed);
+        if (packed) pack_release(packed, kept);
         return ok ? fault_result(&fault) : SS_E_NOMEM;
     }
     if (xdt == cdt && xn == 1) {

@@ -127,6 +127,22 @@ static TARGET void FN(prod_task)(void *vctx, int64_t task, int tid)
     }
 }
 
+/* One r x c block transposed: dst[b * r + a] = src[a * sa + b * sb] (the batch-major product
+ * reads a block's columns as vectors); whole W x W tiles in registers where the block's rows
+ * are contiguous and its sides multiples of W, else element by element. */
+INL void FN(pack_block)(R *dst, const R *src, int64_t r, int64_t c, int64_t sa, int64_t sb)
+{
+#ifdef TRANSPOSE_W
+    if (sb == 1 && r % W == 0 && c % W == 0) {
+        for (int64_t a0 = 0; a0 < r; a0 += W)
+            for (int64_t b0 = 0; b0 < c; b0 += W) TRANSPOSE_W(src + a0 * sa + b0, sa, dst + b0 * r + a0, r);
+        return;
+    }
+#endif
+    for (int64_t a = 0; a < r; a++)
+        for (int64_t b = 0; b < c; b++) dst[b * r + a] = src[a * sa + b * sb];
+}
+
 /* The blocks q0 .. q0 + nq - 1 of a row: their values (wq: in vals, or in the blocks packed
  * once per call) and block columns (colq), each index read once and checked; 0 and a fault
  * when one is out of range. */
@@ -171,6 +187,11 @@ INL void FN(bm_tile)(const prod_ctx *k, const R *const *wq, int64_t wsb, int64_t
     for (int64_t qq = 0; qq < nq; qq++) {
         const R *w = wq[qq] + a0;
         const R *xb = xs + colq[qq] * c * xk;
+        if (qq + 1 < nq) { /* the next block's lines of the batch rows arrive meanwhile (its
+                            * column is not one a prefetcher could guess) */
+            const char *xp = (const char *)(xs + colq[qq + 1] * c * xk);
+            for (int nb = 0; nb < NBN; nb++) __builtin_prefetch(xp + nb * xn * (int64_t)sizeof(R));
+        }
         for (int64_t b = 0; b < c; b++, w += wsb, xb += xk) {
             VT w0 = FULL ? LOADU(w) : LOADM(w, m0);
             VT w1 = ZERO();
@@ -238,10 +259,8 @@ static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
         R *pk = (R *)k->pack[tid];
         const int64_t r = k->r, c = k->c;
         for (int64_t qq = 0; qq < nq; qq++) {
-            const R *src = wq[qq];
             R *dst = pk + qq * c * r;
-            for (int64_t a = 0; a < r; a++)
-                for (int64_t b = 0; b < c; b++) dst[b * r + a] = src[a * k->sa + b * k->sb];
+            FN(pack_block)(dst, wq[qq], r, c, k->sa, k->sb);
             wq[qq] = dst;
         }
         wsb = r;
@@ -374,10 +393,7 @@ static TARGET void FN(pack_task)(void *vctx, int64_t task, int tid)
     for (int64_t q = task * SS_PACK; q < q1; q++) {
         int64_t p = k->order ? LD(k->order + q) : q;
         if ((uint64_t)p >= (uint64_t)nnzb) { fault_set(k->fault, SS_M_ORDER, q, p, nnzb); return; }
-        const R *src = vals + p * k->sp;
-        R *dst = packed + q * r * c;
-        for (int64_t a = 0; a < r; a++)
-            for (int64_t b = 0; b < c; b++) dst[b * r + a] = src[a * k->sa + b * k->sb];
+        FN(pack_block)(packed + q * r * c, vals + p * k->sp, r, c, k->sa, k->sb);
     }
 }
 

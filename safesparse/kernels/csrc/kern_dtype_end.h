@@ -18,3 +18,4 @@
 #undef HSUM
 #undef DT_SELF
 #undef ROWSUMS
+#undef TRANSPOSE_W
