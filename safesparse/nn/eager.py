@@ -416,25 +416,41 @@ class _Refused(Exception):
     """The library refused the packed call (never seen by users: the proving path runs)."""
 
 
+def _eligible(module: Any, x: T, autocast: torch.dtype) -> _Plan | None:
+    """The module's plan where the call may take it (in a context that allows the fast path:
+    ``autocast`` is :func:`_context`'s answer): a plan exists and ``x`` is a contiguous CPU
+    ``torch.Tensor`` of a dtype the plan reads; else None."""
+    slot: PlanSlot | None = module.__dict__.get("_ss_fast")
+    plan = None if slot is None else slot.plan
+    if (plan is not None and type(x) is _Tensor
+            and (x.dtype is plan.x_dtype or x.dtype is plan.x_alt) and x.is_cpu
+            and x.is_contiguous()):
+        return plan
+    return None
+
+
+def _holding(module: Any, plan: _Plan, x: T, autocast: torch.dtype,
+             batch_major: bool) -> _Plan | None:
+    """The plan to run if its key holds: ``plan`` itself, a plan rebuilt on the same proof
+    where only its converted copies are stale, or None (the proving path runs)."""
+    d = module.__dict__
+    holds = plan.holds(d["_buffers"], d["_parameters"], autocast)
+    if holds == _STALE:
+        return _refresh(module, x, autocast, batch_major)
+    return plan if holds == _YES else None
+
+
 def linear(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
     """``SparseLinear.forward`` in eager mode: the plan where it holds, else ``proving``
     (the operators), after which a plan is built."""
-    d = module.__dict__
-    slot: PlanSlot | None = d.get("_ss_fast")
-    plan = None if slot is None else slot.plan
     autocast = _context()
     held = False
-    if (plan is not None and autocast is not None and type(x) is _Tensor
-            and (x.dtype is plan.x_dtype or x.dtype is plan.x_alt) and x.is_cpu
-            and x.is_contiguous()):
+    if autocast is not None and (plan := _eligible(module, x, autocast)) is not None:
         width = plan.width
         shape = x.shape
         if shape and shape[-1] == width:
-            holds = plan.holds(d["_buffers"], d["_parameters"], autocast)
-            if holds == _STALE:
-                plan = _refresh(module, x, autocast, True)
-                holds = _NO if plan is None else _YES
-            if holds == _YES and plan is not None:
+            plan = _holding(module, plan, x, autocast, True)
+            if plan is not None:
                 held = True
                 if len(shape) == 2:
                     n = shape[0]
@@ -468,21 +484,13 @@ def matmul(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
     """``SparseMatmul.forward`` in eager mode (``y = A @ x``): the plan where it holds and no
     gradient is recorded (a trainable ``A`` or an ``x`` requiring grad take the operators),
     else ``proving``."""
-    d = module.__dict__
-    slot: PlanSlot | None = d.get("_ss_fast")
-    plan = None if slot is None else slot.plan
     autocast = _context()
     held = False
-    if (plan is not None and autocast is not None and type(x) is _Tensor
-            and (x.dtype is plan.x_dtype or x.dtype is plan.x_alt) and x.is_cpu
-            and x.is_contiguous()):
+    if autocast is not None and (plan := _eligible(module, x, autocast)) is not None:
         shape = x.shape
         if len(shape) in (1, 2) and shape[0] == plan.width:
-            holds = plan.holds(d["_buffers"], d["_parameters"], autocast)
-            if holds == _STALE:
-                plan = _refresh(module, x, autocast, False)
-                holds = _NO if plan is None else _YES
-            if holds == _YES and plan is not None:
+            plan = _holding(module, plan, x, autocast, False)
+            if plan is not None:
                 held = True
                 n = 1 if len(shape) == 1 else shape[1]
                 if n and not (_grad_enabled() and (x.requires_grad or plan.v.requires_grad)):
