@@ -128,16 +128,26 @@ def _compressed_factory(layout: torch.layout) -> Callable[[_F], _F]:
     return made
 
 
+def _compressed(compressed_indices: Any, plain_indices: Any, values: Any, size: SizeLike,
+                layout: torch.layout, dtype: torch.dtype | None, device: DeviceLike,
+                pin_memory: bool, requires_grad: bool,
+                check_invariants: bool | None) -> SafeSparseTensor:
+    """The four compressed factories' body: the straight path where it takes the members,
+    else the general one."""
+    out = build.fast_compressed(compressed_indices, plain_indices, values, size, layout, dtype,
+                                device, pin_memory, requires_grad, check_invariants)
+    return out if out is not None else _converted(
+        compressed_indices, plain_indices, values, size, layout, dtype, device, pin_memory,
+        requires_grad, check_invariants)
+
+
 @_compressed_factory(torch.sparse_csr)
 def sparse_csr_tensor(crow_indices: Any, col_indices: Any, values: Any, size: SizeLike = None,
                       *, dtype: torch.dtype | None = None, device: DeviceLike = None,
                       pin_memory: bool = False, requires_grad: bool = False,
                       check_invariants: bool | None = None) -> SafeSparseTensor:
-    out = build.fast_compressed(crow_indices, col_indices, values, size, torch.sparse_csr,
-                                dtype, device, pin_memory, requires_grad, check_invariants)
-    return out if out is not None else _converted(
-        crow_indices, col_indices, values, size, torch.sparse_csr, dtype, device, pin_memory,
-        requires_grad, check_invariants)
+    return _compressed(crow_indices, col_indices, values, size, torch.sparse_csr, dtype, device,
+                       pin_memory, requires_grad, check_invariants)
 
 
 @_compressed_factory(torch.sparse_csc)
@@ -145,11 +155,8 @@ def sparse_csc_tensor(ccol_indices: Any, row_indices: Any, values: Any, size: Si
                       *, dtype: torch.dtype | None = None, device: DeviceLike = None,
                       pin_memory: bool = False, requires_grad: bool = False,
                       check_invariants: bool | None = None) -> SafeSparseTensor:
-    out = build.fast_compressed(ccol_indices, row_indices, values, size, torch.sparse_csc,
-                                dtype, device, pin_memory, requires_grad, check_invariants)
-    return out if out is not None else _converted(
-        ccol_indices, row_indices, values, size, torch.sparse_csc, dtype, device, pin_memory,
-        requires_grad, check_invariants)
+    return _compressed(ccol_indices, row_indices, values, size, torch.sparse_csc, dtype, device,
+                       pin_memory, requires_grad, check_invariants)
 
 
 @_compressed_factory(torch.sparse_bsr)
@@ -157,11 +164,8 @@ def sparse_bsr_tensor(crow_indices: Any, col_indices: Any, values: Any, size: Si
                       *, dtype: torch.dtype | None = None, device: DeviceLike = None,
                       pin_memory: bool = False, requires_grad: bool = False,
                       check_invariants: bool | None = None) -> SafeSparseTensor:
-    out = build.fast_compressed(crow_indices, col_indices, values, size, torch.sparse_bsr,
-                                dtype, device, pin_memory, requires_grad, check_invariants)
-    return out if out is not None else _converted(
-        crow_indices, col_indices, values, size, torch.sparse_bsr, dtype, device, pin_memory,
-        requires_grad, check_invariants)
+    return _compressed(crow_indices, col_indices, values, size, torch.sparse_bsr, dtype, device,
+                       pin_memory, requires_grad, check_invariants)
 
 
 @_compressed_factory(torch.sparse_bsc)
@@ -169,11 +173,8 @@ def sparse_bsc_tensor(ccol_indices: Any, row_indices: Any, values: Any, size: Si
                       *, dtype: torch.dtype | None = None, device: DeviceLike = None,
                       pin_memory: bool = False, requires_grad: bool = False,
                       check_invariants: bool | None = None) -> SafeSparseTensor:
-    out = build.fast_compressed(ccol_indices, row_indices, values, size, torch.sparse_bsc,
-                                dtype, device, pin_memory, requires_grad, check_invariants)
-    return out if out is not None else _converted(
-        ccol_indices, row_indices, values, size, torch.sparse_bsc, dtype, device, pin_memory,
-        requires_grad, check_invariants)
+    return _compressed(ccol_indices, row_indices, values, size, torch.sparse_bsc, dtype, device,
+                       pin_memory, requires_grad, check_invariants)
 
 
 def _compressed_args(
