@@ -52,7 +52,6 @@ from ..engine.validation import (
     native_coo_ok,
 )
 from ..state import checked, writers
-from ..state.memory import watchable_spans
 from ..state.writers import Validation, admit, opened, straight
 from ..tensor.core import SafeSparseTensor, retype
 
@@ -157,12 +156,7 @@ def fast_coo(idx: Any, v: Any, size: Any, dtype: torch.dtype | None, device: Any
     if shape is None or is_debug() or in_forked_child():  # (base/forking.py)
         return None
     meta = check_coo_metadata(idx, v, shape)
-    if checked.claim(idx) is not None:
-        return coo(idx, v, meta, is_coalesced)
-    spans = watchable_spans((idx,), True)
-    if not spans:
-        return coo(idx, v, meta, is_coalesced)
-    first = opened(spans, (idx,))
+    first = opened((idx,))  # (memory no record claims, no state covers: else the general path)
     if first is None:
         return coo(idx, v, meta, is_coalesced)
     coalesced = bool(is_coalesced)

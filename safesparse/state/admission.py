@@ -214,7 +214,7 @@ class Admission:
         if spans is None:  # memory that cannot be watched: validated, volatile
             return self._built(how, validated_now(lambda: how.check(members, meta, estimate)),
                                None)
-        first = opened(spans, members) if spans else None
+        first = opened(members, spans) if spans else None
         if first is not None:  # memory no state covers: a private record, no registration
             out = steady(lambda: how.check(members, meta, estimate), first.read,
                          lambda _, __: first.unchanged(), lambda _: not first.unchanged())
@@ -306,18 +306,15 @@ def straight(c: torch.Tensor, p: torch.Tensor, values: torch.Tensor, size: tuple
       call and restores what it saw, so two threads in it at once can leave it on for good.)
     Anything else (memory torch did not allocate, memory a state may cover, a failed check
     while a counter moved, a racing registration) is None."""
-    if claim(c) is not None:
-        r = proven(c, p, (geom,))
+    first = opened((c, p))  # (one question: memory no record claims, no state covers)
+    if first is None:
+        r = proven(c, p, (geom,))  # (members a checked tensor handed out)
         if r is None:
             return None
         own0, own1 = proven_members(r)
         built = build(own0, own1, values, size, check_invariants=False)
         return _rebuilt_onto(built, r, None, 0, (compressed_of(built), own1), cls)
-    spans = watchable_spans((c, p), True)
-    if not spans:  # (no memory at all: a state per view key; or memory never cached)
-        return None
-    first = opened(spans, (c, p))
-    if first is None or not first.passes(check):
+    if not first.passes(check):
         return None
     cd = c.detach()
     pd = p.detach()
@@ -384,11 +381,12 @@ def _versions(members: tuple[torch.Tensor, ...]) -> tuple[int, ...]:
     return (members[0]._version, members[1]._version)
 
 
-def opened(spans: Spans, members: tuple[torch.Tensor, ...]) -> First | None:
-    """Open a first validation of ``members`` (their memory ``spans``, watchable): None when
-    memory overlapping it may be covered (a state or another open first validation): the
-    caller takes the registering path."""
-    rec = announce(spans, members[0], members[1] if len(members) > 1 else None)
+def opened(members: tuple[torch.Tensor, ...], spans: Spans | None = None) -> First | None:
+    """Open a first validation of ``members`` (their memory ``spans``, watchable; None: the
+    factories' straight path, which asks for torch's own memory that no record claims): None
+    when memory overlapping it may be covered (a state, a claim, another open first
+    validation) or cannot be watched: the caller takes the registering path."""
+    rec = announce(members[0], members[1] if len(members) > 1 else None, spans)
     return None if rec is None else First(rec, members)
 
 

@@ -157,6 +157,7 @@ from .records import (
     held,
     holds,
     is_volatile,
+    opening,
     proven_geometry,
     proven_members,
     proves,
@@ -328,13 +329,22 @@ _pending: collections.deque[tuple[Spans, weakref.ref[Record]]] = collections.deq
 _pending_lock = threading.Lock()
 
 
-def announce(spans: Spans, m0: torch.Tensor, m1: torch.Tensor | None) -> Record | None:
-    """Open a first validation of the index memory ``spans`` (the caller's index tensors
-    ``m0``/``m1``): a pending record, unchecked, is listed, *then* the states and the other
-    pending records are looked at (see above). Returns the record, to :func:`settle` once the
-    tensor is built on proven data; None when memory overlapping ``spans`` may be covered (the
-    caller takes the registering path; the listed record dies with the call)."""
-    rec = Record(m0, m1, UNCHECKED, None, (0, 0))  # (sizes: unchecked until settle sets them)
+def announce(m0: torch.Tensor, m1: torch.Tensor | None, spans: Spans | None = None
+             ) -> Record | None:
+    """Open a first validation of the caller's index tensors ``m0``/``m1`` (their memory
+    ``spans``; None: the straight path's, :func:`safesparse.state.records.opening`, which
+    also declines members a record claims): a pending record, unchecked, is listed, *then* the
+    states and the other pending records are looked at (see above). Returns the record, to
+    :func:`settle` once the tensor is built on proven data; None when memory overlapping the
+    spans may be covered (the caller takes the registering path; the listed record dies with
+    the call) or, on the straight path, is claimed or cannot be watched."""
+    if spans is None:
+        made = opening(m0, m1)
+        if made is None:
+            return None
+        rec, spans = made
+    else:
+        rec = Record(m0, m1, UNCHECKED, None, (0, 0))  # (sizes: unchecked until settled)
     entry = (spans, weakref.ref(rec))
     with _pending_lock:  # (a scan rotates the list: only under the lock is every entry in it)
         _pending.append(entry)

@@ -611,6 +611,17 @@ def watchable_spans(members: Sequence[torch.Tensor],
     return tuple(out)
 
 
+def unclaimed_spans(members: Sequence[torch.Tensor]) -> Spans | None:
+    """The factories' straight path's one question about memory (:func:`safesparse.state.
+    records.opening`): :func:`watchable_spans` of ``members`` (torch's own allocation), or
+    None when a record claims the first (a member a checked tensor handed out: the caller asks
+    :mod:`safesparse.state.checked` for its proof) or the memory cannot be watched or has
+    none."""
+    if claims.get(members[0]) is not None:
+        return None
+    return watchable_spans(members, True) or None
+
+
 def _span(m: torch.Tensor, st: torch.UntypedStorage) -> Span | None:
     """The span of ``m``'s storage ``st``; None without memory."""
     start = st.data_ptr()

@@ -15,7 +15,7 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 
 from .members import geometry_of, plain_members
-from .memory import IndexKey, IndexState, claims, resolve
+from .memory import IndexKey, IndexState, Spans, claims, resolve, unclaimed_spans
 
 __all__ = [
     "UNCHECKED",
@@ -101,6 +101,16 @@ class Record:
 
     def proof(self) -> Hashable:
         return (self.key, self.geom)
+
+
+def opening(m0: torch.Tensor, m1: torch.Tensor | None) -> tuple[Record, Spans] | None:
+    """A new unchecked record of the members ``m0`` / ``m1`` for a first validation on the
+    factories' straight path, and their memory (:func:`safesparse.state.memory.
+    unclaimed_spans`); None when a record claims them or their memory cannot be watched."""
+    spans = unclaimed_spans((m0,) if m1 is None else (m0, m1))
+    if spans is None:
+        return None
+    return Record(m0, m1, UNCHECKED, None, (0, 0)), spans  # (sizes: unchecked until settled)
 
 
 def holds(r: Record) -> bool:
