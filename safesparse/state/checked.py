@@ -147,6 +147,7 @@ from .memory import (
 )
 from .memory import register as _register
 from .records import (
+    RECORD_ATTR,
     UNCHECKED,
     VOLATILE,
     Record,
@@ -162,6 +163,7 @@ from .records import (
     proven_members,
     proves,
     record,
+    standing,
     state_of,
     vouch,
 )
@@ -169,6 +171,7 @@ from .records import (
 #: Every name used outside this module (the questions, and the writers state/writers.py lists
 #: for the layers above).
 __all__ = [
+    "RECORD_ATTR",
     "VOLATILE",
     "IndexState",
     "Record",
@@ -216,6 +219,7 @@ __all__ = [
     "share",
     "shared_record",
     "snapshot",
+    "standing",
     "state_of",
     "stats",
     "vouch",

@@ -269,16 +269,32 @@ def born(r: Record, m0: torch.Tensor, m1: torch.Tensor | None,
     return Record(m0, m1, m0._version if holds(r) else UNCHECKED, r.geom)
 
 
+#: The attribute of a tensor's ``__dict__`` that holds its record (set by :func:`attach` only).
+RECORD_ATTR: Final = "_ss"
+
+
 def record(t: torch.Tensor) -> Record | None:
-    rec: Record | None = t.__dict__.get("_ss")
+    rec: Record | None = t.__dict__.get(RECORD_ATTR)
     return rec
 
 
 def held(t: torch.Tensor) -> Record | None:
     """``t``'s record when its proof :func:`holds` now, else None: the per-op question of the
     fast path (tensor/fastpath.py), asked in one call."""
-    rec: Record | None = t.__dict__.get("_ss")
+    rec: Record | None = t.__dict__.get(RECORD_ATTR)
     return rec if rec is not None and holds(rec) else None
+
+
+def standing(t: torch.Tensor) -> bool | None:
+    """Whether ``t``'s proof holds now (True), or cannot be known without validating it now
+    (None: a volatile record, index memory that cannot be watched), else False (no record, or
+    its proof no longer holds): the question of ``is_checked``."""
+    rec: Record | None = t.__dict__.get(RECORD_ATTR)
+    if rec is None:
+        return False
+    if holds(rec):
+        return True
+    return None if rec.ver == VOLATILE else False
 
 
 def sole_record(plain: torch.Tensor, ver: int, geom: Hashable) -> Record:
@@ -301,7 +317,7 @@ def fresh(t: torch.Tensor) -> Record:
 def attach(t: torch.Tensor, rec: Record) -> Record:
     """``t`` carries ``rec`` (``state/`` only; the layers above call
     :func:`safesparse.state.admission.give`)."""
-    t.__dict__["_ss"] = rec
+    t.__dict__[RECORD_ATTR] = rec
     return rec
 
 

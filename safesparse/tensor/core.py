@@ -32,7 +32,6 @@ from ..base.layouts import SPARSE_LAYOUTS
 from ..catalog.errors import InvariantError
 from ..engine.validation import validate_tensor
 from ..state import checked, writers
-from ..state.checked import Record, holds
 from .adopt import copyable, own_indices
 from .fastpath import FAST, MISS
 from .optable import INDEX_ACCESSORS, INSPECTION, Classifier, OpEntry, OpKind, _mutates, op_name
@@ -428,12 +427,8 @@ def _is_checked(t: torch.Tensor) -> bool:
     """The rule (checked.py), volatile records validated now."""
     if not isinstance(t, SafeSparseTensor):
         return False
-    rec: Record | None = t.__dict__.get("_ss")
-    if rec is None:
-        return False
-    if holds(rec):
-        return True
-    return checked.is_volatile(rec) and _revalidates(t)
+    now = checked.standing(t)
+    return _revalidates(t) if now is None else now
 
 
 @not_traced
@@ -498,10 +493,10 @@ def validate(t: torch.Tensor, *, copy_indices: bool = True) -> SafeSparseTensor:
                 if type(t).__module__.startswith("scipy.sparse") else "")
         raise TypeError(
             f"validate() expects a torch sparse tensor, got {type(t).__name__}{hint}")
-    rec = t.__dict__.get("_ss") if isinstance(t, SafeSparseTensor) else None
-    if rec is not None and holds(rec) and not is_debug():  # checked: nothing to do (O(1))
+    if (isinstance(t, SafeSparseTensor) and checked.held(t) is not None
+            and not is_debug()):  # checked: nothing to do (O(1))
         checked.count("skipped")
-        return t  # type: ignore[return-value]
+        return t
     with DisableTorchFunctionSubclass():
         if t.layout not in SPARSE_LAYOUTS:
             raise TypeError(f"validate() expects a sparse tensor, got layout {t.layout}")

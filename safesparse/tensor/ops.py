@@ -392,12 +392,12 @@ def _swap_instead(t: torch.Tensor, new: Any) -> bool:
             f"{new.device} in place (`t.data = ...`, as module.to() / .half() / .double() "
             "do) is not supported: torch 2.13 would keep its old values under the new dtype\n"
             "  Drop the gradients first (model.zero_grad(set_to_none=True)), then convert.")
-    keep = {k: v for k, v in t.__dict__.items() if k != "_ss"}
+    keep = {k: v for k, v in t.__dict__.items() if k != checked.RECORD_ATTR}
     requires_grad = t.requires_grad
     with torch.no_grad():
         torch.utils.swap_tensors(t, new)  # type: ignore[no-untyped-call]
     for k in list(t.__dict__):
-        if k != "_ss" and k not in keep:
+        if k != checked.RECORD_ATTR and k not in keep:
             del t.__dict__[k]
     t.__dict__.update(keep)
     t.requires_grad_(requires_grad)

@@ -41,7 +41,7 @@ from ..base import originals as _originals
 from ..base.layouts import BLOCK_LAYOUTS
 from ..kernels import blocks as kernels
 from ..kernels import native
-from ..kernels.pattern import matrix
+from ..kernels.pattern import by_rows, matrix
 from ..operators.autograd import PRODUCTS, SparseProduct, gradients
 from ..state import checked
 from .binding import Product, bind
@@ -437,15 +437,10 @@ class _Pattern:
         ``order[q]`` is the other layout's ``q``-th."""
         if self._other is None:
             bsr = self.layout == torch.sparse_bsr
-            plain = self.plain.long()
             n_other = self.n_cols // self.c if bsr else self.n_rows // self.r
-            order = torch.argsort(plain, stable=True)
-            lines = torch.repeat_interleave(self.compressed.long().diff(),
-                                            output_size=plain.numel())
-            compressed = torch.zeros(n_other + 1, dtype=torch.long)
-            torch.cumsum(torch.bincount(plain, minlength=n_other), 0, out=compressed[1:])
-            other = torch.sparse_bsc if bsr else torch.sparse_bsr
-            self._other = (other, compressed, lines[order], order)
+            compressed, plain, order = by_rows(self.compressed, self.plain, n_other)
+            self._other = (torch.sparse_bsc if bsr else torch.sparse_bsr, compressed, plain,
+                           order)
         return self._other
 
     def apply(self, values: torch.Tensor, operand: torch.Tensor, batch_major: bool,
