@@ -74,6 +74,10 @@ SHORT_NAMES: Final[dict[torch.layout, str]] = {
 }
 #: :data:`SHORT_NAMES` read backwards.
 BY_SHORT_NAME: Final[dict[str, torch.layout]] = {name: lay for lay, name in SHORT_NAMES.items()}
+#: The compressed layouts by short name (the operators' and the compiled boundary's ``layout``
+#: argument).
+COMPRESSED_BY_SHORT_NAME: Final[dict[str, torch.layout]] = {
+    SHORT_NAMES[lay]: lay for lay in COMPRESSED_LAYOUTS}
 #: torch's own names of the sparse layouts ("sparse_coo", "sparse_csr", ...: ``torch.<name>``),
 #: as files store them.
 TORCH_NAMES: Final[dict[torch.layout, str]] = {

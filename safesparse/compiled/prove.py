@@ -15,12 +15,14 @@ from __future__ import annotations
 import torch
 from torch.library import custom_op
 
-from ..base.layouts import BLOCK_LAYOUTS, COMPRESSED_LAYOUTS, SHORT_NAMES, compressed_members
+from ..base.layouts import (
+    BLOCK_LAYOUTS,
+    COMPRESSED_BY_SHORT_NAME,
+    compressed_members,
+)
 from ..factories import sparse_compressed_tensor
 
 __all__ = ["prove"]
-
-_LAYOUTS = {SHORT_NAMES[layout]: layout for layout in COMPRESSED_LAYOUTS}
 
 
 @custom_op("safesparse::prove", mutates_args=())
@@ -45,10 +47,10 @@ def prove(compressed: torch.Tensor, plain: torch.Tensor, layout: str, n_rows: in
 def _arguments(layout: str, block_rows: int, block_cols: int) -> torch.layout:
     """The layout named by ``layout``, checked with the block shape (the real implementation
     and the fake alike; the members are the factory's to validate)."""
-    lay = _LAYOUTS.get(layout)
+    lay = COMPRESSED_BY_SHORT_NAME.get(layout)
     if lay is None:
         raise ValueError(f"safesparse::prove: unknown layout {layout!r} "
-                         f"(one of {', '.join(_LAYOUTS)})")
+                         f"(one of {', '.join(COMPRESSED_BY_SHORT_NAME)})")
     blocked = lay in BLOCK_LAYOUTS
     if not blocked and (block_rows, block_cols) != (1, 1):
         raise ValueError(f"safesparse::prove: a {layout.upper()} matrix has no block shape "

@@ -54,10 +54,6 @@ __all__ = ["CompressedModule", "block_shape"]
 
 _log = logging.getLogger("safesparse.nn")
 
-_BLOCK = BLOCK_LAYOUTS
-_ROW = ROW_LAYOUTS
-_NAMES = MEMBER_NAMES
-
 # One compile for every density (SPEC 10): the members whose length is the number of stored
 # elements are dynamic in it under torch.compile (buffers and parameters are static by default)
 dynamic_length("_buffers", MEMBER_NAMES[1])
@@ -104,13 +100,13 @@ class CompressedModule(nn.Module):
         """A module on the meta device claiming ``n_stored`` blocks and no pattern: meta tensors
         hold no data, so nothing is proven; ``load_state_dict(sd, assign=True)`` (or
         ``to_empty`` and ``load_state_dict``) gives it the checkpoint's, validated."""
-        r, c = blocksize if layout in _BLOCK else (1, 1)
+        r, c = blocksize if layout in BLOCK_LAYOUTS else (1, 1)
         self.layout = layout
         self._size = size
-        shape = (n_stored, r, c) if layout in _BLOCK else (n_stored,)
+        shape = (n_stored, r, c) if layout in BLOCK_LAYOUTS else (n_stored,)
         self.values = nn.Parameter(torch.empty(shape, dtype=dtype, device="meta"),
                                    requires_grad=requires_grad)
-        n_compressed = size[0] // r if layout in _ROW else size[1] // c
+        n_compressed = size[0] // r if layout in ROW_LAYOUTS else size[1] // c
         self._pattern = None
         self._buffers["compressed_indices"] = torch.empty(n_compressed + 1, dtype=torch.int64,
                                                           device="meta")
@@ -155,14 +151,14 @@ class CompressedModule(nn.Module):
         c, p = self.compressed_indices, self.plain_indices
         n_comp = c.shape[0] - 1 if c.dim() == 1 else -1
         blocks = self.blocksize or (1, 1)
-        n_plain = (self._size[1] // blocks[1] if self.layout in _ROW
+        n_plain = (self._size[1] // blocks[1] if self.layout in ROW_LAYOUTS
                    else self._size[0] // blocks[0])
         return members_proof.confirm(c, p, checked.compressed_geometry(n_comp, n_plain))
 
     @property
     def blocksize(self) -> tuple[int, int] | None:
         v = self.values
-        return (int(v.shape[-2]), int(v.shape[-1])) if self.layout in _BLOCK else None
+        return (int(v.shape[-2]), int(v.shape[-1])) if self.layout in BLOCK_LAYOUTS else None
 
     @property
     def matrix(self) -> SafeSparseTensor:
@@ -197,7 +193,7 @@ class CompressedModule(nn.Module):
             torch.arange(counts.shape[0], device=comp.device), counts,
             output_size=plain.shape[0])
         mask = torch.zeros(shape, dtype=torch.bool, device=comp.device)
-        if self.layout in _ROW:
+        if self.layout in ROW_LAYOUTS:
             mask[major, plain] = True
         else:
             mask[plain, major] = True
@@ -299,7 +295,7 @@ class CompressedModule(nn.Module):
         local = {**self._parameters, **self._buffers}
         for name, mine in local.items():
             key = prefix + name
-            if mine is None or name in _NAMES or key not in state_dict:
+            if mine is None or name in MEMBER_NAMES or key not in state_dict:
                 continue
             given = state_dict[key]
             if not isinstance(given, torch.Tensor):
@@ -326,7 +322,7 @@ class CompressedModule(nn.Module):
         module on the meta device without ``assign`` is left as torch leaves its parameters
         there (a no-op, with torch's warning). Values sharded by FSDP2 (``DTensor``) load
         into a layer of the same number of stored blocks."""
-        keys = [prefix + n for n in _NAMES]
+        keys = [prefix + n for n in MEMBER_NAMES]
         extra_key = prefix + "_extra_state"
         given = [k for k in keys if k in state_dict]
         if extra_key in state_dict:
@@ -339,7 +335,7 @@ class CompressedModule(nn.Module):
         meta = self.values.is_meta
         if given:
             c, p, v = (state_dict[k] if k in state_dict else getattr(self, n).detach()
-                       for k, n in zip(keys, _NAMES, strict=True))
+                       for k, n in zip(keys, MEMBER_NAMES, strict=True))
             for k, t in zip(keys, (c, p, v), strict=True):
                 if not isinstance(t, torch.Tensor):
                     raise TypeError(f"{type(self).__name__}: {k} must be a tensor, got "
@@ -405,7 +401,7 @@ class CompressedModule(nn.Module):
         if incoming == held:
             return
         name = prefix[:-1] or type(self).__name__
-        what = ("blocks" if self.layout in _BLOCK else "elements")
+        what = ("blocks" if self.layout in BLOCK_LAYOUTS else "elements")
         text = (f"{name}: the state dict's pattern stores {incoming} {what}, the layer "
                 f"stored {held}: pattern and values replaced")
         if expected:

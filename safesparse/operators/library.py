@@ -38,7 +38,12 @@ from torch.library import custom_op
 
 from ..base import originals as _originals
 from ..base.debug_flag import is_debug
-from ..base.layouts import BLOCK_LAYOUTS, COMPRESSED_LAYOUTS, ROW_LAYOUTS, SHORT_NAMES
+from ..base.layouts import (
+    BLOCK_LAYOUTS,
+    COMPRESSED_BY_SHORT_NAME,
+    COMPRESSED_LAYOUTS,
+    ROW_LAYOUTS,
+)
 from ..catalog.errors import InvariantError
 from ..engine.indices import per_batch_contiguous
 from ..engine.metadata import CompressedMeta, check_compressed_metadata
@@ -53,7 +58,6 @@ __all__ = ["UnprovenMembersError", "check_matrix", "linear", "linear_bias", "lin
            "member_of"]
 
 #: The operators' ``layout`` strings (``base.layouts.SHORT_NAMES`` of the compressed layouts).
-_LAYOUTS = {SHORT_NAMES[layout]: layout for layout in COMPRESSED_LAYOUTS}
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
@@ -80,10 +84,10 @@ def _shapes(op: str, layout_name: str, compressed: torch.Tensor, plain: torch.Te
     fakes alike (``torch._check_with``: under a compile, sizes that are symbolic are checked,
     not specialised), so a compiled or exported program is refused at trace time where the
     real call would be."""
-    layout = _LAYOUTS.get(layout_name)
+    layout = COMPRESSED_BY_SHORT_NAME.get(layout_name)
     if layout is None:
         raise ValueError(f"safesparse::{op}: unknown layout {layout_name!r} "
-                         f"(one of {', '.join(_LAYOUTS)})")
+                         f"(one of {', '.join(COMPRESSED_BY_SHORT_NAME)})")
     blocked = layout in BLOCK_LAYOUTS
     if values.layout != torch.strided or values.dim() != (3 if blocked else 1):
         raise _refuse(op, f"values of shape {tuple(values.shape)} do not fit a 2-D "
