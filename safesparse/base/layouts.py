@@ -92,6 +92,17 @@ def layout_name(layout: torch.layout) -> str:
     return LAYOUT_NAMES.get(layout, str(layout))
 
 
+def extents(layout: torch.layout, rows: int, cols: int, r: int = 1, c: int = 1
+            ) -> tuple[int, int]:
+    """``(n_compressed, n_plain)``: the (block) rows and columns of a ``rows`` x ``cols``
+    matrix of a compressed ``layout`` (blocks ``r`` x ``c``; 1 x 1 for CSR / CSC) as its
+    members count them, compressed dimension first. The one place that picks the dimension
+    by layout (a zero block extent gives 0)."""
+    nr = rows // r if r else 0
+    nc = cols // c if c else 0
+    return (nr, nc) if layout in ROW_LAYOUTS else (nc, nr)
+
+
 def index_members(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The index members of a sparse tensor, as its accessors hand them out: ``(indices,)`` for
     COO (``_indices()``: coalesced or not), ``(compressed, plain)`` for the compressed layouts

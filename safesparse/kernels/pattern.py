@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS
+from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS, extents
 
 T = torch.Tensor
 
@@ -45,7 +45,7 @@ class Matrix(NamedTuple):
     def n_plain(self) -> int:
         """The number of blocks along the plain dimension (block columns of CSR / BSR, block
         rows of CSC / BSC): the bound of every plain index."""
-        return self.n_cols // self.c if self.layout in ROW_LAYOUTS else self.n_rows // self.r
+        return extents(self.layout, self.n_rows, self.n_cols, self.r, self.c)[1]
 
 
 _new = tuple.__new__

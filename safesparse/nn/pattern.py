@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from ..base.compiling import dynamic_length
-from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS, compressed_members
+from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS, compressed_members, extents
 from ..catalog.errors import InvariantError
 from ..catalog.invariants import STATE_DICT_LOADER
 from ..catalog.module_geometry import (
@@ -106,7 +106,7 @@ class CompressedModule(nn.Module):
         shape = (n_stored, r, c) if layout in BLOCK_LAYOUTS else (n_stored,)
         self.values = nn.Parameter(torch.empty(shape, dtype=dtype, device="meta"),
                                    requires_grad=requires_grad)
-        n_compressed = size[0] // r if layout in ROW_LAYOUTS else size[1] // c
+        n_compressed = extents(layout, size[0], size[1], r, c)[0]
         self._pattern = None
         self._buffers["compressed_indices"] = torch.empty(n_compressed + 1, dtype=torch.int64,
                                                           device="meta")
@@ -150,9 +150,7 @@ class CompressedModule(nn.Module):
     def _confirmed(self) -> bool:
         c, p = self.compressed_indices, self.plain_indices
         n_comp = c.shape[0] - 1 if c.dim() == 1 else -1
-        blocks = self.blocksize or (1, 1)
-        n_plain = (self._size[1] // blocks[1] if self.layout in ROW_LAYOUTS
-                   else self._size[0] // blocks[0])
+        n_plain = extents(self.layout, *self._size, *(self.blocksize or (1, 1)))[1]
         return members_proof.confirm(c, p, checked.compressed_geometry(n_comp, n_plain))
 
     @property

@@ -42,7 +42,7 @@ from ..base.layouts import (
     BLOCK_LAYOUTS,
     COMPRESSED_BY_SHORT_NAME,
     COMPRESSED_LAYOUTS,
-    ROW_LAYOUTS,
+    extents,
 )
 from ..catalog.errors import InvariantError
 from ..engine.indices import per_batch_contiguous
@@ -100,8 +100,7 @@ def _shapes(op: str, layout_name: str, compressed: torch.Tensor, plain: torch.Te
                       and n_cols % c == 0, lambda: _refuse(
                           op, f"block shape ({r}, {c}) does not divide the size "
                               f"({n_rows}, {n_cols})").args[0])
-    row = layout in ROW_LAYOUTS
-    n_compressed = n_rows // r if row else n_cols // c
+    n_compressed = extents(layout, n_rows, n_cols, r, c)[0]
     fits = compressed.dim() == 1 and plain.dim() == 1 and values.device == plain.device
     torch._check_with(UnprovenMembersError, fits and compressed.shape[0] == n_compressed + 1
                       and plain.shape[0] == values.shape[0], lambda: _refuse(
@@ -121,9 +120,7 @@ def _geometry(op: str, layout: torch.layout, compressed: torch.Tensor, plain: to
     (:func:`members_proof.proof`; None in debug mode, where the members were just validated,
     or where the state keeps none)."""
     r, c = (int(values.shape[1]), int(values.shape[2])) if layout in BLOCK_LAYOUTS else (1, 1)
-    row = layout in ROW_LAYOUTS
-    n_compressed, n_plain = (n_rows // r, n_cols // c) if row else (n_cols // c, n_rows // r)
-    geometry = checked.compressed_geometry(n_compressed, n_plain)
+    geometry = checked.compressed_geometry(*extents(layout, n_rows, n_cols, r, c))
     proven, cache = (False, None) if is_debug() else members_proof.proof(compressed, plain,
                                                                           geometry)
     if not proven:

@@ -12,7 +12,7 @@ from collections.abc import Hashable, Sequence
 import torch
 from torch._C import DisableTorchFunctionSubclass
 
-from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS, index_members
+from ..base.layouts import BLOCK_LAYOUTS, extents, index_members
 
 __all__ = ["compressed_geometry", "coo_geometry", "geometry_of", "plain_members"]
 
@@ -46,6 +46,5 @@ def geometry_of(t: torch.Tensor) -> Hashable:
         if m < 0 or t.dim() < m + 2 or len(vshape) < m + (3 if blocked else 1):
             return None
         b0, b1 = (vshape[m + 1], vshape[m + 2]) if blocked else (1, 1)
-        rows, cols = t.shape[m], t.shape[m + 1]
-        extent, block = (cols, b1) if t.layout in ROW_LAYOUTS else (rows, b0)
-        return compressed_geometry(compressed.shape[-1] - 1, extent // block if block else 0)
+        n_plain = extents(t.layout, t.shape[m], t.shape[m + 1], b0, b1)[1]
+        return compressed_geometry(compressed.shape[-1] - 1, n_plain)

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from ..base import originals as _originals
-from ..base.layouts import BLOCK_LAYOUTS
+from ..base.layouts import BLOCK_LAYOUTS, SWAPPED, extents
 from ..kernels import blocks as kernels
 from ..kernels import native
 from ..kernels.pattern import by_rows, matrix
@@ -436,11 +436,9 @@ class _Pattern:
         """(the other layout, its compressed and plain members, ``order``): the stored block
         ``order[q]`` is the other layout's ``q``-th."""
         if self._other is None:
-            bsr = self.layout == torch.sparse_bsr
-            n_other = self.n_cols // self.c if bsr else self.n_rows // self.r
-            compressed, plain, order = by_rows(self.compressed, self.plain, n_other)
-            self._other = (torch.sparse_bsc if bsr else torch.sparse_bsr, compressed, plain,
-                           order)
+            n_plain = extents(self.layout, self.n_rows, self.n_cols, self.r, self.c)[1]
+            compressed, plain, order = by_rows(self.compressed, self.plain, n_plain)
+            self._other = (SWAPPED[self.layout], compressed, plain, order)
         return self._other
 
     def apply(self, values: torch.Tensor, operand: torch.Tensor, batch_major: bool,
