@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch._C import DisableTorchFunctionSubclass
 
-from .base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS, SPARSE_LAYOUTS, compressed_members
+from .base.layouts import BLOCK_LAYOUTS, SPARSE_LAYOUTS, compressed_members, extents
 from .catalog.errors import InvariantError
 from .engine.metadata import members
 from .factories.core import sparse_compressed_tensor, sparse_coo_tensor
@@ -253,9 +253,7 @@ def _plan(h: Sequence[int], src: int, op: str) -> _Plan:
                      f"blocksize {(b0, b1)}")
     batch = size[:split]
     rows, cols = size[split], size[split + 1]
-    row_compressed = layout in ROW_LAYOUTS
-    extent, block = (rows, b0) if row_compressed else (cols, b1)
-    n_compressed = extent // block if block else 0
+    n_compressed = extents(layout, rows, cols, b0, b1)[0]
     shapes = (
         (*batch, n_compressed + 1),
         (*batch, nnz),

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from ..base import originals as _originals
-from ..base.layouts import BLOCK_LAYOUTS, SWAPPED, extents
+from ..base.layouts import BLOCK_LAYOUTS, SWAPPED, compressed_members, extents
 from ..kernels import blocks as kernels
 from ..kernels import native
 from ..kernels.pattern import by_rows, matrix
@@ -105,10 +105,7 @@ class _Meta:
 
     @staticmethod
     def of(a: torch.Tensor) -> _Meta:
-        bsr = a.layout == torch.sparse_bsr
-        return _Meta(a.crow_indices() if bsr else a.ccol_indices(),
-                     a.col_indices() if bsr else a.row_indices(),
-                     a.values().shape, a.shape, a.layout)
+        return _Meta(*compressed_members(a), a.values().shape, a.shape, a.layout)
 
     def dense(self, g_values: torch.Tensor) -> torch.Tensor:
         return _originals.sparse_compressed_tensor(
@@ -424,10 +421,9 @@ class _Pattern:
     __slots__ = ("_other", "c", "compressed", "layout", "n_cols", "n_rows", "plain", "r")
 
     def __init__(self, a: torch.Tensor) -> None:
-        bsr = a.layout == torch.sparse_bsr
         self.layout = a.layout
-        self.compressed = (a.crow_indices() if bsr else a.ccol_indices()).clone()
-        self.plain = (a.col_indices() if bsr else a.row_indices()).clone()
+        compressed, plain = compressed_members(a)
+        self.compressed, self.plain = compressed.clone(), plain.clone()
         self.n_rows, self.n_cols = int(a.shape[0]), int(a.shape[1])
         self.r, self.c = (int(s) for s in a.values().shape[-2:])
         self._other: tuple[torch.layout, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
