@@ -87,3 +87,22 @@ def test_index_members_are_the_accessors_of_the_layout(layout: torch.layout) -> 
     if layout is not torch.sparse_coo:
         assert [m.data_ptr() for m in layouts.compressed_members(t)] == [
             m.data_ptr() for m in got]
+
+
+@pytest.mark.parametrize("layout", layouts.COMPRESSED_LAYOUTS,
+                         ids=[layouts.layout_name(lay) for lay in layouts.COMPRESSED_LAYOUTS])
+def test_extents_count_the_lines_the_members_hold(layout: torch.layout) -> None:
+    dense = torch.arange(1.0, 49.0).reshape(4, 12)
+    r, c = (2, 3) if layout in layouts.BLOCK_LAYOUTS else (1, 1)
+    t = dense.to_sparse(layout=layout, blocksize=(r, c) if r > 1 else None)
+    compressed, plain = layouts.compressed_members(t)
+    n_compressed, n_plain = layouts.extents(layout, 4, 12, r, c)
+    assert n_compressed == compressed.numel() - 1
+    # every block (element) line of the plain dimension is stored once here: the bound is tight
+    assert n_plain == int(plain.max()) + 1
+    assert layouts.COMPRESSED_BY_SHORT_NAME[layouts.SHORT_NAMES[layout]] is layout
+
+
+def test_extents_of_an_empty_block_extent_are_zero() -> None:
+    assert layouts.extents(torch.sparse_bsr, 4, 6, 0, 3) == (0, 2)
+    assert layouts.extents(torch.sparse_bsc, 4, 6, 2, 0) == (0, 2)
