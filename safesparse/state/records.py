@@ -159,24 +159,22 @@ def proves(r: Record, m0: torch.Tensor, m1: torch.Tensor | None,
     Every other module asks this function (or :func:`holds`, its form for a record's own
     tensors, :func:`vouch` for members a record handed out) and never compares a record's
     fields itself."""
+    # (cheapest first, no helper calls: the eager layers ask this at every call). A member is
+    # at the proven one's view of the same memory (which ``r``'s member holds alive): the same
+    # storage, offset, sizes and strides (``is_set_to``, one call) and the same dtype (a
+    # ``view(dtype)`` of the same item size has the same sizes).
     if r.geom not in geometries:
         return False
-    if not _same_view(r.m0, m0):
+    r0 = r.m0
+    if m0 is not r0 and not (m0.is_set_to(r0) and m0.dtype is r0.dtype):
         return False
     r1 = r.m1
     if r1 is None or m1 is None:
         if r1 is not m1:
             return False
-    elif not _same_view(r1, m1):
+    elif m1 is not r1 and not (m1.is_set_to(r1) and m1.dtype is r1.dtype):
         return False
     return holds(r)
-
-
-def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """``b`` is at ``a``'s view of the same memory (``a`` holds that memory alive): the same
-    storage, offset, sizes and strides (``is_set_to``, one call), and the same dtype (a
-    ``view(dtype)`` of the same item size has the same sizes)."""
-    return a is b or (b.is_set_to(a) and b.dtype is a.dtype)
 
 
 def vouch(m0: torch.Tensor, m1: torch.Tensor | None,

@@ -544,6 +544,35 @@ def test_functorch_and_subclasses(calls: Calls) -> None:
     fell_back(layer, x.t().contiguous().t(), calls)  # not contiguous
 
 
+def test_dead_functorch_wrapper_takes_the_operators(calls: Calls) -> None:
+    """A tensor that escaped a ``torch.func`` transform (a dead wrapper: a plain
+    ``torch.Tensor`` without storage) is not read by the plan; the operators run it (the grad
+    path calls ``autograd.Function``'s C ``apply``, without the Python layer that unwraps
+    such tensors), with and without gradients."""
+    layer = make()
+    x = torch.randn(3, 96)
+    warm(layer, x, calls)
+    leaked: list[torch.Tensor] = []
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        leaked.append(t)
+        return t.sum()
+
+    torch.func.grad(keep)(x.clone())
+    dead = leaked[0]
+    assert torch._C._functorch.is_functorch_wrapped_tensor(dead)
+    with torch.no_grad():
+        want = proving(layer, x)
+    slow = calls.proving
+    with torch.no_grad():
+        got = layer(dead)
+    assert calls.proving == slow + 1
+    torch.testing.assert_close(got, want)
+    y = layer(dead)  # (the parameters require grad)
+    assert calls.proving == slow + 2 and y.grad_fn is not None
+    torch.testing.assert_close(y.detach(), want)
+
+
 @pytest.mark.parametrize("warmed", [False, True])
 def test_activation_checkpointing_takes_the_operators(calls: Calls, warmed: bool) -> None:
     """Non-reentrant checkpointing recomputes the forward in the backward and hands the graph
