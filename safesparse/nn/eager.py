@@ -63,6 +63,7 @@ from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS
 from ..kernels import blocks as blockkernels
 from ..kernels import native
 from ..kernels.pattern import matrix
+from ..operators.autograd import LINEAR, SparseProduct, gradients
 from ..operators.library import linear_grad_input, linear_grad_values
 from ..state import checked, members_proof
 
@@ -332,7 +333,8 @@ def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan
 
 
 class _FastLinear(torch.autograd.Function):
-    """The plan's product with gradients. The backward calls the gradient kernels directly
+    """The plan's product with gradients. The backward is the operators' one formula
+    (:func:`safesparse.operators.autograd.gradients`) computed by the gradient kernels directly
     where the plan still holds when it runs (the same O(1) questions: the context, the
     state's re-check of the proof, the values' address, shape and strides); else the gradient
     operators, which confirm (or validate) the members themselves. Under bfloat16 autocast
@@ -344,7 +346,8 @@ class _FastLinear(torch.autograd.Function):
     def forward(ctx: Any, x: T, v: T, b: T | None, plan: _Plan, n: int,
                 y_shape: tuple[int, ...]) -> T:
         vals = v
-        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        # (its members: the backward confirms them, or the operators do)
+        ctx.meta = plan, x.shape, x.dtype
         if plan.kind == _AUTOCAST:  # (the rounded input is what the backward reads)
             vals = plan.vals
             if x.dtype is not _BF16:
@@ -353,14 +356,14 @@ class _FastLinear(torch.autograd.Function):
         if y is None:
             raise _Refused
         ctx.save_for_backward(x, vals)
-        ctx.plan = plan  # (its members: the backward confirms them, or the operators do)
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, g: T) -> tuple[T | None, ...]:
         x, vals = ctx.saved_tensors
-        plan: _Plan = ctx.plan
+        plan: _Plan
+        plan, x_shape, x_dtype = ctx.meta
         c, p = plan.c, plan.p
         n_out, width = plan.n_out, plan.width
         need_x, need_v, need_b = ctx.needs_input_grad[:3]
@@ -368,35 +371,49 @@ class _FastLinear(torch.autograd.Function):
         if g2.dtype is not vals.dtype:
             g2 = g2.to(vals.dtype)
         x2 = x.view(-1, width)
-        gx = gv = gb = None
+        run: Callable[[SparseProduct, T], T]
+        values_grad: Callable[[T, T], T]
         if (_context() is not None and vals.dtype is plan.vals.dtype
                 and vals.data_ptr() == plan.vals.data_ptr() and vals.is_set_to(plan.vals)
-                and plan.still()):
+                and plan.still()):  # the kernels, on the plan's proof
             w, cache = matrix(plan.layout, c, p, vals, n_out, width), plan.cache
-            if need_x:
-                gx = blockkernels.linear_grad_input(w, g2, cache=cache)
-            if need_v:
-                gv = blockkernels.linear_grad_values(w, g2, x2, cache=cache)
-        else:
-            name = plan.layout_name
-            if need_x:
-                gx = linear_grad_input(g2, c, p, vals, name, n_out, width)
-            if need_v:
-                gv = linear_grad_values(g2, x2, c, p, vals, name, n_out, width)
-        if need_b:
-            gb = blockkernels.bias_grad(g2)
+
+            def run(product: SparseProduct, operand: T) -> T:
+                return _GRAD_KERNELS[product.name](w, operand, cache=cache)
+
+            def values_grad(left: T, right: T) -> T:
+                return _GRAD_KERNELS[LINEAR.values_grad](w, left, right, cache=cache)
+        else:  # the gradient operators, which confirm (or validate) the members themselves
+            matrix_args = (c, p, vals, plan.layout_name, n_out, width)
+
+            def run(product: SparseProduct, operand: T) -> T:
+                return _GRAD_OPERATORS[product.name](operand, *matrix_args)
+
+            def values_grad(left: T, right: T) -> T:
+                return _GRAD_OPERATORS[LINEAR.values_grad](left, right, *matrix_args)
+        gx, gv = gradients(LINEAR, g2, x2, need_x, need_v, run, values_grad)
+        gb = blockkernels.bias_grad(g2) if need_b else None
         if plan.kind == _AUTOCAST:  # (to the float32 parameters and input, as autocast's)
             gv = None if gv is None else gv.to(plan.dtype)
             gb = None if gb is None else gb.to(plan.dtype)
-        return (None if gx is None else gx.view(ctx.x_shape).to(ctx.x_dtype)), gv, gb, \
+        return (None if gx is None else gx.view(x_shape).to(x_dtype)), gv, gb, \
             None, None, None
+
+
+#: The gradient products of ``linear`` (:data:`LINEAR`; :func:`gradients` names them), by
+#: their kernels and by their operators.
+_GRAD_KERNELS: dict[str, Callable[..., T]] = {
+    "linear_grad_input": blockkernels.linear_grad_input,
+    "linear_grad_values": blockkernels.linear_grad_values}
+_GRAD_OPERATORS: dict[str, Callable[..., T]] = {
+    "linear_grad_input": linear_grad_input, "linear_grad_values": linear_grad_values}
 
 
 #: ``_FastLinear.apply`` without ``autograd.Function.apply``'s Python layer (about 3 us at
 #: batch 1): the fast path runs only where no ``torch.func`` transform is active and passes
 #: no ``setup_context`` defaults; the dead functorch wrappers that layer unwraps have no
 #: storage, so :meth:`_Plan.run` refuses them and the operators run.
-_apply: Callable[..., T] = super(torch.autograd.Function, _FastLinear).apply  # type: ignore[misc]
+_apply: Callable[..., T] = super(torch.autograd.Function, _FastLinear).apply
 
 
 def _replan(module: Any, x: T, autocast: torch.dtype | None, batch_major: bool) -> None:
