@@ -440,66 +440,65 @@ class _Refused(Exception):
     """The library refused the packed call (never seen by users: the proving path runs)."""
 
 
-def _eligible(module: Any, x: T, autocast: torch.dtype) -> _Plan | None:
-    """The module's plan where the call may take it (in a context that allows the fast path:
-    ``autocast`` is :func:`_context`'s answer): a plan exists and ``x`` is a contiguous CPU
-    ``torch.Tensor`` of a dtype the plan reads; else None."""
-    slot: PlanSlot | None = module.__dict__.get("_ss_fast")
-    plan = None if slot is None else slot.plan
-    if (plan is not None and type(x) is _Tensor
-            and (x.dtype is plan.x_dtype or x.dtype is plan.x_alt) and x.is_cpu
-            and x.is_contiguous()):
-        return plan
-    return None
-
-
-def _holding(module: Any, plan: _Plan, x: T, autocast: torch.dtype,
-             batch_major: bool) -> _Plan | None:
-    """The plan to run if its key holds: ``plan`` itself, a plan rebuilt on the same proof
-    where only its converted copies are stale, or None (the proving path runs)."""
+def _held(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan | None:
+    """The plan to run (in a context that allows the fast path: ``autocast`` is
+    :func:`_context`'s answer) where the module has one, ``x`` is a contiguous CPU
+    ``torch.Tensor`` of a dtype and width the plan reads, and the plan's key holds: the plan
+    itself, or one rebuilt on the same proof where only its converted copies are stale; else
+    None (the proving path runs). One function, cheapest questions first: this is the call's
+    whole key."""
     d = module.__dict__
+    slot: PlanSlot | None = d.get("_ss_fast")
+    plan = None if slot is None else slot.plan
+    if (plan is None or type(x) is not _Tensor
+            or (x.dtype is not plan.x_dtype and x.dtype is not plan.x_alt) or not x.is_cpu
+            or not x.is_contiguous()):
+        return None
+    shape = x.shape
+    if batch_major:  # (linear: (..., width); matmul: (width,) or (width, N))
+        if not shape or shape[-1] != plan.width:
+            return None
+    elif len(shape) not in (1, 2) or shape[0] != plan.width:
+        return None
     holds = plan.holds(d["_buffers"], d["_parameters"], autocast)
+    if holds == _YES:
+        return plan
     if holds == _STALE:
         return _refresh(module, x, autocast, batch_major)
-    return plan if holds == _YES else None
+    return None
 
 
 def linear(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
     """``SparseLinear.forward`` in eager mode: the plan where it holds, else ``proving``
     (the operators), after which a plan is built."""
     autocast = _context()
-    held = False
-    if autocast is not None and (plan := _eligible(module, x, autocast)) is not None:
-        width = plan.width
+    plan = None if autocast is None else _held(module, x, autocast, True)
+    if plan is not None:
         shape = x.shape
-        if shape and shape[-1] == width:
-            plan = _holding(module, plan, x, autocast, True)
-            if plan is not None:
-                held = True
-                if len(shape) == 2:
-                    n = shape[0]
-                    y_shape: tuple[int, ...] = (n, plan.n_out)
-                else:
-                    n = x.numel() // width
-                    y_shape = (*shape[:-1], plan.n_out)
-                v = plan.v
-                b = plan.b
-                if n and not (_grad_enabled() and (x.requires_grad or v.requires_grad or (
-                        b is not None and b.requires_grad))):
-                    y = plan.run(x, n, y_shape)
-                    if y is not None:
-                        return y
-                elif n and plan.grad and _saved_hooks(False) is None:
-                    # (saved-tensor hooks: activation checkpointing recomputes the forward and
-                    # hands the graph the tensors saved then: both runs take the operators)
-                    try:
-                        y = _apply(x, v, b, plan, n, y_shape)
-                    except _Refused:
-                        pass
-                    else:
-                        return y
+        if len(shape) == 2:
+            n = shape[0]
+            y_shape: tuple[int, ...] = (n, plan.n_out)
+        else:
+            n = x.numel() // plan.width
+            y_shape = (*shape[:-1], plan.n_out)
+        v = plan.v
+        b = plan.b
+        if n and not (_grad_enabled() and (x.requires_grad or v.requires_grad or (
+                b is not None and b.requires_grad))):
+            y = plan.run(x, n, y_shape)
+            if y is not None:
+                return y
+        elif n and plan.grad and _saved_hooks(False) is None:
+            # (saved-tensor hooks: activation checkpointing recomputes the forward and
+            # hands the graph the tensors saved then: both runs take the operators)
+            try:
+                y = _apply(x, v, b, plan, n, y_shape)
+            except _Refused:
+                pass
+            else:
+                return y
     y = proving(module, x)
-    if not held:
+    if plan is None:
         _replan(module, x, autocast, batch_major=True)
     return y
 
@@ -509,19 +508,15 @@ def matmul(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
     gradient is recorded (a trainable ``A`` or an ``x`` requiring grad take the operators),
     else ``proving``."""
     autocast = _context()
-    held = False
-    if autocast is not None and (plan := _eligible(module, x, autocast)) is not None:
+    plan = None if autocast is None else _held(module, x, autocast, False)
+    if plan is not None:
         shape = x.shape
-        if len(shape) in (1, 2) and shape[0] == plan.width:
-            plan = _holding(module, plan, x, autocast, False)
-            if plan is not None:
-                held = True
-                n = 1 if len(shape) == 1 else shape[1]
-                if n and not (_grad_enabled() and (x.requires_grad or plan.v.requires_grad)):
-                    y = plan.run(x, n, (plan.n_out,) if len(shape) == 1 else (plan.n_out, n))
-                    if y is not None:
-                        return y
+        n = 1 if len(shape) == 1 else shape[1]
+        if n and not (_grad_enabled() and (x.requires_grad or plan.v.requires_grad)):
+            y = plan.run(x, n, (plan.n_out,) if len(shape) == 1 else (plan.n_out, n))
+            if y is not None:
+                return y
     y = proving(module, x)
-    if not held:
+    if plan is None:
         _replan(module, x, autocast, batch_major=False)
     return y
