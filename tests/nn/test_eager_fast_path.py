@@ -283,6 +283,27 @@ def test_replaced_valid_buffer(calls: Calls) -> None:
     assert calls.fast >= 2
 
 
+@pytest.mark.parametrize("member", ["compressed_indices", "plain_indices"])
+def test_index_storage_resized_falls_back(calls: Calls, member: str) -> None:
+    """A member's storage resized through a storage object of its own (state/records.holds
+    keeps the storage objects of the proof's members and reads their size at each call: the
+    same storage, resized, is seen): the plan does not hold, the operators run (and prove the
+    moved memory again), then a plan is built on it."""
+    layer = make()
+    x = torch.randn(3, 96)
+    warm(layer, x, calls)
+    with torch.no_grad():
+        want = layer(x)
+    st = getattr(layer, member).untyped_storage()
+    st.resize_(st.nbytes() + 4096)
+    y = fell_back(layer, x, calls)
+    assert torch.equal(y, want)
+    fast = calls.fast
+    with torch.no_grad():
+        assert torch.equal(layer(x), want)
+    assert calls.fast == fast + 1
+
+
 def test_values_replaced_with_data(calls: Calls) -> None:
     layer = make()
     x = torch.randn(3, 96)
