@@ -43,9 +43,19 @@ bfloat16 already), the output bfloat16, as the operators' autocast kernel comput
 bfloat16 layer's plan reads its values in place in the same kernels.
 
 With gradients on, the plan's product runs inside a plain
-``autograd.Function`` whose backward calls the gradient kernels after the same re-check (the
-gradient operators otherwise); not under saved-tensor hooks (activation checkpointing compares
-what the forward saved with what its recomputation saves: both take the operators).
+``autograd.Function`` (called through its C ``apply``: the Python layer of
+``autograd.Function.apply`` costs about 3 us at batch 1) whose backward is the operators' one
+formula (:func:`safesparse.operators.autograd.gradients`) computed by the gradient kernels after
+the same re-check (the gradient operators otherwise); not under saved-tensor hooks (activation
+checkpointing compares what the forward saved with what its recomputation saves: both take the
+operators).
+
+What a batch-1 call costs (one thread, CPU time, 1024 x 1024, 10 % of 16 x 16 blocks, float32,
+no_grad, about 15 us against nn.Linear's 90-120 us): the kernel about 6 us, the output
+``torch.empty`` about 1 us, ``nn.Module.__call__`` about 1 us, the key about 4 us (the context
+0.5, the input 0.7, the module's members 1.1, the state's re-check 1.6: two ``is_set_to``, the
+record's counter, pointers and storage sizes, the state's watches), the rest the calls between
+them.
 """
 
 from __future__ import annotations
