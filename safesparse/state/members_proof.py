@@ -94,10 +94,11 @@ def holding(compressed: torch.Tensor, plain: torch.Tensor, geometry: Hashable
     rec = _proving(compressed, plain, geometries)
     if rec is None:
         return None
-    proves, marked = checked.proves, _unwatched
+    proves = checked.proves
+    marked = _unwatched._items  # (the Tags' dict: its truth value costs no call)
 
     def still() -> bool:
-        if len(marked) and is_unwatched(compressed, plain):
+        if marked and is_unwatched(compressed, plain):
             return False
         return proves(rec, compressed, plain, geometries)
 

@@ -55,6 +55,10 @@ def bump_generation() -> None:
 # ---------------------------------------------------------------------------------------------
 # Records
 
+#: A record's members and their storage objects (see :func:`_storages`).
+_Storages = tuple[torch.Tensor, torch.Tensor | None, torch.UntypedStorage,
+                  torch.UntypedStorage | None]
+
 
 class Record:
     """The checked state of the tensors that carry it (one tensor, its views, ``detach()``).
@@ -68,7 +72,7 @@ class Record:
     """
 
     __slots__ = ("__weakref__", "extra", "gen", "geom", "key", "m0", "m1", "n0", "n1", "p0",
-                 "p1", "seen", "state", "ver")
+                 "p1", "seen", "state", "stores", "ver")
 
     def __init__(self, m0: torch.Tensor, m1: torch.Tensor | None, ver: int,
                  geom: Hashable, sizes: tuple[int, int] | None = None) -> None:
@@ -89,6 +93,8 @@ class Record:
         #: a *private* record's other counters: ``(tensor, version at the proof)`` for the
         #: caller's index tensors (see :func:`announce`, :func:`settle`); () once shared
         self.extra: tuple[tuple[torch.Tensor, int], ...] = ()
+        #: the members and their storage objects, made at the first :func:`holds`
+        self.stores: _Storages | None = None
 
     def set_checked(self, ver: int, geom: Hashable) -> None:
         """The proof holds at counter value ``ver`` for ``geom`` (callers made sure)."""
@@ -120,11 +126,14 @@ def holds(r: Record) -> bool:
     if ver < 0:  # (inference tensors, which volatile records hold, have no counter to read)
         return False
     m0 = r.m0
-    if (m0._version != ver or m0.data_ptr() != r.p0
-            or m0.untyped_storage().nbytes() != r.n0):
-        return False
     m1 = r.m1
-    if m1 is not None and (m1.data_ptr() != r.p1 or m1.untyped_storage().nbytes() != r.n1):
+    if (m0._version != ver or m0.data_ptr() != r.p0
+            or (m1 is not None and m1.data_ptr() != r.p1)):
+        return False
+    kept = r.stores
+    if kept is None or kept[0] is not m0 or kept[1] is not m1:
+        kept = r.stores = _storages(m0, m1)
+    if kept[2].nbytes() != r.n0 or (kept[3] is not None and kept[3].nbytes() != r.n1):
         return False
     extra = r.extra  # read before the state: share() sets the state, then clears extra
     st = r.state
@@ -134,6 +143,16 @@ def holds(r: Record) -> bool:
                 return False
         return r.gen == _generation  # (clear_cache voids states; sole records by generation)
     return _shared_holds(r, st)
+
+
+def _storages(m0: torch.Tensor, m1: torch.Tensor | None) -> _Storages:
+    """``(m0, m1, storage of m0, storage of m1)``: a record's members and their storage objects,
+    kept so :func:`holds` reads the storages' sizes without making a storage object per call.
+    A member's storage is one object for its life: only ``set_`` / ``.data =`` on the member
+    itself, which only the record holds, could give it another (and its data pointer, compared
+    first, would differ while the kept storage holds the old allocation); a ``resize_`` of the
+    storage changes that object, whose size is read at each call."""
+    return (m0, m1, m0.untyped_storage(), None if m1 is None else m1.untyped_storage())
 
 
 def proves(r: Record, m0: torch.Tensor, m1: torch.Tensor | None,
@@ -169,24 +188,22 @@ def proves(r: Record, m0: torch.Tensor, m1: torch.Tensor | None,
     Every other module asks this function (or :func:`holds`, its form for a record's own
     tensors, :func:`vouch` for members a record handed out) and never compares a record's
     fields itself."""
+    # (cheapest first, no helper calls: the eager layers ask this at every call). A member is
+    # at the proven one's view of the same memory (which ``r``'s member holds alive): the same
+    # storage, offset, sizes and strides (``is_set_to``, one call) and the same dtype (a
+    # ``view(dtype)`` of the same item size has the same sizes).
     if r.geom not in geometries:
         return False
-    if not _same_view(r.m0, m0):
+    r0 = r.m0
+    if m0 is not r0 and not (m0.is_set_to(r0) and m0.dtype is r0.dtype):
         return False
     r1 = r.m1
     if r1 is None or m1 is None:
         if r1 is not m1:
             return False
-    elif not _same_view(r1, m1):
+    elif m1 is not r1 and not (m1.is_set_to(r1) and m1.dtype is r1.dtype):
         return False
     return holds(r)
-
-
-def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """``b`` is at ``a``'s view of the same memory (``a`` holds that memory alive): the same
-    storage, offset, sizes and strides (``is_set_to``, one call), and the same dtype (a
-    ``view(dtype)`` of the same item size has the same sizes)."""
-    return a is b or (b.is_set_to(a) and b.dtype is a.dtype)
 
 
 def vouch(m0: torch.Tensor, m1: torch.Tensor | None,

@@ -283,6 +283,27 @@ def test_replaced_valid_buffer(calls: Calls) -> None:
     assert calls.fast >= 2
 
 
+@pytest.mark.parametrize("member", ["compressed_indices", "plain_indices"])
+def test_index_storage_resized_falls_back(calls: Calls, member: str) -> None:
+    """A member's storage resized through a storage object of its own (state/records.holds
+    keeps the storage objects of the proof's members and reads their size at each call: the
+    same storage, resized, is seen): the plan does not hold, the operators run (and prove the
+    moved memory again), then a plan is built on it."""
+    layer = make()
+    x = torch.randn(3, 96)
+    warm(layer, x, calls)
+    with torch.no_grad():
+        want = layer(x)
+    st = getattr(layer, member).untyped_storage()
+    st.resize_(st.nbytes() + 4096)
+    y = fell_back(layer, x, calls)
+    assert torch.equal(y, want)
+    fast = calls.fast
+    with torch.no_grad():
+        assert torch.equal(layer(x), want)
+    assert calls.fast == fast + 1
+
+
 def test_values_replaced_with_data(calls: Calls) -> None:
     layer = make()
     x = torch.randn(3, 96)
@@ -542,6 +563,35 @@ def test_functorch_and_subclasses(calls: Calls) -> None:
 
     fell_back(layer, x.as_subclass(Sub), calls)
     fell_back(layer, x.t().contiguous().t(), calls)  # not contiguous
+
+
+def test_dead_functorch_wrapper_takes_the_operators(calls: Calls) -> None:
+    """A tensor that escaped a ``torch.func`` transform (a dead wrapper: a plain
+    ``torch.Tensor`` without storage) is not read by the plan; the operators run it (the grad
+    path calls ``autograd.Function``'s C ``apply``, without the Python layer that unwraps
+    such tensors), with and without gradients."""
+    layer = make()
+    x = torch.randn(3, 96)
+    warm(layer, x, calls)
+    leaked: list[torch.Tensor] = []
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        leaked.append(t)
+        return t.sum()
+
+    torch.func.grad(keep)(x.clone())
+    dead = leaked[0]
+    assert torch._C._functorch.is_functorch_wrapped_tensor(dead)
+    with torch.no_grad():
+        want = proving(layer, x)
+    slow = calls.proving
+    with torch.no_grad():
+        got = layer(dead)
+    assert calls.proving == slow + 1
+    torch.testing.assert_close(got, want)
+    y = layer(dead)  # (the parameters require grad)
+    assert calls.proving == slow + 2 and y.grad_fn is not None
+    torch.testing.assert_close(y.detach(), want)
 
 
 @pytest.mark.parametrize("warmed", [False, True])

@@ -268,6 +268,33 @@ def test_a_storage_resized_to_another_size_at_the_same_address_is_unchecked() ->
         pytest.skip("the allocator never gave the same address back")
 
 
+def test_the_kept_storages_are_read_at_each_call() -> None:
+    """``holds`` keeps its members' storage objects (no storage object made per call) and reads
+    their byte size at each call: a resize through another storage object of the same memory,
+    with the pointer the proof names (as when the allocator gives the address back: forced
+    here by naming the new pointer), voids the proof; so does a member rebound to other
+    memory (``settle`` rebinds a pending record's members)."""
+    from safesparse.state import checked
+
+    t = ss.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([0, 1]), torch.ones(2),
+                             (2, 2))
+    rec = checked.record(t)
+    assert rec is not None and checked.holds(rec)  # (the storages kept)
+    st = t.col_indices().untyped_storage()
+    st.resize_(st.nbytes() + 4096)
+    assert rec.m1 is not None
+    rec.p1 = rec.m1.data_ptr()  # as if the allocator had given the same address back
+    assert not checked.holds(rec)
+    u = ss.sparse_csr_tensor(torch.tensor([0, 1, 2]), torch.tensor([0, 1]), torch.ones(2),
+                             (2, 2))
+    rec = checked.record(u)
+    assert rec is not None and checked.holds(rec)
+    other = torch.zeros(8, dtype=rec.m0.dtype)[:3]
+    rec.m0, rec.p0 = other, other.data_ptr()  # (counter 0: the record's ver must match)
+    rec.ver = other._version
+    assert not checked.holds(rec)  # (another storage, of another size, read)
+
+
 RESIZED_LAYER = CHILDREN.add("layer over a resized buffer", """
     import torch, safesparse as ss
     from safesparse.nn import SparseLinear
