@@ -69,7 +69,7 @@ import torch
 
 from ..base.debug_flag import is_debug
 from ..base.forking import in_forked_child
-from ..base.layouts import BLOCK_LAYOUTS, ROW_LAYOUTS
+from ..base.layouts import BLOCK_LAYOUTS, extents
 from ..kernels import blocks as blockkernels
 from ..kernels import native
 from ..kernels.pattern import matrix
@@ -283,9 +283,7 @@ class _Plan:
 
 def _geometry(layout: torch.layout, values: T, n_rows: int, n_cols: int) -> Hashable:
     r, c = (int(values.shape[1]), int(values.shape[2])) if layout in BLOCK_LAYOUTS else (1, 1)
-    if layout in ROW_LAYOUTS:
-        return checked.compressed_geometry(n_rows // r, n_cols // c)
-    return checked.compressed_geometry(n_cols // c, n_rows // r)
+    return checked.compressed_geometry(*extents(layout, n_rows, n_cols, r, c))
 
 
 def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan | None:
