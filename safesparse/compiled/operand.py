@@ -42,7 +42,7 @@ import torch
 from torch._C import DisableTorchFunctionSubclass
 
 from .. import operators as _operators  # noqa: F401  (registers torch.ops.safesparse.*)
-from ..base.layouts import BY_SHORT_NAME
+from ..base.layouts import BY_SHORT_NAME, SHORT_NAMES
 from ..operators.functions import PRODUCT_FUNCTIONS
 
 __all__ = ["LAYOUTS", "SparseOperand", "UnsupportedOperandOp", "make", "read_values"]
@@ -140,14 +140,18 @@ class SparseOperand(torch.Tensor):
 
     @classmethod
     def from_members(cls, compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor,
-                     layout: str, size: Sequence[Any]) -> SparseOperand:
+                     layout: str | torch.layout, size: Sequence[Any]) -> SparseOperand:
         """An operand over ``compressed`` / ``plain`` (index members proven together, as
         ``torch.ops.safesparse.prove`` returns them) with ``values``; gradients reach
-        ``values``. Members that are not proven are refused by the first product."""
-        if layout not in LAYOUTS:
+        ``values``. Members that are not proven are refused by the first product.
+        ``layout``: ``"csr"``, ``"csc"``, ``"bsr"`` or ``"bsc"`` (any case) or the
+        ``torch.layout`` itself."""
+        name = (SHORT_NAMES.get(layout) if isinstance(layout, torch.layout)
+                else layout.lower() if isinstance(layout, str) else None)
+        if name not in LAYOUTS:
             raise ValueError(f"SparseOperand.from_members: unknown layout {layout!r} "
-                             f"(one of {', '.join(LAYOUTS)})")
-        return make(values, compressed, plain, layout, size)
+                             f"(one of {', '.join(LAYOUTS)}, or the torch.layout)")
+        return make(values, compressed, plain, name, size)
 
     def with_values(self, values: torch.Tensor) -> SparseOperand:
         """The operand over the same members with other ``values`` (the shape of

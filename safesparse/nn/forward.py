@@ -80,6 +80,10 @@ def matmul_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
 
 def matmul_operators(self: Any, x: torch.Tensor) -> torch.Tensor:
     """:func:`matmul_forward` through the ``safesparse`` operators (the proving path)."""
+    if x.dim() not in (1, 2) or x.shape[0] != self.n_cols:
+        raise RuntimeError(  # (as torch's A @ x, and SparseLinear's in_features check)
+            f"SparseMatmul: x must have shape (n_cols,) or (n_cols, N) with "
+            f"n_cols={self.n_cols}, got {tuple(x.shape)} (A is {self.n_rows} x {self.n_cols})")
     vector = x.dim() == 1
     try:
         args = (self.compressed_indices, self.plain_indices, self.values, self._layout_name,

@@ -103,14 +103,15 @@ def _inspection_rows() -> dict[Callable[..., Any], Inspection]:
     for name in ("shape", "layout", "dtype", "device", "requires_grad", "is_sparse", "grad_fn",
                  "is_leaf", "ndim", "is_cuda", "_base", "grad", "nbytes", "itemsize", "names",
                  "_version", "is_sparse_csr", "is_meta", "is_quantized", "is_nested", "is_cpu",
-                 "output_nr", "_cdata"):
+                 "output_nr", "_cdata", "retains_grad", "name", "is_mkldnn", "is_xpu", "is_mps",
+                 "is_ipu", "is_xla", "is_vulkan", "is_mtia", "is_maia"):
         if hasattr(getattr(_T, name, None), "__get__"):
             rows[getattr(_T, name).__get__] = reads
     for f in (_T.dim, _T.size, _T.numel, _T.nelement, _T.sparse_dim, _T.dense_dim, _T._nnz,
               _T.values, _T._values, _T.is_coalesced, _T.data_ptr, _T.element_size,
               _T.get_device, _T.is_floating_point, _T.is_complex, _T._is_view, _T.is_inference,
               _T.__len__, _T.is_contiguous, _T.storage_offset, _T.stride, _T.__format__,
-              _aten.size.int):
+              _T.is_pinned, _T.is_signed, _aten.size.int):
         rows[f] = reads
     for name in ("values", "_values", "_nnz", "sparse_dim", "dense_dim", "is_coalesced",
                  "_dimI", "_dimV", "dim", "numel", "size"):

@@ -286,3 +286,19 @@ def test_with_values_trains_other_values_on_the_same_members() -> None:
     torch.testing.assert_close(v.grad, v_ref.grad)
     with pytest.raises(ValueError, match="values of shape"):
         a.with_values(v[:-1])
+
+
+@pytest.mark.parametrize(("layout", "blocksize"), CASES, ids=IDS)
+def test_from_members_takes_the_layout_as_a_torch_layout_or_any_case_name(
+        layout: torch.layout, blocksize: tuple[int, int] | None) -> None:
+    d = dense(blocksize)
+    s = ss.validate(d.to_sparse(layout=layout, blocksize=blocksize))
+    short = {CSR: "csr", CSC: "csc", BSR: "bsr", BSC: "bsc"}[layout]
+    x = torch.randn(COLS, 2, dtype=D)
+    for spelling in (layout, short, short.upper()):
+        a = SparseOperand.from_members(*members(s), s.values(), spelling, s.shape)
+        assert a.sparse_layout == layout
+        torch.testing.assert_close(a @ x, d @ x)
+    for wrong in ("coo", torch.sparse_coo, torch.strided, 3):
+        with pytest.raises(ValueError, match="unknown layout"):
+            SparseOperand.from_members(*members(s), s.values(), wrong, s.shape)  # type: ignore[arg-type]

@@ -115,3 +115,14 @@ def test_linear_shaped_edges() -> None:
     torch.testing.assert_close(empty(torch.randn(3, 0)), dense(torch.randn(3, 0)))
     square = SparseLinear.from_dense(nn.Linear(32, 32), 16, 0.5)
     assert square.blocksize == (16, 16)
+
+
+@pytest.mark.parametrize("shape", [(4, 2), (4,), (2, 3, 1), ()], ids=str)
+def test_matmul_shaped_edges_are_runtime_errors_naming_n_cols(shape: tuple[int, ...]) -> None:
+    """``SparseMatmul`` at its edges as ``A @ x`` (torch: a ``RuntimeError``), never the
+    operator's ``ValueError``; the right shapes still run."""
+    m = SparseMatmul(torch.eye(3).to_sparse_csr())
+    with pytest.raises(RuntimeError, match=r"n_cols=3, got "):
+        m(torch.ones(shape))
+    torch.testing.assert_close(m(torch.ones(3, 2)), torch.ones(3, 2))
+    torch.testing.assert_close(m(torch.ones(3)), torch.ones(3))

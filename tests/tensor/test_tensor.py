@@ -626,3 +626,63 @@ def test_every_values_only_op_is_preserving(fn: Any, inplace: bool, layout: str)
     assert ss.is_checked(out)
     assert ss.stats().validations == 0
     assert torch.equal(out.to_dense(), expected.to_dense())
+
+
+# ---------------------------------------------------------------------------------------------
+# Metadata reads of invalid data never validate, every layout (SPEC 5)
+
+
+def _invalid(layout: str) -> ss.SafeSparseTensor:
+    """An unchecked tensor of ``layout`` whose index data is out of range."""
+    crow, bad = torch.tensor([0, 1, 2]), torch.tensor([0, 10**9])
+    if layout == "COO":
+        return ss.sparse_coo_tensor(torch.tensor([[0, 10**9]]), torch.tensor([1.0, 2.0]), (3,),
+                                    check_invariants=False)
+    if layout in ("CSR", "CSC"):
+        values = torch.tensor([1.0, 2.0])
+        size: tuple[int, ...] = (2, 2)
+    else:
+        values, size = torch.ones(2, 2, 3), (4, 6)
+    factory = getattr(ss, f"sparse_{layout.lower()}_tensor")
+    return factory(crow, bad, values, size, check_invariants=False)  # type: ignore[no-any-return]
+
+
+#: SPEC 5's metadata list (and torch's other read-only facts about a tensor)
+METADATA: list[tuple[str, Callable[[torch.Tensor], object]]] = [
+    ("shape", lambda t: t.shape), ("dtype", lambda t: t.dtype), ("layout", lambda t: t.layout),
+    ("device", lambda t: t.device), ("nnz", lambda t: t._nnz()),
+    ("sparse_dim", lambda t: t.sparse_dim()), ("dense_dim", lambda t: t.dense_dim()),
+    ("is_coalesced", lambda t: t.is_coalesced()), ("requires_grad", lambda t: t.requires_grad),
+    ("grad", lambda t: t.grad), ("grad_fn", lambda t: t.grad_fn), ("nbytes", lambda t: t.nbytes),
+    ("itemsize", lambda t: t.itemsize), ("element_size", lambda t: t.element_size()),
+    ("is_leaf", lambda t: t.is_leaf),
+    ("names", lambda t: t.names),  # type: ignore[attr-defined]
+    ("retains_grad", lambda t: t.retains_grad),
+    ("name", lambda t: t.name),  # type: ignore[attr-defined]
+    ("is_mkldnn", lambda t: t.is_mkldnn), ("is_xpu", lambda t: t.is_xpu),
+    ("is_mps", lambda t: t.is_mps), ("is_pinned", lambda t: t.is_pinned()),
+    ("is_signed", lambda t: t.is_signed()), ("is_cuda", lambda t: t.is_cuda),
+    ("dim", lambda t: t.dim()), ("numel", lambda t: t.numel()),
+]
+
+
+def _outcome(f: Callable[[torch.Tensor], object], t: torch.Tensor) -> object:
+    try:
+        return f(t)
+    except Exception as exc:  # torch's own refusal (COO nbytes, sparse names): the same type
+        return type(exc)
+
+
+@pytest.mark.parametrize("layout", ["COO", "CSR", "CSC", "BSR", "BSC"])
+@pytest.mark.parametrize(("name", "read"), METADATA, ids=[n for n, _ in METADATA])
+def test_metadata_of_invalid_data_is_torchs_and_validates_nothing(
+        layout: str, name: str, read: Callable[[torch.Tensor], object]) -> None:
+    bad = _invalid(layout)
+    if name == "is_coalesced" and layout != "COO":
+        pytest.skip("is_coalesced is a COO fact")
+    ss.reset_stats()
+    got = _outcome(read, bad)
+    assert ss.stats().validations == 0, name
+    assert not ss.is_checked(bad)
+    assert got is not ss.InvariantError
+    assert got == _outcome(read, ss.unwrap(bad)), name
