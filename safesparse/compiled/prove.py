@@ -29,9 +29,9 @@ __all__ = ["prove"]
 def prove(compressed: torch.Tensor, plain: torch.Tensor, layout: str, n_rows: int, n_cols: int,
           block_rows: int = 1, block_cols: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Validated copies of ``compressed`` / ``plain`` as the index members of an ``n_rows x
-    n_cols`` matrix of ``layout`` (``"csr"``, ``"csc"``, ``"bsr"``, ``"bsc"``; blocks of
-    ``block_rows x block_cols`` for the block layouts), proven for the ``safesparse``
-    operators. Raises :class:`~safesparse.InvariantError` when they are not valid."""
+    n_cols`` matrix of ``layout`` (``"csr"``, ``"csc"``, ``"bsr"``, ``"bsc"``, in any
+    case; blocks of ``block_rows x block_cols`` for the block layouts), proven for the
+    ``safesparse`` operators. Raises :class:`~safesparse.InvariantError` when they are not valid."""
     lay = _arguments(layout, block_rows, block_cols)
     nnz = plain.shape[0] if plain.dim() == 1 else 0
     # placeholder values (the members are what is proven; only their shape is read)
@@ -47,7 +47,7 @@ def prove(compressed: torch.Tensor, plain: torch.Tensor, layout: str, n_rows: in
 def _arguments(layout: str, block_rows: int, block_cols: int) -> torch.layout:
     """The layout named by ``layout``, checked with the block shape (the real implementation
     and the fake alike; the members are the factory's to validate)."""
-    lay = COMPRESSED_BY_SHORT_NAME.get(layout)
+    lay = COMPRESSED_BY_SHORT_NAME.get(layout.lower())
     if lay is None:
         raise ValueError(f"safesparse::prove: unknown layout {layout!r} "
                          f"(one of {', '.join(COMPRESSED_BY_SHORT_NAME)})")

@@ -161,10 +161,13 @@ class CompressedModule(nn.Module):
     @property
     def matrix(self) -> SafeSparseTensor:
         """The current matrix: a checked ``SafeSparseTensor`` on the index buffers with the
-        current :attr:`values` (gradients reach them); no O(nnz) check."""
+        current :attr:`values` (gradients reach them); no O(nnz) check. On the meta device
+        (a skeleton: no data to check) an unchecked one of the same metadata, as an
+        ``nn.Linear``'s weight is a meta tensor there."""
+        c, p = self.compressed_indices, self.plain_indices
         out: SafeSparseTensor = sparse_compressed_tensor(
-            self.compressed_indices, self.plain_indices, self.values, self._size,
-            layout=self.layout)
+            c, p, self.values, self._size, layout=self.layout,
+            check_invariants=False if c.is_meta or p.is_meta else None)
         return out
 
     def block_mask(self) -> torch.Tensor:

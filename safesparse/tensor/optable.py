@@ -111,7 +111,8 @@ def _inspection_rows() -> dict[Callable[..., Any], Inspection]:
               _T.values, _T._values, _T.is_coalesced, _T.data_ptr, _T.element_size,
               _T.get_device, _T.is_floating_point, _T.is_complex, _T._is_view, _T.is_inference,
               _T.__len__, _T.is_contiguous, _T.storage_offset, _T.stride, _T.__format__,
-              _T.is_pinned, _T.is_signed, _aten.size.int):
+              _T.is_pinned, _T.is_signed, _aten.size.int,
+              torch._has_compatible_shallow_copy_type):  # (compares TensorImpl types)
         rows[f] = reads
     for name in ("values", "_values", "_nnz", "sparse_dim", "dense_dim", "is_coalesced",
                  "_dimI", "_dimV", "dim", "numel", "size"):

@@ -219,6 +219,15 @@ def _build(compressed: torch.Tensor, plain: torch.Tensor, values: torch.Tensor,
     return torch.relu(a @ x)
 
 
+@pytest.mark.parametrize("name", ["bsr", "BSR", "Bsr"])
+def test_prove_takes_the_layout_name_in_any_case(name: str) -> None:
+    compressed, plain = torch.tensor([0, 1, 3]), torch.tensor([1, 0, 1])
+    c, p = torch.ops.safesparse.prove(compressed, plain, name, 4, 6, 2, 3)
+    assert torch.equal(c, compressed) and torch.equal(p, plain)
+    with pytest.raises(ValueError, match="unknown layout"):
+        torch.ops.safesparse.prove(compressed, plain, "bsx", 4, 6, 2, 3)
+
+
 def test_prove_inside_a_graph() -> None:
     compressed, plain = torch.tensor([0, 1, 3]), torch.tensor([1, 0, 1])
     values = torch.randn(3, 2, 3, dtype=D, requires_grad=True)

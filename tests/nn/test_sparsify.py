@@ -241,6 +241,9 @@ def test_meta_skeleton_loaded_with_assign() -> None:
     assert fc1.values.shape == (round(0.25 * 8), 16, 16)  # as many as from_dense would keep
     assert fc1.block_mask().is_meta and fc1.block_mask().shape == (4, 2)
     assert skeleton(X.to("meta")).shape == (6, 10)  # shapes flow through the meta skeleton
+    weight = fc1.weight  # no data to check: an unchecked matrix of the same metadata
+    assert weight.is_meta and weight.layout == fc1.layout and not ss.is_checked(weight)
+    assert weight.shape == (fc1.out_features, fc1.in_features)
     ss.reset_stats()
     skeleton.load_state_dict(sd, assign=True)
     assert ss.stats().validations >= 3  # the file's patterns are validated

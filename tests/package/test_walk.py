@@ -26,7 +26,7 @@ def _tool() -> ModuleType:
 
 
 @pytest.mark.parametrize("case", ["int64", "int32"])
-def test_the_straight_factory_path_climbs_back_up_one_layer_and_three_files_at_most(case: str) -> None:
+def test_the_straight_factory_path_climbs_back_up_three_files_one_layer(case: str) -> None:
     walk = _tool()
     call, target = walk.CASES[case]()
     call()
