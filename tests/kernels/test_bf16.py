@@ -143,6 +143,24 @@ def test_bf16_kernels_no_float32_copy(layout: torch.layout, block: tuple[int, in
     assert no_float32_copies["ss_values_grad_bf16"] == 2 * len(BATCHES)
 
 
+@needs_bf16
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_small_batch_tiles_every_batch(layout: torch.layout,
+                                       no_float32_copies: dict[str, int]) -> None:
+    """16 x 16 blocks at every batch from 1 to 33 (the small-batch tiles: the forward's, M's
+    rows contiguous; the gradient to the input's, M = W.T read in place, its pairs interleaved
+    in registers; each with 1 to 16 batch rows per tile and the pairs split over chains), then
+    the larger tiles at 255 and 4096: a pattern with an empty block row and column, and one
+    with many blocks per row."""
+    from test_blocks import random_mask
+
+    for mask in (_mask((16, 16)), random_mask(6, 9, 0.6, seed=11)):
+        p = pattern(layout, mask, (16, 16), torch.bfloat16, seed=9)
+        for batch in (*range(1, 34), 255, 4096):
+            _check_products(p, batch, seed=2)
+    assert no_float32_copies["ss_product_bf16"] == 5 * 2 * 35
+
+
 @pytest.mark.parametrize("path", list(PATHS), ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
 def test_every_path_within_bf16_rounding(layout: torch.layout, path: str) -> None:

@@ -34,6 +34,11 @@
 #ifndef BF_SMALL_N
 #define BF_SMALL_N 32 /* batches up to this many rows: whole-block tiles, no packing */
 #endif
+#ifndef BF_SMALL_T_N
+#define BF_SMALL_T_N 32 /* the same for a transposed product (M's columns contiguous) */
+#endif
+#define BF_SMALL_ROWS 1
+#define BF_SMALL_T 2
 #ifndef BF_VG_ROWS
 #define BF_VG_ROWS 256 /* batch rows per pass of the values gradient (batch-major) */
 #endif
@@ -90,7 +95,8 @@ typedef struct {
     int64_t yi, yn;
     const uint16_t *bias;
     int feature_major; /* X[k, n] = x[k * xk + n], Y[row, n] = y[row * yi + n] */
-    int small; /* batch-major, few rows, 16 x 16 blocks stored row by row: bf_small_tile */
+    int small; /* batch-major, few rows, 16 x 16 blocks: BF_SMALL_ROWS (M's rows contiguous:
+                * bf_small_tile), BF_SMALL_T (M's columns contiguous: bf_small_t_tile) */
     int64_t nt, maxq, nac, np; /* batch rows per task; blocks per row; row lanes; pairs */
     uint32_t **pack;
     int64_t **xoff;
@@ -314,6 +320,43 @@ BF_INL void bf_small_tile(const bfp_ctx *k, const int64_t *voff, const int64_t *
     }
 }
 
+/* The small-batch tile of a transposed product (a SparseLinear's gradient to the input: M =
+ * W.T, 16 x 16 blocks stored row by row, so M_q[a, b] = w[b * 16 + a]): NB batch rows from n,
+ * the 16 output rows of block row i. Per pair t of a block, M's columns 2t, 2t + 1 (W's rows:
+ * two 32-byte loads) interleaved in registers, no packing (what a few batch rows cannot
+ * amortize); fewer than 8 rows: the pairs split over K = 8 / NB chains of accumulators, summed
+ * at the end (a chain of vdpbf16ps per row would be bound by its latency). */
+BF_INL void bf_small_t_tile(const bfp_ctx *k, const int64_t *voff, const int64_t *xoff,
+                            int64_t nq, int64_t i, int64_t n, const int NB)
+{
+    __m512 acc[16];
+    const int K = NB >= 8 ? 1 : 8 / NB;
+    for (int u = 0; u < K * NB; u++) acc[u] = _mm512_setzero_ps();
+    const int64_t xn = k->xn;
+    const uint16_t *xs = k->x + n * xn;
+    for (int64_t qq = 0; qq < nq; qq++) {
+        const uint16_t *w = k->vals + voff[qq], *xb = xs + xoff[qq];
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) {
+            __m512bh wv = (__m512bh)bf_interleave(_mm256_loadu_si256((const __m256i *)(w + 32 * t)),
+                                                  _mm256_loadu_si256((const __m256i *)(w + 32 * t + 16)));
+            const int kk = t % K;
+            for (int nb = 0; nb < NB; nb++) {
+                uint32_t pair;
+                memcpy(&pair, xb + nb * xn + 2 * t, 4);
+                acc[kk * NB + nb] = _mm512_dpbf16_ps(acc[kk * NB + nb], wv,
+                                                     (__m512bh)_mm512_set1_epi32((int)pair));
+            }
+        }
+    }
+    for (int kk = 1; kk < K; kk++)
+        for (int nb = 0; nb < NB; nb++) acc[nb] = _mm512_add_ps(acc[nb], acc[kk * NB + nb]);
+    __m512 b0 = k->bias ? bf_widen(k->bias + i * 16, (__mmask16)0xffff) : _mm512_setzero_ps();
+    for (int nb = 0; nb < NB; nb++)
+        _mm256_storeu_si256((__m256i *)(k->y + (n + nb) * k->yn + i * 16),
+                            bf_round(_mm512_add_ps(acc[nb], b0)));
+}
+
 static BF_TARGET void bf_fwd_task(void *vctx, int64_t task, int tid)
 {
     bfp_ctx *k = (bfp_ctx *)vctx;
@@ -340,6 +383,16 @@ static BF_TARGET void bf_fwd_task(void *vctx, int64_t task, int tid)
             ((int64_t *)pk)[qq] = p * k->sp;
         else
             bf_pack_block(k, k->vals + p * k->sp, pk + qq * blk);
+    }
+    if (k->small == BF_SMALL_T) {
+        const int64_t *voff = (const int64_t *)pk;
+        int64_t n = n0, end = n0 + nt;
+        for (; n + 16 <= end; n += 16) bf_small_t_tile(k, voff, xoff, nq, i, n, 16);
+        if (n + 8 <= end) { bf_small_t_tile(k, voff, xoff, nq, i, n, 8); n += 8; }
+        if (n + 4 <= end) { bf_small_t_tile(k, voff, xoff, nq, i, n, 4); n += 4; }
+        if (n + 2 <= end) { bf_small_t_tile(k, voff, xoff, nq, i, n, 2); n += 2; }
+        if (n < end) bf_small_t_tile(k, voff, xoff, nq, i, n, 1);
+        return;
     }
     if (k->small) {
         int64_t n = n0;
@@ -395,7 +448,8 @@ int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, con
                  sp, sa, sb, (const uint16_t *)x, xk, xn, (uint16_t *)y, yi, yn,
                  (const uint16_t *)bias, fm, 0, 0, maxq, (r + BF_LANES - 1) / BF_LANES,
                  (c + 1) / 2, 0, 0, 0};
-    k.small = !fm && N <= BF_SMALL_N && r == 16 && c == 16 && sa == 16 && sb == 1;
+    if (!fm && N <= BF_SMALL_N && r == 16 && c == 16 && sa == 16 && sb == 1) k.small = BF_SMALL_ROWS;
+    if (!fm && N <= BF_SMALL_T_N && r == 16 && c == 16 && sa == 1 && sb == 16) k.small = BF_SMALL_T;
     /* batch rows per task: 256 (a chunk of the input stays in L2 while every block row reads
      * it), fewer where the block rows alone do not give each thread several tasks */
     int64_t nt = N < BF_ROWS ? N : BF_ROWS;
