@@ -171,6 +171,64 @@ def test_every_path_within_bf16_rounding(layout: torch.layout, path: str) -> Non
                 _check_products(p, batch, seed=5, bias_after=path == "torch ops")
 
 
+def _within_f32(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor) -> None:
+    """``actual`` (float32) is ``expected`` (float64) up to float32 sums: within 2^-16 of the
+    terms' magnitudes, far inside a bfloat16 rounding (2^-9 of the result): not rounded to
+    bfloat16 on the way."""
+    assert type(actual) is torch.Tensor
+    assert actual.dtype == torch.float32
+    assert actual.shape == expected.shape
+    err = (actual.double() - expected).abs()
+    worst = float((err / (magnitude * 2.0**-16 + 1e-30)).max()) if err.numel() else 0.0
+    assert worst <= 1.0, f"off by {worst:.2f}x float32 sums"
+
+
+@pytest.mark.parametrize("path", list(PATHS), ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_gradients_in_float32_from_bf16(layout: torch.layout, path: str) -> None:
+    """``linear_grad_input`` / ``linear_grad_values`` of bfloat16 operands with ``dtype``
+    float32 (a float32 layer's gradients under bfloat16 autocast): the float32 sums as they
+    are, not a bfloat16 result widened, on every path (the bfloat16 kernels write float32
+    directly), every tile (small batches, the packed tiles, several passes of the values
+    gradient); and the packed forward entry writes float32 too."""
+    for block in ((16, 16), (5, 17)):
+        p = pattern(layout, _mask(block), block, torch.bfloat16, seed=4)
+        m, w = p.matrix(), p.dense
+        with PATHS[path]():
+            for batch in (1, 2, 3, 8, 16, 17, 31, 32, 33, 255, 1100):
+                gen = torch.Generator().manual_seed(batch)
+                x = torch.randn(batch, p.n_cols, generator=gen).to(torch.bfloat16)
+                g = torch.randn(batch, p.n_rows, generator=gen).to(torch.bfloat16)
+                xd, gd = x.double(), g.double()
+                _within_f32(bk.linear_grad_input(m, g, dtype=torch.float32), gd @ w,
+                            gd.abs() @ w.abs())
+                _within_f32(bk.linear_grad_values(m, g, x, dtype=torch.float32),
+                            values_grad_reference(p, gd.T @ xd),
+                            values_grad_reference(p, gd.abs().T @ xd.abs()))
+                assert bk.linear_grad_input(m, g).dtype == torch.bfloat16
+
+
+@needs_bf16
+def test_packed_bf16_product_writes_float32() -> None:
+    """``pack_product`` of a bfloat16 product with a float32 output: ``ss_product_packed``
+    writes the float32 sums (slot 18: float32)."""
+    import ctypes
+
+    p = pattern(torch.sparse_bsr, _mask((16, 16)), (16, 16), torch.bfloat16, seed=6)
+    b = torch.randn(p.n_rows).to(torch.bfloat16)
+    packed = native.pack_product(p.matrix(), True, torch.bfloat16, torch.float32, bias=b)
+    assert packed is not None
+    args, _keep = packed
+    for batch in (1, 9, 40):
+        x = torch.randn(batch, p.n_cols).to(torch.bfloat16)
+        y = torch.empty(batch, p.n_rows)
+        args[native.SLOT_X], args[native.SLOT_N] = x.data_ptr(), batch
+        args[native.SLOT_Y] = y.data_ptr()
+        assert native.packed_entry()(ctypes.addressof(args)) == 0
+        xd = x.double()
+        _within_f32(y, xd @ p.dense.T + b.double(), xd.abs() @ p.dense.abs().T + b.double().abs())
+
+
 @needs_bf16
 def test_strided_operands_and_two_threads() -> None:
     """Operands that are views (rows of a larger tensor, a transposed copy's transpose: the
