@@ -175,6 +175,8 @@ def _bind(lib: Any) -> None:
                                        *lib.ss_product_bf16.argtypes[18:]]
     lib.ss_values_grad_bf16_to.restype = _int
     lib.ss_values_grad_bf16_to.argtypes = [*lib.ss_values_grad_bf16.argtypes[:15], _int, _int]
+    lib.ss_colsum_bf16.restype = _int
+    lib.ss_colsum_bf16.argtypes = [_ptr, _i64, _i64, _i64, _ptr, _int, _int]
     lib.ss_values_grad.restype = _int
     lib.ss_values_grad.argtypes = [_i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _i64,
                                    _ptr, _i64, _i64, _i64, _int, _ptr, _int]
@@ -575,3 +577,17 @@ def _values_grad_bf16(rows: T, cols: T, r: int, c: int, l_: T, li: int, ln: int,
     if rc == -3:
         raise _index_error()
     return g.view(values_shape) if rc == 0 else None
+
+
+def colsum_bf16(g: T, dtype: torch.dtype) -> T | None:
+    """``g.sum(0)`` of a bfloat16 ``g`` (N, C) whose rows are contiguous, in float32 sums
+    (rows in order), as ``dtype`` (bfloat16: rounded once; float32: unrounded); None where the
+    bfloat16 kernels do not run it (the caller sums with torch)."""
+    if (not _bf16_library() or g.dtype != torch.bfloat16 or g.dim() != 2 or g.device.type != "cpu"
+            or dtype not in _BF16_OUT or (g.shape[1] > 1 and g.stride(1) != 1)):
+        return None
+    n, c = g.shape
+    out = torch.empty(c, dtype=dtype)
+    ld = g.stride(0) if n > 1 else c
+    rc = _lib.ss_colsum_bf16(g.data_ptr(), n, c, ld, out.data_ptr(), _DTYPES[dtype], _threads())
+    return out if rc == 0 else None

@@ -229,6 +229,36 @@ def test_packed_bf16_product_writes_float32() -> None:
         _within_f32(y, xd @ p.dense.T + b.double(), xd.abs() @ p.dense.abs().T + b.double().abs())
 
 
+@pytest.mark.parametrize("path", list(PATHS), ids=str)
+def test_bias_grad_sums_columns(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bias_grad`` of a bfloat16 gradient (the native column sums from 64 rows where the
+    bfloat16 kernels run): ``g.sum(0)`` within bfloat16 rounding of float64, or within float32
+    sums with ``dtype`` float32; widths with masked tails and several 256-column tasks, row
+    strides wider than a row, every batch from the list (below 64 rows torch sums)."""
+    calls = 0
+    entry = native.colsum_bf16
+
+    def counted(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return entry(*args)
+    monkeypatch.setattr(native, "colsum_bf16", counted)
+    with PATHS[path]():
+        for batch in (0, 1, 2, 3, 8, 16, 17, 31, 32, 33, 64, 255, 4096):
+            for width, pad in ((1024, 0), (1000, 24), (5, 0), (300, 3)):
+                gen = torch.Generator().manual_seed(batch + width)
+                g = torch.randn(batch, width + pad, generator=gen).to(torch.bfloat16)
+                g = g[:, pad:]
+                gd = g.double()
+                ref, mag = gd.sum(0), gd.abs().sum(0)
+                _within_bf16(bk.bias_grad(g), ref, mag)
+                _within_f32(bk.bias_grad(g, dtype=torch.float32), ref, mag)
+    if path == "torch ops":
+        assert calls == 0
+    elif path == "native" and BF16:
+        assert calls == 24  # (64 rows and more: 3 batches x 4 widths x 2 dtypes)
+
+
 @needs_bf16
 def test_strided_operands_and_two_threads() -> None:
     """Operands that are views (rows of a larger tensor, a transposed copy's transpose: the

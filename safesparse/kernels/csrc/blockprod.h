@@ -85,6 +85,9 @@ int ss_values_grad_bf16_to(int64_t nnzb, int64_t r, int64_t c, const int64_t *ro
                            const int64_t *cols, int64_t n_br, int64_t n_bc, const void *l,
                            int64_t li, int64_t ln, const void *rgt, int64_t ri, int64_t rn,
                            int64_t N, void *g, int gdt, int nthreads);
+/* out[c] = sum_n g[n * ld + c] (bfloat16 g, float32 sums; out bfloat16 or float32) */
+int ss_colsum_bf16(const void *g, int64_t N, int64_t C, int64_t ld, void *out, int odt,
+                   int nthreads);
 
 int ss_convert(const void *src, int sdt, void *dst, int ddt, int64_t n);
 void ss_region_stats(int64_t *out);

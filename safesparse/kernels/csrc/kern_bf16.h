@@ -760,11 +760,68 @@ int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
                                   g, DT_BF16, nthreads);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* The column sums (a SparseLinear's bias gradient: g.sum(0)) */
+
+typedef struct {
+    const uint16_t *g;
+    int64_t N, C, ld;
+    void *out;
+    int f32;
+} bfs_ctx;
+
+#define BF_SUM_COLS 256 /* columns per task: 16 vectors of float32 sums in registers */
+
+/* columns [t * 256, + 256) summed over the N rows in float32 (rows in order), then written */
+static BF_TARGET void bf_colsum_task(void *vctx, int64_t t, int tid)
+{
+    (void)tid;
+    const bfs_ctx *k = (const bfs_ctx *)vctx;
+    const int64_t c0 = t * BF_SUM_COLS, left = k->C - c0;
+    const int nv = (int)((left < BF_SUM_COLS ? left : BF_SUM_COLS) + 15) / 16;
+    __m512 acc[16];
+    __mmask16 m[16];
+    for (int v = 0; v < 16; v++) {
+        acc[v] = _mm512_setzero_ps();
+        m[v] = bf_mask(left - 16 * v);
+    }
+    const uint16_t *row = k->g + c0;
+    if (nv == 16 && left >= BF_SUM_COLS) {
+        for (int64_t n = 0; n < k->N; n++, row += k->ld) {
+#pragma GCC unroll 16
+            for (int v = 0; v < 16; v++) acc[v] = _mm512_add_ps(acc[v], bf_widen(row + 16 * v, 0xffff));
+        }
+    } else {
+        for (int64_t n = 0; n < k->N; n++, row += k->ld)
+            for (int v = 0; v < nv; v++) acc[v] = _mm512_add_ps(acc[v], bf_widen(row + 16 * v, m[v]));
+    }
+    for (int v = 0; v < nv; v++) bf_put(k->out, k->f32, c0 + 16 * v, m[v], acc[v]);
+}
+
+/* out[c] = sum_n g[n * ld + c] for c < C (bfloat16 g; float32 sums, rows in order), out in
+ * odt (SS_DT_BF16: rounded, or SS_DT_F32). Returns 0, or -1 (no bfloat16 kernels here, another
+ * dtype). */
+int ss_colsum_bf16(const void *g, int64_t N, int64_t C, int64_t ld, void *out, int odt,
+                   int nthreads)
+{
+    if (!ss_bf16_supported() || (odt != DT_BF16 && odt != DT_F32) || N < 0 || C < 0 ||
+        (N > 1 && ld < C))
+        return -1;
+    bfs_ctx k = {(const uint16_t *)g, N, C, ld, out, odt == DT_F32};
+    run_tasks(bf_colsum_task, &k, (C + BF_SUM_COLS - 1) / BF_SUM_COLS, nthreads < 1 ? 1 : nthreads);
+    return 0;
+}
+
 #undef BF_TARGET
 #undef BF_INL
 #undef BF_LANES
 #else  /* not x86-64: no bfloat16 kernels (the callers keep their float32 route) */
 int ss_bf16_supported(void) { return 0; }
+int ss_colsum_bf16(const void *g, int64_t N, int64_t C, int64_t ld, void *out, int odt,
+                   int nthreads)
+{
+    return -1;
+}
 int ss_product_bf16_to(int64_t n_br, int64_t r, int64_t c, const int64_t *crow,
                        const int64_t *col, const int64_t *order, int64_t nnzb, int64_t n_bc,
                        const void *vals, int64_t n_vals, int64_t sp, int64_t sa, int64_t sb,
