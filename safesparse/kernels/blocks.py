@@ -252,39 +252,46 @@ def linear(w: Matrix, x: T, *, cache: Cache = None, bias: T | None = None) -> T:
 
 
 @serial_in_forked_child
-def linear_grad_input(w: Matrix, g: T, *, cache: Cache = None) -> T:
-    """``g @ W`` for ``g`` (N, out_features): (N, in_features), dtype of ``g``."""
-    return _linear_product(w, g, True, cache)
+def linear_grad_input(w: Matrix, g: T, *, cache: Cache = None,
+                      dtype: torch.dtype | None = None) -> T:
+    """``g @ W`` for ``g`` (N, out_features): (N, in_features), dtype of ``g``, or ``dtype``
+    (float32 for a bfloat16 ``g``: the float32 sums unrounded, no bfloat16 result cast after;
+    a float32 layer's gradient to its input under bfloat16 autocast)."""
+    return _linear_product(w, g, True, cache, out_dtype=dtype)
 
 
 def _linear_product(w: Matrix, src: T, transposed: bool, cache: Cache = None,
-                    bias: T | None = None) -> T:
-    """``src @ W.T`` (``transposed`` False) or ``src @ W`` (True), in ``src``'s dtype, plus
-    ``bias`` (forward only)."""
+                    bias: T | None = None, out_dtype: torch.dtype | None = None) -> T:
+    """``src @ W.T`` (``transposed`` False) or ``src @ W`` (True), in ``src``'s dtype (or
+    ``out_dtype``), plus ``bias`` (forward only)."""
     n = src.shape[0]
+    out = src.dtype if out_dtype is None else out_dtype
     if n == 0 or w.plain.numel() == 0 or not native.usable(src, w.values):
-        return _torch_linear_product(w, src, transposed, bias)
+        return _torch_linear_product(w, src, transposed, bias, out)
     n_out = w.n_cols if transposed else w.n_rows
-    y = src.new_empty(n, n_out)
+    y = src.new_empty(n, n_out, dtype=out)
     # half types: the operand converted once (the kernels read it in place, float32)
     work = src if native.reads_bf16(src.dtype, w.layout) else src.to(_compute_dtype(src.dtype))
     if native.product(w, transposed, work, work.stride(1), work.stride(0), n, y, 1, n_out,
                       bias=bias, cache=cache):
         return y
-    return _torch_linear_product(w, src, transposed, bias)
+    return _torch_linear_product(w, src, transposed, bias, out)
 
 
-def _torch_linear_product(w: Matrix, src: T, transposed: bool, bias: T | None = None) -> T:
+def _torch_linear_product(w: Matrix, src: T, transposed: bool, bias: T | None = None,
+                          out: torch.dtype | None = None) -> T:
     """:func:`_linear_product` with torch ops; the bias added in the compute dtype, before
-    the one rounding to ``src``'s dtype (as the native kernels add it inside their sums)."""
+    the one rounding to ``src``'s dtype or ``out`` (as the native kernels add it inside their
+    sums)."""
     n = src.shape[0]
+    out = src.dtype if out is None else out
     if n == 0 or w.plain.numel() == 0:
-        y = src.new_zeros(n, w.n_cols if transposed else w.n_rows)
+        y = src.new_zeros(n, w.n_cols if transposed else w.n_rows, dtype=out)
         return y if bias is None else y.add_(bias)
     y = _batch_product(w, transposed, src.to(_compute_dtype(src.dtype)))
     if bias is not None:
         y = y.add_(bias.to(y.dtype))
-    return y.to(src.dtype)
+    return y.to(out)
 
 
 def _gather_rows(left: T, rows: T, r: int) -> T:
@@ -354,29 +361,51 @@ def _values_grad(m: Matrix, left: T, right: T, dtype: torch.dtype) -> T:
     return grads.reshape(values_shape).to(dtype).contiguous()
 
 
+#: Rows from which :func:`bias_grad` of a bfloat16 gradient sums natively
+_NATIVE_SUM_ROWS = 2048
+
+
 @serial_in_forked_child
-def bias_grad(g: T) -> T:
+def bias_grad(g: T, *, dtype: torch.dtype | None = None) -> T:
     """The gradient of :func:`linear`'s bias, ``g.sum(0)`` (in a forked child with one
-    thread, as every product here: a reduction of a batch is one of torch's parallel ops)."""
-    return g.sum(0)
-
-
-@serial_in_forked_child
-def linear_grad_values(w: Matrix, g: T, x: T, *, cache: Cache = None) -> T:
-    """Gradient of ``sum(g * (x @ W.T))`` with respect to the stored values: for each stored
-    block (i, j), ``g[:, rows_i].T @ x[:, cols_j]``, in the values' shape, dtype of ``g``."""
-    if w.plain.numel() and native.usable(g, x):
-        got = _native_values_grad(w, g.t(), x.t(), g.dtype, cache)
+    thread, as every product here: a reduction of a batch is one of torch's parallel ops), in
+    ``g``'s dtype or ``dtype``. bfloat16 on a CPU with the bfloat16 kernels, from
+    :data:`_NATIVE_SUM_ROWS` rows: one native pass (float32 sums; ``dtype`` float32:
+    unrounded), about half torch's time at 4096 rows (fewer rows: torch's; measured after a
+    dense layer's step, the native call costs 50-80 us more than torch's sum up to 256 rows and
+    breaks even at 1024)."""
+    out = g.dtype if dtype is None else dtype
+    # (a plain tensor only: the autograd formula of the operators runs traced under
+    # torch.compile, on fake tensors that have no memory)
+    if type(g) is torch.Tensor and g.dtype == torch.bfloat16 and g.dim() == 2 \
+            and g.shape[0] >= _NATIVE_SUM_ROWS and native.available():
+        got = native.colsum_bf16(g, out)
         if got is not None:
             return got
-    return _values_grad(w, g.t(), x, g.dtype)
+    return g.sum(0) if dtype is None else g.sum(0, dtype=dtype)
+
+
+@serial_in_forked_child
+def linear_grad_values(w: Matrix, g: T, x: T, *, cache: Cache = None,
+                       dtype: torch.dtype | None = None) -> T:
+    """Gradient of ``sum(g * (x @ W.T))`` with respect to the stored values: for each stored
+    block (i, j), ``g[:, rows_i].T @ x[:, cols_j]``, in the values' shape, dtype of ``g``, or
+    ``dtype`` (float32 for bfloat16 operands: the float32 sums unrounded; a float32 layer's
+    values gradient under bfloat16 autocast)."""
+    out = g.dtype if dtype is None else dtype
+    if w.plain.numel() and native.usable(g, x):
+        got = _native_values_grad(w, g.t(), x.t(), out, cache)
+        if got is not None:
+            return got
+    return _values_grad(w, g.t(), x, out)
 
 
 def _native_values_grad(m: Matrix, left: T, right_t: T, dtype: torch.dtype,
                         cache: Cache) -> T | None:
     """Native values gradient for ``left`` (rows of A, K) and ``right_t`` (columns of A, K),
     any strides; operands made contiguous along K where the kernels need it."""
-    work = dtype if native.reads_bf16(dtype, m.layout) else _compute_dtype(dtype)
+    src = left.dtype  # (the operands' dtype: ``dtype`` may be wider, float32 from bfloat16)
+    work = src if native.reads_bf16(src, m.layout) else _compute_dtype(src)
     left, right_t = left.to(work), right_t.to(work)
     k = left.shape[1]
     got = native.values_grad(m, left, left.stride(0), left.stride(1), right_t,

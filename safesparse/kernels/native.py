@@ -169,6 +169,14 @@ def _bind(lib: Any) -> None:
     lib.ss_values_grad_bf16.restype = _int
     lib.ss_values_grad_bf16.argtypes = [_i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _ptr,
                                         _i64, _i64, _ptr, _i64, _i64, _i64, _ptr, _int]
+    # (the same with the output's dtype code before the threads: float32 unrounded sums)
+    lib.ss_product_bf16_to.restype = _int
+    lib.ss_product_bf16_to.argtypes = [*lib.ss_product_bf16.argtypes[:18], _int,
+                                       *lib.ss_product_bf16.argtypes[18:]]
+    lib.ss_values_grad_bf16_to.restype = _int
+    lib.ss_values_grad_bf16_to.argtypes = [*lib.ss_values_grad_bf16.argtypes[:15], _int, _int]
+    lib.ss_colsum_bf16.restype = _int
+    lib.ss_colsum_bf16.argtypes = [_ptr, _i64, _i64, _i64, _ptr, _int, _int]
     lib.ss_values_grad.restype = _int
     lib.ss_values_grad.argtypes = [_i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _i64,
                                    _ptr, _i64, _i64, _i64, _int, _ptr, _int]
@@ -378,8 +386,9 @@ def values_grad(a: Matrix, l_: T, li: int, ln: int, r_: T, ri: int, rn: int, n: 
                 dtype: torch.dtype, cache: dict[Hashable, Any] | None = None) -> T | None:
     """Per stored block p at (i, j): ``G_p[a, b] = sum_n L[i r + a, n] R[j c + b, n]`` in the
     values' shape and ``dtype``; ``L[row, n] = l_[row * li + n * ln]``, likewise ``R``;
-    operands in float32 / float64 (their common dtype). None when the library refused this
-    operand layout."""
+    operands in float32 / float64 (their common dtype), or bfloat16 (``dtype`` float32: the
+    bfloat16 kernel's float32 sums, unrounded). None when the library refused this operand
+    layout."""
     r, c, values_shape = a.r, a.c, a.values.shape
     rows, cols = _outer(a, cache)
     nnzb = int(values_shape[0])
@@ -387,7 +396,8 @@ def values_grad(a: Matrix, l_: T, li: int, ln: int, r_: T, ri: int, rn: int, n: 
         raise IndexDataError(f"the pattern holds {cols.numel()} stored blocks where the values "
                              f"hold {nnzb}: the index data changed after it was validated")
     if l_.dtype == torch.bfloat16:
-        got = _values_grad_bf16(rows, cols, r, c, l_, li, ln, r_, ri, rn, n, values_shape)
+        got = _values_grad_bf16(rows, cols, r, c, l_, li, ln, r_, ri, rn, n, values_shape,
+                                dtype)
         if got is not None:
             return got.to(dtype)
         l_, r_ = _widened(l_), _widened(r_)  # the float32 route
@@ -423,13 +433,14 @@ def pack_product(a: Matrix, batch_major: bool, x_dtype: torch.dtype, y_dtype: to
     caller writes :data:`SLOT_X`, :data:`SLOT_N`, :data:`SLOT_Y` (and, not batch-major,
     :data:`SLOT_XK` and :data:`SLOT_YI`: N) per call; ``x_dtype`` is the operand's dtype as the
     kernel reads it (float32 / float64; bfloat16 where :func:`reads_bf16` says so: the product
-    then runs in bfloat16 and ``y_dtype`` must be bfloat16 too), ``y_dtype`` the output's.
+    then runs in bfloat16 and ``y_dtype`` is bfloat16, or float32: the float32 sums
+    unrounded), ``y_dtype`` the output's.
     Values and bias of another dtype are converted here, once (as :func:`product` does per
     call)."""
     layout, values, n_rows, n_cols = a.layout, a.values, a.n_rows, a.n_cols
     bf16 = x_dtype == torch.bfloat16
     if (not available() or y_dtype not in _DTYPES
-            or (bf16 and (y_dtype != torch.bfloat16 or not reads_bf16(x_dtype, layout)))
+            or (bf16 and (y_dtype not in _BF16_OUT or not reads_bf16(x_dtype, layout)))
             or (not bf16 and x_dtype not in (torch.float32, torch.float64))):
         return None
     rows = _rowwise(a, False, cache)
@@ -475,6 +486,8 @@ def packed_entry_rounded() -> Any:
 # before (measured: the copies' memory is twice the step's floor).
 
 _bf16_bound: bool | None = None
+#: The output dtypes of the bfloat16 kernels (float32: their sums, unrounded)
+_BF16_OUT = (torch.bfloat16, torch.float32)
 
 
 def _bf16_library() -> bool:
@@ -525,33 +538,56 @@ def _product_bf16(rows: _Rows, values: T, n_in: int, x: T, xk: int, xn: int, n: 
     (``xn == yn == 1``); False where the bfloat16 kernels do not run it."""
     if (not _bf16_library() or not ((xk == 1 and yi == 1) or (xn == 1 and yn == 1))
             or values.dtype != torch.bfloat16
-            or y.dtype != torch.bfloat16 or (bias is not None and bias.dtype != torch.bfloat16)):
+            or y.dtype not in _BF16_OUT or (bias is not None and bias.dtype != torch.bfloat16)):
         return False
     b = None if bias is None else bias.contiguous()
     nnzb = rows.col.numel()
-    rc = _lib.ss_product_bf16(rows.crow.numel() - 1, rows.r, rows.c, rows.crow.data_ptr(),
-                              rows.col.data_ptr(), _ptr_of(rows.order), nnzb, n_in // rows.c,
-                              values.data_ptr(), int(values.shape[0]), rows.sp, rows.sa,
-                              rows.sb, x.data_ptr(), xk, xn, n, y.data_ptr(), yi, yn,
-                              _ptr_of(b), _threads())
+    head = (rows.crow.numel() - 1, rows.r, rows.c, rows.crow.data_ptr(), rows.col.data_ptr(),
+            _ptr_of(rows.order), nnzb, n_in // rows.c, values.data_ptr(),
+            int(values.shape[0]), rows.sp, rows.sa, rows.sb, x.data_ptr(), xk, xn, n,
+            y.data_ptr())
+    if y.dtype == torch.bfloat16:
+        rc = _lib.ss_product_bf16(*head, yi, yn, _ptr_of(b), _threads())
+    else:  # float32: the sums unrounded
+        rc = _lib.ss_product_bf16_to(*head, _DTYPES[y.dtype], yi, yn, _ptr_of(b), _threads())
     if rc == -3:
         raise _index_error()
     return bool(rc == 0)
 
 
 def _values_grad_bf16(rows: T, cols: T, r: int, c: int, l_: T, li: int, ln: int, r_: T,
-                      ri: int, rn: int, n: int, values_shape: torch.Size) -> T | None:
+                      ri: int, rn: int, n: int, values_shape: torch.Size,
+                      dtype: torch.dtype = torch.bfloat16) -> T | None:
     """:func:`values_grad` in bfloat16 for batch-major operands (``li == ri == 1``) or
-    operands contiguous along the batch (``ln == rn == 1``), or None."""
+    operands contiguous along the batch (``ln == rn == 1``), or None; written in float32 (the
+    sums unrounded) where ``dtype`` is float32, else in bfloat16."""
     if (not _bf16_library() or not ((li == 1 and ri == 1) or (ln == 1 and rn == 1))
             or r_.dtype != torch.bfloat16
             or len(values_shape) != 3):
         return None
     nnzb = rows.numel()
-    g = torch.empty((nnzb, r, c), dtype=torch.bfloat16)
-    rc = _lib.ss_values_grad_bf16(nnzb, r, c, rows.data_ptr(), cols.data_ptr(),
-                                  l_.shape[0] // r, r_.shape[0] // c, l_.data_ptr(), li, ln,
-                                  r_.data_ptr(), ri, rn, n, g.data_ptr(), _threads())
+    out = dtype if dtype == torch.float32 else torch.bfloat16
+    g = torch.empty((nnzb, r, c), dtype=out)
+    head = (nnzb, r, c, rows.data_ptr(), cols.data_ptr(), l_.shape[0] // r, r_.shape[0] // c,
+            l_.data_ptr(), li, ln, r_.data_ptr(), ri, rn, n, g.data_ptr())
+    if out == torch.bfloat16:
+        rc = _lib.ss_values_grad_bf16(*head, _threads())
+    else:  # float32: the sums unrounded
+        rc = _lib.ss_values_grad_bf16_to(*head, _DTYPES[out], _threads())
     if rc == -3:
         raise _index_error()
     return g.view(values_shape) if rc == 0 else None
+
+
+def colsum_bf16(g: T, dtype: torch.dtype) -> T | None:
+    """``g.sum(0)`` of a bfloat16 ``g`` (N, C) whose rows are contiguous, in float32 sums
+    (rows in order), as ``dtype`` (bfloat16: rounded once; float32: unrounded); None where the
+    bfloat16 kernels do not run it (the caller sums with torch)."""
+    if (not _bf16_library() or g.dtype != torch.bfloat16 or g.dim() != 2 or g.device.type != "cpu"
+            or dtype not in _BF16_OUT or (g.shape[1] > 1 and g.stride(1) != 1)):
+        return None
+    n, c = g.shape
+    out = torch.empty(c, dtype=dtype)
+    ld = g.stride(0) if n > 1 else c
+    rc = _lib.ss_colsum_bf16(g.data_ptr(), n, c, ld, out.data_ptr(), _DTYPES[dtype], _threads())
+    return out if rc == 0 else None

@@ -143,6 +143,24 @@ def test_bf16_kernels_no_float32_copy(layout: torch.layout, block: tuple[int, in
     assert no_float32_copies["ss_values_grad_bf16"] == 2 * len(BATCHES)
 
 
+@needs_bf16
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_small_batch_tiles_every_batch(layout: torch.layout,
+                                       no_float32_copies: dict[str, int]) -> None:
+    """16 x 16 blocks at every batch from 1 to 33 (the small-batch tiles: the forward's, M's
+    rows contiguous; the gradient to the input's, M = W.T read in place, its pairs interleaved
+    in registers; each with 1 to 16 batch rows per tile and the pairs split over chains), then
+    the larger tiles at 255 and 4096: a pattern with an empty block row and column, and one
+    with many blocks per row."""
+    from test_blocks import random_mask
+
+    for mask in (_mask((16, 16)), random_mask(6, 9, 0.6, seed=11)):
+        p = pattern(layout, mask, (16, 16), torch.bfloat16, seed=9)
+        for batch in (*range(1, 34), 255, 4096):
+            _check_products(p, batch, seed=2)
+    assert no_float32_copies["ss_product_bf16"] == 5 * 2 * 35
+
+
 @pytest.mark.parametrize("path", list(PATHS), ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
 def test_every_path_within_bf16_rounding(layout: torch.layout, path: str) -> None:
@@ -151,6 +169,95 @@ def test_every_path_within_bf16_rounding(layout: torch.layout, path: str) -> Non
         with PATHS[path]():
             for batch in BATCHES:
                 _check_products(p, batch, seed=5, bias_after=path == "torch ops")
+
+
+def _within_f32(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor) -> None:
+    """``actual`` (float32) is ``expected`` (float64) up to float32 sums: within 2^-16 of the
+    terms' magnitudes, far inside a bfloat16 rounding (2^-9 of the result): not rounded to
+    bfloat16 on the way."""
+    assert type(actual) is torch.Tensor
+    assert actual.dtype == torch.float32
+    assert actual.shape == expected.shape
+    err = (actual.double() - expected).abs()
+    worst = float((err / (magnitude * 2.0**-16 + 1e-30)).max()) if err.numel() else 0.0
+    assert worst <= 1.0, f"off by {worst:.2f}x float32 sums"
+
+
+@pytest.mark.parametrize("path", list(PATHS), ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_gradients_in_float32_from_bf16(layout: torch.layout, path: str) -> None:
+    """``linear_grad_input`` / ``linear_grad_values`` of bfloat16 operands with ``dtype``
+    float32 (a float32 layer's gradients under bfloat16 autocast): the float32 sums as they
+    are, not a bfloat16 result widened, on every path (the bfloat16 kernels write float32
+    directly), every tile (small batches, the packed tiles, several passes of the values
+    gradient); and the packed forward entry writes float32 too."""
+    for block in ((16, 16), (5, 17)):
+        p = pattern(layout, _mask(block), block, torch.bfloat16, seed=4)
+        m, w = p.matrix(), p.dense
+        with PATHS[path]():
+            for batch in (1, 2, 3, 8, 16, 17, 31, 32, 33, 255, 1100):
+                gen = torch.Generator().manual_seed(batch)
+                x = torch.randn(batch, p.n_cols, generator=gen).to(torch.bfloat16)
+                g = torch.randn(batch, p.n_rows, generator=gen).to(torch.bfloat16)
+                xd, gd = x.double(), g.double()
+                _within_f32(bk.linear_grad_input(m, g, dtype=torch.float32), gd @ w,
+                            gd.abs() @ w.abs())
+                _within_f32(bk.linear_grad_values(m, g, x, dtype=torch.float32),
+                            values_grad_reference(p, gd.T @ xd),
+                            values_grad_reference(p, gd.abs().T @ xd.abs()))
+                assert bk.linear_grad_input(m, g).dtype == torch.bfloat16
+
+
+@needs_bf16
+def test_packed_bf16_product_writes_float32() -> None:
+    """``pack_product`` of a bfloat16 product with a float32 output: ``ss_product_packed``
+    writes the float32 sums (slot 18: float32)."""
+    import ctypes
+
+    p = pattern(torch.sparse_bsr, _mask((16, 16)), (16, 16), torch.bfloat16, seed=6)
+    b = torch.randn(p.n_rows).to(torch.bfloat16)
+    packed = native.pack_product(p.matrix(), True, torch.bfloat16, torch.float32, bias=b)
+    assert packed is not None
+    args, _keep = packed
+    for batch in (1, 9, 40):
+        x = torch.randn(batch, p.n_cols).to(torch.bfloat16)
+        y = torch.empty(batch, p.n_rows)
+        args[native.SLOT_X], args[native.SLOT_N] = x.data_ptr(), batch
+        args[native.SLOT_Y] = y.data_ptr()
+        assert native.packed_entry()(ctypes.addressof(args)) == 0
+        xd = x.double()
+        _within_f32(y, xd @ p.dense.T + b.double(), xd.abs() @ p.dense.abs().T + b.double().abs())
+
+
+@pytest.mark.parametrize("path", list(PATHS), ids=str)
+def test_bias_grad_sums_columns(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bias_grad`` of a bfloat16 gradient (the native column sums from 2048 rows where the
+    bfloat16 kernels run, here from 1 row): ``g.sum(0)`` within bfloat16 rounding of float64,
+    or within float32 sums with ``dtype`` float32; widths with masked tails and several
+    256-column tasks, row strides wider than a row, every batch from the list."""
+    calls = 0
+    entry = native.colsum_bf16
+
+    def counted(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return entry(*args)
+    monkeypatch.setattr(native, "colsum_bf16", counted)
+    monkeypatch.setattr(bk, "_NATIVE_SUM_ROWS", 1)
+    with PATHS[path]():
+        for batch in (0, 1, 2, 3, 8, 16, 17, 31, 32, 33, 64, 255, 4096):
+            for width, pad in ((1024, 0), (1000, 24), (5, 0), (300, 3)):
+                gen = torch.Generator().manual_seed(batch + width)
+                g = torch.randn(batch, width + pad, generator=gen).to(torch.bfloat16)
+                g = g[:, pad:]
+                gd = g.double()
+                ref, mag = gd.sum(0), gd.abs().sum(0)
+                _within_bf16(bk.bias_grad(g), ref, mag)
+                _within_f32(bk.bias_grad(g, dtype=torch.float32), ref, mag)
+    if path == "torch ops":
+        assert calls == 0
+    elif path == "native" and BF16:
+        assert calls == 12 * 4 * 2  # (every batch but 0 x 4 widths x 2 dtypes)
 
 
 @needs_bf16

@@ -666,18 +666,21 @@ void ss_reset_backoff(void)
  * as integers), and a 24th slot: the values' dtype. One argument for a ctypes caller that keeps
  * the array across calls and writes only the slots that change (the eager fast path of
  * safesparse.nn, safesparse/nn/eager.py). a[23] == SS_DT_BF16: the product computed in
- * bfloat16 (ss_product_bf16; values, bias, x and y all bfloat16, block rows of n_in / c block
- * columns, a[3] bounding both the stored blocks and the values' blocks); else ss_product. */
+ * bfloat16 (ss_product_bf16_to; values, bias and x bfloat16, y bfloat16 or float32, block rows
+ * of n_in / c block columns, a[3] bounding both the stored blocks and the values' blocks); else
+ * ss_product. */
 int ss_product_packed(const int64_t *a)
 {
     if (a[23] == SS_DT_BF16) {
-        if (a[12] != SS_DT_BF16 || a[18] != SS_DT_BF16 || a[2] <= 0) return SS_E_NOKERNEL;
-        return ss_product_bf16(a[0], a[1], a[2], (const int64_t *)(intptr_t)a[4],
-                               (const int64_t *)(intptr_t)a[5], (const int64_t *)(intptr_t)a[6],
-                               a[3], a[15] / a[2], (const void *)(intptr_t)a[7], a[3], a[8],
-                               a[9], a[10], (const void *)(intptr_t)a[11], a[13], a[14], a[16],
-                               (void *)(intptr_t)a[17], a[19], a[20],
-                               (const void *)(intptr_t)a[21], (int)a[22]);
+        if (a[12] != SS_DT_BF16 || (a[18] != SS_DT_BF16 && a[18] != SS_DT_F32) || a[2] <= 0)
+            return SS_E_NOKERNEL;
+        return ss_product_bf16_to(a[0], a[1], a[2], (const int64_t *)(intptr_t)a[4],
+                                  (const int64_t *)(intptr_t)a[5],
+                                  (const int64_t *)(intptr_t)a[6], a[3], a[15] / a[2],
+                                  (const void *)(intptr_t)a[7], a[3], a[8], a[9], a[10],
+                                  (const void *)(intptr_t)a[11], a[13], a[14], a[16],
+                                  (void *)(intptr_t)a[17], (int)a[18], a[19], a[20],
+                                  (const void *)(intptr_t)a[21], (int)a[22]);
     }
     return ss_product(a[0], a[1], a[2], a[3], (const int64_t *)(intptr_t)a[4],
                       (const int64_t *)(intptr_t)a[5], (const int64_t *)(intptr_t)a[6],

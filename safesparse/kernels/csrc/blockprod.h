@@ -75,6 +75,19 @@ int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
                         const int64_t *cols, int64_t n_br, int64_t n_bc, const void *l,
                         int64_t li, int64_t ln, const void *rgt, int64_t ri, int64_t rn,
                         int64_t N, void *g, int nthreads);
+/* the same with the output's dtype (SS_DT_BF16, or SS_DT_F32: the float32 sums unrounded) */
+int ss_product_bf16_to(int64_t n_br, int64_t r, int64_t c, const int64_t *crow,
+                       const int64_t *col, const int64_t *order, int64_t nnzb, int64_t n_bc,
+                       const void *vals, int64_t n_vals, int64_t sp, int64_t sa, int64_t sb,
+                       const void *x, int64_t xk, int64_t xn, int64_t N, void *y, int ydt,
+                       int64_t yi, int64_t yn, const void *bias, int nthreads);
+int ss_values_grad_bf16_to(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
+                           const int64_t *cols, int64_t n_br, int64_t n_bc, const void *l,
+                           int64_t li, int64_t ln, const void *rgt, int64_t ri, int64_t rn,
+                           int64_t N, void *g, int gdt, int nthreads);
+/* out[c] = sum_n g[n * ld + c] (bfloat16 g, float32 sums; out bfloat16 or float32) */
+int ss_colsum_bf16(const void *g, int64_t N, int64_t C, int64_t ld, void *out, int odt,
+                   int nthreads);
 
 int ss_convert(const void *src, int sdt, void *dst, int ddt, int64_t n);
 void ss_region_stats(int64_t *out);

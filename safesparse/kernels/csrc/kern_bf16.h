@@ -31,9 +31,18 @@
 #ifndef BF_NB
 #define BF_NB 8 /* batch rows of the product tile */
 #endif
+#ifndef BF_PF
+#define BF_PF 3 /* tiles ahead to prefetch the input rows of a block (one tile is ~200 cycles
+                   * at 5 % of blocks: too short for the input read from memory) */
+#endif
 #ifndef BF_SMALL_N
 #define BF_SMALL_N 32 /* batches up to this many rows: whole-block tiles, no packing */
 #endif
+#ifndef BF_SMALL_T_N
+#define BF_SMALL_T_N 32 /* the same for a transposed product (M's columns contiguous) */
+#endif
+#define BF_SMALL_ROWS 1
+#define BF_SMALL_T 2
 #ifndef BF_VG_ROWS
 #define BF_VG_ROWS 256 /* batch rows per pass of the values gradient (batch-major) */
 #endif
@@ -76,6 +85,16 @@ static inline __mmask16 bf_mask(int64_t k)
     return k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (k > 0 ? k : 0)) - 1u);
 }
 
+/* The float32 sums v (lanes m) to element off of an output: float32 as they are (f32), or
+ * rounded to bfloat16 */
+BF_INL void bf_put(void *base, int f32, int64_t off, __mmask16 m, __m512 v)
+{
+    if (f32)
+        _mm512_mask_storeu_ps((float *)base + off, m, v);
+    else
+        _mm256_mask_storeu_epi16((uint16_t *)base + off, m, bf_round(v));
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* The batch-major product */
 
@@ -86,11 +105,13 @@ typedef struct {
     int64_t sp, sa, sb;
     const uint16_t *x;
     int64_t xk, xn;
-    uint16_t *y;
+    void *y; /* bfloat16, or float32 where yf32 */
     int64_t yi, yn;
     const uint16_t *bias;
     int feature_major; /* X[k, n] = x[k * xk + n], Y[row, n] = y[row * yi + n] */
-    int small; /* batch-major, few rows, 16 x 16 blocks stored row by row: bf_small_tile */
+    int yf32; /* Y written in float32 (the sums as they are), not rounded to bfloat16 */
+    int small; /* batch-major, few rows, 16 x 16 blocks: BF_SMALL_ROWS (M's rows contiguous:
+                * bf_small_tile), BF_SMALL_T (M's columns contiguous: bf_small_t_tile) */
     int64_t nt, maxq, nac, np; /* batch rows per task; blocks per row; row lanes; pairs */
     uint32_t **pack;
     int64_t **xoff;
@@ -202,9 +223,10 @@ BF_INL void bf_fwd_tile(const bfp_ctx *k, const uint32_t *pk, const int64_t *xof
     const uint32_t *w = pk + ac * np * BF_LANES;
     for (int64_t qq = 0; qq < nq; qq++, w += stride) {
         const uint16_t *xb = xs + xoff[qq];
-        /* the next tile's rows of this block (rows a row of the input apart: the hardware
-         * prefetchers miss them; harmless past the end: a hint) */
-        for (int nb = 0; nb < NB; nb++) _mm_prefetch((const char *)(xb + (NB + nb) * xn), _MM_HINT_T0);
+        /* the rows of this block BF_PF tiles ahead (rows a row of the input apart: the
+         * hardware prefetchers miss them; harmless past the end: a hint) */
+        for (int nb = 0; nb < NB; nb++)
+            _mm_prefetch((const char *)(xb + (BF_PF * NB + nb) * xn), _MM_HINT_T0);
         int64_t t = 0;
         for (; t + K <= full; t += K)
             for (int kk = 0; kk < K; kk++) {
@@ -234,9 +256,10 @@ BF_INL void bf_fwd_tile(const bfp_ctx *k, const uint32_t *pk, const int64_t *xof
     }
     for (int kk = 1; kk < K; kk++)
         for (int nb = 0; nb < NB; nb++) acc[nb] = _mm512_add_ps(acc[nb], acc[kk * NB + nb]);
-    uint16_t *y = k->y + n * k->yn + i * k->r + a0;
-    for (int nb = 0; nb < NB; nb++) _mm256_mask_storeu_epi16(y + nb * k->yn, m, bf_round(acc[nb]));
-    for (int nb = 0; nb < NB; nb++) _mm_prefetch((const char *)(y + (NB + nb) * k->yn), _MM_HINT_T0);
+    const int64_t yo = n * k->yn + i * k->r + a0, esz = k->yf32 ? 4 : 2;
+    for (int nb = 0; nb < NB; nb++) bf_put(k->y, k->yf32, yo + nb * k->yn, m, acc[nb]);
+    for (int nb = 0; nb < NB; nb++)
+        _mm_prefetch((const char *)k->y + (yo + (NB + nb) * k->yn) * esz, _MM_HINT_T0);
 }
 
 /* Feature-major: 16 batch columns from n (cnt of them) in the lanes, the 16 rows of row chunk
@@ -268,10 +291,10 @@ BF_INL void bf_fm_tile(const bfp_ctx *k, const uint32_t *pk, const int64_t *xoff
                 acc[l] = _mm512_dpbf16_ps(acc[l], xv, (__m512bh)_mm512_set1_epi32((int)wt[l]));
         }
     }
-    uint16_t *y = k->y + (i * k->r + a0) * k->yi + n;
+    const int64_t yo = (i * k->r + a0) * k->yi + n;
 #pragma GCC unroll 16
     for (int l = 0; l < BF_LANES; l++)
-        if (l < left) _mm256_mask_storeu_epi16(y + l * k->yi, mn, bf_round(acc[l]));
+        if (l < left) bf_put(k->y, k->yf32, yo + l * k->yi, mn, acc[l]);
 }
 
 /* lanes (i, t) of a and b summed in pairs within 128-bit lanes: [a0 + a1, a2 + a3, b0 + b1,
@@ -310,8 +333,45 @@ BF_INL void bf_small_tile(const bfp_ctx *k, const int64_t *voff, const int64_t *
         __m512 v = bf_pairsum(bf_pairsum(acc[nb][4], acc[nb][5]), bf_pairsum(acc[nb][6], acc[nb][7]));
         __m512 sum = _mm512_add_ps(_mm512_shuffle_f32x4(u, v, 0x88), _mm512_shuffle_f32x4(u, v, 0xDD));
         __m512 out = _mm512_add_ps(_mm512_permutexvar_ps(idx, sum), b0);
-        _mm256_storeu_si256((__m256i *)(k->y + (n + nb) * k->yn + i * 16), bf_round(out));
+        bf_put(k->y, k->yf32, (n + nb) * k->yn + i * 16, (__mmask16)0xffff, out);
     }
+}
+
+/* The small-batch tile of a transposed product (a SparseLinear's gradient to the input: M =
+ * W.T, 16 x 16 blocks stored row by row, so M_q[a, b] = w[b * 16 + a]): NB batch rows from n,
+ * the 16 output rows of block row i. Per pair t of a block, M's columns 2t, 2t + 1 (W's rows:
+ * two 32-byte loads) interleaved in registers, no packing (what a few batch rows cannot
+ * amortize); fewer than 8 rows: the pairs split over K = 8 / NB chains of accumulators, summed
+ * at the end (a chain of vdpbf16ps per row would be bound by its latency). */
+BF_INL void bf_small_t_tile(const bfp_ctx *k, const int64_t *voff, const int64_t *xoff,
+                            int64_t nq, int64_t i, int64_t n, const int NB)
+{
+    __m512 acc[16];
+    const int K = NB >= 8 ? 1 : 8 / NB;
+    for (int u = 0; u < K * NB; u++) acc[u] = _mm512_setzero_ps();
+    const int64_t xn = k->xn;
+    const uint16_t *xs = k->x + n * xn;
+    for (int64_t qq = 0; qq < nq; qq++) {
+        const uint16_t *w = k->vals + voff[qq], *xb = xs + xoff[qq];
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) {
+            __m512bh wv = (__m512bh)bf_interleave(_mm256_loadu_si256((const __m256i *)(w + 32 * t)),
+                                                  _mm256_loadu_si256((const __m256i *)(w + 32 * t + 16)));
+            const int kk = t % K;
+            for (int nb = 0; nb < NB; nb++) {
+                uint32_t pair;
+                memcpy(&pair, xb + nb * xn + 2 * t, 4);
+                acc[kk * NB + nb] = _mm512_dpbf16_ps(acc[kk * NB + nb], wv,
+                                                     (__m512bh)_mm512_set1_epi32((int)pair));
+            }
+        }
+    }
+    for (int kk = 1; kk < K; kk++)
+        for (int nb = 0; nb < NB; nb++) acc[nb] = _mm512_add_ps(acc[nb], acc[kk * NB + nb]);
+    __m512 b0 = k->bias ? bf_widen(k->bias + i * 16, (__mmask16)0xffff) : _mm512_setzero_ps();
+    for (int nb = 0; nb < NB; nb++)
+        bf_put(k->y, k->yf32, (n + nb) * k->yn + i * 16, (__mmask16)0xffff,
+               _mm512_add_ps(acc[nb], b0));
 }
 
 static BF_TARGET void bf_fwd_task(void *vctx, int64_t task, int tid)
@@ -340,6 +400,16 @@ static BF_TARGET void bf_fwd_task(void *vctx, int64_t task, int tid)
             ((int64_t *)pk)[qq] = p * k->sp;
         else
             bf_pack_block(k, k->vals + p * k->sp, pk + qq * blk);
+    }
+    if (k->small == BF_SMALL_T) {
+        const int64_t *voff = (const int64_t *)pk;
+        int64_t n = n0, end = n0 + nt;
+        for (; n + 16 <= end; n += 16) bf_small_t_tile(k, voff, xoff, nq, i, n, 16);
+        if (n + 8 <= end) { bf_small_t_tile(k, voff, xoff, nq, i, n, 8); n += 8; }
+        if (n + 4 <= end) { bf_small_t_tile(k, voff, xoff, nq, i, n, 4); n += 4; }
+        if (n + 2 <= end) { bf_small_t_tile(k, voff, xoff, nq, i, n, 2); n += 2; }
+        if (n < end) bf_small_t_tile(k, voff, xoff, nq, i, n, 1);
+        return;
     }
     if (k->small) {
         int64_t n = n0;
@@ -371,14 +441,16 @@ static BF_TARGET void bf_fwd_task(void *vctx, int64_t task, int tid)
  * Y[row, n] = y[row * yi + n * yn] (written whole), bias nullable (bfloat16); batch-major
  * (xk == yi == 1) or feature-major (xn == yn == 1). Returns 0, -1 (no bfloat16 kernels on this
  * CPU, or operands neither batch- nor feature-major), -2 (out of memory), SS_EINDEX (an index
- * out of range: y is then partly written). */
-int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, const int64_t *col,
-                    const int64_t *order, int64_t nnzb, int64_t n_bc, const void *vals,
-                    int64_t n_vals, int64_t sp, int64_t sa, int64_t sb, const void *x,
-                    int64_t xk, int64_t xn, int64_t N, void *y, int64_t yi, int64_t yn,
-                    const void *bias, int nthreads)
+ * out of range: y is then partly written). ss_product_bf16_to: the same, Y in the dtype ydt
+ * (SS_DT_BF16, or SS_DT_F32: the float32 sums as they are, no rounding; say a float32 layer's
+ * gradient to its input under bfloat16 autocast, no bfloat16 copy cast afterwards). */
+int ss_product_bf16_to(int64_t n_br, int64_t r, int64_t c, const int64_t *crow,
+                       const int64_t *col, const int64_t *order, int64_t nnzb, int64_t n_bc,
+                       const void *vals, int64_t n_vals, int64_t sp, int64_t sa, int64_t sb,
+                       const void *x, int64_t xk, int64_t xn, int64_t N, void *y, int ydt,
+                       int64_t yi, int64_t yn, const void *bias, int nthreads)
 {
-    if (!ss_bf16_supported()) return -1;
+    if (!ss_bf16_supported() || (ydt != DT_BF16 && ydt != DT_F32)) return -1;
     int fm = !(xk == 1 && yi == 1);
     if (fm && !(xn == 1 && yn == 1)) return -1;
     if (N <= 0 || n_br <= 0) return 0;
@@ -392,10 +464,11 @@ int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, con
     }
     if (nthreads < 1) nthreads = 1;
     bfp_ctx k = {n_br, r, c, N, nnzb, n_bc, n_vals, crow, col, order, (const uint16_t *)vals,
-                 sp, sa, sb, (const uint16_t *)x, xk, xn, (uint16_t *)y, yi, yn,
-                 (const uint16_t *)bias, fm, 0, 0, maxq, (r + BF_LANES - 1) / BF_LANES,
-                 (c + 1) / 2, 0, 0, 0};
-    k.small = !fm && N <= BF_SMALL_N && r == 16 && c == 16 && sa == 16 && sb == 1;
+                 sp, sa, sb, (const uint16_t *)x, xk, xn, y, yi, yn,
+                 (const uint16_t *)bias, fm, ydt == DT_F32, 0, 0, maxq,
+                 (r + BF_LANES - 1) / BF_LANES, (c + 1) / 2, 0, 0, 0};
+    if (!fm && N <= BF_SMALL_N && r == 16 && c == 16 && sa == 16 && sb == 1) k.small = BF_SMALL_ROWS;
+    if (!fm && N <= BF_SMALL_T_N && r == 16 && c == 16 && sa == 1 && sb == 16) k.small = BF_SMALL_T;
     /* batch rows per task: 256 (a chunk of the input stays in L2 while every block row reads
      * it), fewer where the block rows alone do not give each thread several tasks */
     int64_t nt = N < BF_ROWS ? N : BF_ROWS;
@@ -428,6 +501,16 @@ int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, con
     return k.err ? SS_EINDEX : 0;
 }
 
+int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, const int64_t *col,
+                    const int64_t *order, int64_t nnzb, int64_t n_bc, const void *vals,
+                    int64_t n_vals, int64_t sp, int64_t sa, int64_t sb, const void *x,
+                    int64_t xk, int64_t xn, int64_t N, void *y, int64_t yi, int64_t yn,
+                    const void *bias, int nthreads)
+{
+    return ss_product_bf16_to(n_br, r, c, crow, col, order, nnzb, n_bc, vals, n_vals, sp, sa,
+                              sb, x, xk, xn, N, y, DT_BF16, yi, yn, bias, nthreads);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* The values gradient */
 
@@ -439,7 +522,8 @@ typedef struct {
     const uint16_t *rgt;
     int64_t ri, rn;
     int dot; /* operands contiguous along the batch (ln == rn == 1), not across it */
-    uint16_t *g;
+    void *g;
+    int gf32; /* G written in float32 (the sums as they are), not rounded to bfloat16 */
     uint32_t **pairs;
     int err;
     /* batch-major, large batches: the rows [n0, n1) of one pass; sums of the earlier passes
@@ -455,7 +539,7 @@ typedef struct {
  * pair interleaved in registers (rp: R at row n0); the sums start from the earlier passes' (ap,
  * float32) and go to ap, or rounded to gp in the last pass. */
 BF_INL void bf_vg_tile(const bfv_ctx *k, const uint32_t *lpair, const uint16_t *rp,
-                       uint16_t *gp, float *ap, __mmask16 mb, const int RT)
+                       int64_t go, float *ap, __mmask16 mb, const int RT)
 {
     __m512 acc[16];
     if (k->first)
@@ -482,7 +566,7 @@ BF_INL void bf_vg_tile(const bfv_ctx *k, const uint32_t *lpair, const uint16_t *
     }
     if (k->last)
         for (int ra = 0; ra < RT; ra++)
-            _mm256_mask_storeu_epi16(gp + ra * k->c, mb, bf_round(acc[ra]));
+            bf_put(k->g, k->gf32, go + ra * k->c, mb, acc[ra]);
     else
         for (int ra = 0; ra < RT; ra++) _mm512_mask_storeu_ps(ap + ra * k->c, mb, acc[ra]);
 }
@@ -492,7 +576,7 @@ BF_INL void bf_vg_tile(const bfv_ctx *k, const uint32_t *lpair, const uint16_t *
  * transposed into pairs (in registers, through a 1 KiB buffer) and L's pairs, contiguous,
  * are broadcast from memory. */
 BF_INL void bf_vgd_tile(const bfv_ctx *k, const uint16_t *lp, const uint16_t *rp,
-                        int64_t bleft, uint16_t *gp, __mmask16 mb, const int RT)
+                        int64_t bleft, int64_t go, __mmask16 mb, const int RT)
 {
     __m512 acc[16];
     uint32_t tr[8 * BF_LANES] __attribute__((aligned(64)));
@@ -517,13 +601,13 @@ BF_INL void bf_vgd_tile(const bfv_ctx *k, const uint16_t *lp, const uint16_t *rp
             }
         }
     }
-    for (int ra = 0; ra < RT; ra++) _mm256_mask_storeu_epi16(gp + ra * k->c, mb, bf_round(acc[ra]));
+    for (int ra = 0; ra < RT; ra++) bf_put(k->g, k->gf32, go + ra * k->c, mb, acc[ra]);
 }
 
 static BF_TARGET void bf_vgd_block(const bfv_ctx *k, int64_t p, int64_t i, int64_t j)
 {
     const int64_t r = k->r, c = k->c;
-    uint16_t *g = k->g + p * r * c;
+    const int64_t g = p * r * c;
     for (int64_t b0 = 0; b0 < c; b0 += BF_LANES) {
         int64_t bleft = c - b0 < BF_LANES ? c - b0 : BF_LANES;
         __mmask16 mb = bf_mask(bleft);
@@ -531,7 +615,7 @@ static BF_TARGET void bf_vgd_block(const bfv_ctx *k, int64_t p, int64_t i, int64
         for (int64_t a0 = 0; a0 < r;) {
             int64_t left = r - a0;
             const uint16_t *lp = k->l + (i * r + a0) * k->li;
-            uint16_t *gp = g + a0 * c + b0;
+            const int64_t gp = g + a0 * c + b0;
             if (left >= 16) { bf_vgd_tile(k, lp, rp, bleft, gp, mb, 16); a0 += 16; }
             else if (left >= 8) { bf_vgd_tile(k, lp, rp, bleft, gp, mb, 8); a0 += 8; }
             else if (left >= 4) { bf_vgd_tile(k, lp, rp, bleft, gp, mb, 4); a0 += 4; }
@@ -585,7 +669,7 @@ static BF_TARGET void bf_vg_task(void *vctx, int64_t run, int tid)
             __atomic_store_n(&k->err, 1, __ATOMIC_RELAXED);
             return;
         }
-        uint16_t *g = k->g + p * r * c;
+        const int64_t g = p * r * c;
         float *ab = k->acc ? k->acc + p * r * c : 0;
         for (int64_t b0 = 0; b0 < c; b0 += BF_LANES) {
             __mmask16 mb = bf_mask(c - b0);
@@ -593,7 +677,7 @@ static BF_TARGET void bf_vg_task(void *vctx, int64_t run, int tid)
             for (int64_t a0 = 0; a0 < r;) {
                 int64_t left = r - a0;
                 const uint32_t *lpair = buf + (a0 / BF_LANES) * np * BF_LANES + a0 % BF_LANES;
-                uint16_t *gp = g + a0 * c + b0;
+                const int64_t gp = g + a0 * c + b0;
                 float *ap = ab ? ab + a0 * c + b0 : 0;
                 int64_t lane_left = BF_LANES - a0 % BF_LANES;
                 if (left > lane_left) left = lane_left;
@@ -612,19 +696,20 @@ static BF_TARGET void bf_vg_task(void *vctx, int64_t run, int tid)
  * R[k, n] = rgt[k * ri + n * rn] (cols[p] < n_bc), both bfloat16, batch-major (li == ri == 1)
  * or contiguous along the batch (ln == rn == 1). Returns 0, -1 (no bfloat16 kernels on this
  * CPU, or other strides), -2 (out of memory), SS_EINDEX (an index out of range: g is then
- * partly written). */
-int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
-                        const int64_t *cols, int64_t n_br, int64_t n_bc, const void *l,
-                        int64_t li, int64_t ln, const void *rgt, int64_t ri, int64_t rn,
-                        int64_t N, void *g, int nthreads)
+ * partly written). ss_values_grad_bf16_to: the same, G in the dtype gdt (SS_DT_BF16, or SS_DT_F32:
+ * the float32 sums as they are; a float32 layer's values gradient under bfloat16 autocast). */
+int ss_values_grad_bf16_to(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
+                           const int64_t *cols, int64_t n_br, int64_t n_bc, const void *l,
+                           int64_t li, int64_t ln, const void *rgt, int64_t ri, int64_t rn,
+                           int64_t N, void *g, int gdt, int nthreads)
 {
-    if (!ss_bf16_supported()) return -1;
+    if (!ss_bf16_supported() || (gdt != DT_BF16 && gdt != DT_F32)) return -1;
     int dot = !(li == 1 && ri == 1);
     if (dot && !(ln == 1 && rn == 1)) return -1;
     if (r <= 0 || c <= 0) return -1;
     if (nnzb <= 0) return 0;
     if (N <= 0) {
-        memset(g, 0, (size_t)(nnzb * r * c) * 2);
+        memset(g, 0, (size_t)(nnzb * r * c) * (gdt == DT_F32 ? 4 : 2));
         return 0;
     }
     /* runs of blocks with the same block row, at most 64 blocks each (work to share) */
@@ -643,7 +728,7 @@ int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
     int64_t tile = dot || N <= 2 * BF_VG_ROWS ? N : BF_VG_ROWS;
     bfv_ctx k = {r, c, N, n_br, n_bc, (r + BF_LANES - 1) / BF_LANES, (tile + 1) / 2, rows,
                  cols, starts, (const uint16_t *)l, li, ln, (const uint16_t *)rgt, ri, rn, dot,
-                 (uint16_t *)g, 0, 0, 0, N, 0, 1, 1};
+                 g, gdt == DT_F32, 0, 0, 0, N, 0, 1, 1};
     uint32_t *bufs[256];
     int ok = 1;
     for (int t = 0; t < nth; t++) {
@@ -671,11 +756,92 @@ int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
     return k.err ? SS_EINDEX : 0;
 }
 
+int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
+                        const int64_t *cols, int64_t n_br, int64_t n_bc, const void *l,
+                        int64_t li, int64_t ln, const void *rgt, int64_t ri, int64_t rn,
+                        int64_t N, void *g, int nthreads)
+{
+    return ss_values_grad_bf16_to(nnzb, r, c, rows, cols, n_br, n_bc, l, li, ln, rgt, ri, rn, N,
+                                  g, DT_BF16, nthreads);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The column sums (a SparseLinear's bias gradient: g.sum(0)) */
+
+typedef struct {
+    const uint16_t *g;
+    int64_t N, C, ld;
+    void *out;
+    int f32;
+} bfs_ctx;
+
+#define BF_SUM_COLS 256 /* columns per task: 16 vectors of float32 sums in registers */
+
+/* columns [t * 256, + 256) summed over the N rows in float32 (rows in order), then written */
+static BF_TARGET void bf_colsum_task(void *vctx, int64_t t, int tid)
+{
+    (void)tid;
+    const bfs_ctx *k = (const bfs_ctx *)vctx;
+    const int64_t c0 = t * BF_SUM_COLS, left = k->C - c0;
+    const int nv = (int)((left < BF_SUM_COLS ? left : BF_SUM_COLS) + 15) / 16;
+    __m512 acc[16];
+    __mmask16 m[16];
+    for (int v = 0; v < 16; v++) {
+        acc[v] = _mm512_setzero_ps();
+        m[v] = bf_mask(left - 16 * v);
+    }
+    const uint16_t *row = k->g + c0;
+    if (nv == 16 && left >= BF_SUM_COLS) {
+        for (int64_t n = 0; n < k->N; n++, row += k->ld) {
+#pragma GCC unroll 16
+            for (int v = 0; v < 16; v++) acc[v] = _mm512_add_ps(acc[v], bf_widen(row + 16 * v, 0xffff));
+        }
+    } else {
+        for (int64_t n = 0; n < k->N; n++, row += k->ld)
+            for (int v = 0; v < nv; v++) acc[v] = _mm512_add_ps(acc[v], bf_widen(row + 16 * v, m[v]));
+    }
+    for (int v = 0; v < nv; v++) bf_put(k->out, k->f32, c0 + 16 * v, m[v], acc[v]);
+}
+
+/* out[c] = sum_n g[n * ld + c] for c < C (bfloat16 g; float32 sums, rows in order), out in
+ * odt (SS_DT_BF16: rounded, or SS_DT_F32). Returns 0, or -1 (no bfloat16 kernels here, another
+ * dtype). */
+int ss_colsum_bf16(const void *g, int64_t N, int64_t C, int64_t ld, void *out, int odt,
+                   int nthreads)
+{
+    if (!ss_bf16_supported() || (odt != DT_BF16 && odt != DT_F32) || N < 0 || C < 0 ||
+        (N > 1 && ld < C))
+        return -1;
+    bfs_ctx k = {(const uint16_t *)g, N, C, ld, out, odt == DT_F32};
+    run_tasks(bf_colsum_task, &k, (C + BF_SUM_COLS - 1) / BF_SUM_COLS, nthreads < 1 ? 1 : nthreads);
+    return 0;
+}
+
 #undef BF_TARGET
 #undef BF_INL
 #undef BF_LANES
 #else  /* not x86-64: no bfloat16 kernels (the callers keep their float32 route) */
 int ss_bf16_supported(void) { return 0; }
+int ss_colsum_bf16(const void *g, int64_t N, int64_t C, int64_t ld, void *out, int odt,
+                   int nthreads)
+{
+    return -1;
+}
+int ss_product_bf16_to(int64_t n_br, int64_t r, int64_t c, const int64_t *crow,
+                       const int64_t *col, const int64_t *order, int64_t nnzb, int64_t n_bc,
+                       const void *vals, int64_t n_vals, int64_t sp, int64_t sa, int64_t sb,
+                       const void *x, int64_t xk, int64_t xn, int64_t N, void *y, int ydt,
+                       int64_t yi, int64_t yn, const void *bias, int nthreads)
+{
+    return -1;
+}
+int ss_values_grad_bf16_to(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
+                           const int64_t *cols, int64_t n_br, int64_t n_bc, const void *l,
+                           int64_t li, int64_t ln, const void *rgt, int64_t ri, int64_t rn,
+                           int64_t N, void *g, int gdt, int nthreads)
+{
+    return -1;
+}
 int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, const int64_t *col,
                     const int64_t *order, int64_t nnzb, int64_t n_bc, const void *vals,
                     int64_t n_vals, int64_t sp, int64_t sa, int64_t sb, const void *x,
