@@ -332,12 +332,56 @@ typedef struct {
     const void *rgt;
     int64_t ri, rn;
     void *g;
+    int64_t nnzb; /* the stored blocks (the tasks) */
 } vg_ctx;
 
 typedef struct {
     task_fn prod, small, vg_outer, vg_dot, bm, pack;
     int lanes;
 } kernel_set;
+
+/* ------------------------------------------------------------------------------------------ */
+/* prefetching a share of a row tile (hints only: never a read, never a fault) */
+
+#ifndef SS_PF_HINT
+#define SS_PF_HINT 1 /* prefetcht2: into L2, the first level a tile has to be in */
+#endif
+#ifndef SS_PF_FIRST
+#define SS_PF_FIRST 1 /* the first tile's first task prefetches the first tile */
+#endif
+
+#ifndef SS_VG_AHEAD
+#define SS_VG_AHEAD 16 /* batch rows ahead the values gradient's outer form prefetches */
+#endif
+
+/* The lines of `rows` rows (row n: `len` bytes from base + n * stride) in order, share `share`
+ * of `shares`, issued `step` at a time by prefetch_step. */
+typedef struct {
+    const char *base;
+    int64_t stride, lines, n, o, left, step;
+} row_lines;
+
+static inline void row_lines_share(row_lines *t, const char *base, int64_t stride, int64_t len,
+                                   int64_t rows, int64_t share, int64_t shares, int64_t calls)
+{
+    int64_t lines = (len + 63) / 64, total = rows * lines;
+    int64_t t0 = total * share / shares, t1 = total * (share + 1) / shares;
+    t->base = base;
+    t->stride = stride;
+    t->lines = lines;
+    t->n = lines > 0 ? t0 / lines : 0;
+    t->o = lines > 0 ? t0 % lines : 0;
+    t->left = t1 - t0;
+    t->step = calls > 0 ? (t->left + calls - 1) / calls : t->left;
+}
+
+static inline __attribute__((always_inline)) void prefetch_step(row_lines *t)
+{
+    for (int64_t s = 0; s < t->step && t->left > 0; s++, t->left--) {
+        __builtin_prefetch(t->base + t->n * t->stride + t->o * 64, 0, SS_PF_HINT);
+        if (++t->o == t->lines) { t->o = 0; t->n++; }
+    }
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* instantiations */
@@ -606,7 +650,7 @@ int ss_values_grad(int64_t nnzb, int64_t r, int64_t c, int64_t n_l, int64_t n_r,
     if (!ks || (dt != DT_F32 && dt != DT_F64)) return SS_E_NOKERNEL;
     ss_fault fault = {0, 0, 0, 0, 0};
     vg_ctx k = {r, c, N, r > 0 ? n_l / r : 0, c > 0 ? n_r / c : 0, &fault, 0, N, 0, rows,
-                cols, l, li, ln, rgt, ri, rn, g};
+                cols, l, li, ln, rgt, ri, rn, g, nnzb};
     if (nthreads < 1) nthreads = 1;
     if (ri == 1 && c >= ks->lanes / 2) {
         /* row tiles (one region each, G accumulated): the tiles of L and R stay in cache

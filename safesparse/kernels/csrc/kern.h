@@ -230,6 +230,25 @@ INL void FN(bm_tile)(const prod_ctx *k, const R *const *wq, int64_t wsb, int64_t
     }
 }
 
+/* This task's share (block row i of n_br) of the row tile after `chunk`: its rows of X (xk ==
+ * 1: a row's n_in inputs contiguous) and of Y (yi == 1), in pf[0] and pf[1], `calls` steps; for
+ * the first tile's first task, the first tile itself. */
+static inline void FN(bm_next_tile)(const prod_ctx *k, int64_t chunk, int64_t i, int64_t calls,
+                                    row_lines *pf)
+{
+    int64_t esz = (int64_t)sizeof(R), nt = k->nt, n0 = (chunk + 1) * nt;
+    int64_t share = i, shares = k->n_br;
+#if SS_PF_FIRST
+    if (chunk == 0 && i == 0) { n0 = 0; shares = 1; }
+#endif
+    int64_t rows = k->N - n0 < nt ? k->N - n0 : nt;
+    if (k->xk != 1 || rows <= 0) rows = 0;
+    row_lines_share(&pf[0], (const char *)k->x + n0 * k->xn * esz, k->xn * esz, k->n_in * esz,
+                    rows, share, shares, calls);
+    row_lines_share(&pf[1], (const char *)k->y + n0 * k->yn * esz, k->yn * esz,
+                    k->n_br * k->r * esz, k->ydt == DT_SELF ? rows : 0, share, shares, calls);
+}
+
 static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
 {
     prod_ctx *k = (prod_ctx *)vctx;
@@ -265,12 +284,20 @@ static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
         }
         wsb = r;
     }
+    /* the next row tile's rows of X and Y on their way meanwhile (this task's share of them,
+     * spread over its tiles): their first touch, a few lines at random block columns of
+     * rows a page apart, is one no hardware prefetcher follows */
+    row_lines pf[2];
+    int64_t calls = ((k->r + 2 * W - 1) / (2 * W)) * ((nt + BM_NB - 1) / BM_NB);
+    FN(bm_next_tile)(k, chunk, i, calls, pf);
     for (int64_t a0 = 0; a0 < k->r; a0 += 2 * W) {
         int64_t ac = k->r - a0 < 2 * W ? k->r - a0 : 2 * W;
         int two = ac > W, full = ac == W || ac == 2 * W;
         for (int64_t n = n0; n < n0 + nt;) {
             int64_t left = n0 + nt - n;
             int nb = left >= BM_NB ? BM_NB : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            prefetch_step(&pf[0]);
+            prefetch_step(&pf[1]);
             switch (nb * 4 + two * 2 + full) {
 #define BCASE(NBV) \
     case NBV * 4: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 1, 0, a0, ac); break; \
@@ -427,7 +454,14 @@ INL void FN(vgo_tile)(const vg_ctx *k, int64_t p, int64_t bi, int64_t bj, int64_
     const int64_t n0 = k->n0, n1 = k->n1, li = k->li, ln = k->ln, rn = k->rn;
     const R *l = (const R *)k->l + (bi * k->r + a0) * li + n0 * ln;
     const R *rr = (const R *)k->rgt + (bj * k->c + b0) + n0 * rn;
+    /* both operands' rows are a batch row apart (a page, typically): the lines SS_VG_AHEAD
+     * rows on requested meanwhile, where a stride prefetcher would start too late */
+    const int64_t nf = n1 - SS_VG_AHEAD;
     for (int64_t n = n0; n < n1; n++, l += ln, rr += rn) {
+        if (n < nf) {
+            __builtin_prefetch(rr + SS_VG_AHEAD * rn);
+            __builtin_prefetch(l + SS_VG_AHEAD * ln);
+        }
         VT x0 = FULL ? LOADU(rr) : LOADM(rr, m0);
         VT x1 = ZERO();
         if (VN == 2) x1 = FULL ? LOADU(rr + W) : LOADM(rr + W, m1);
@@ -452,6 +486,22 @@ static TARGET void FN(vgo_task)(void *vctx, int64_t p, int tid)
     vg_ctx *k = (vg_ctx *)vctx;
     int64_t bi, bj;
     if (faulted(k->fault) || !FN(vg_block)(k, p, &bi, &bj)) return;
+    if (p + 1 < k->nnzb) { /* the next block's G (a later row tile adds to it) and its first
+                            * batch rows, on their way meanwhile (hints: indices in range) */
+        int64_t rc = k->r * k->c, i2 = LD(k->rows + p + 1), j2 = LD(k->cols + p + 1);
+        if (k->accum)
+            for (int64_t e = 0; e < rc; e += 64 / (int64_t)sizeof(R))
+                __builtin_prefetch((const R *)k->g + (p + 1) * rc + e);
+        if ((uint64_t)i2 < (uint64_t)k->n_lb && (uint64_t)j2 < (uint64_t)k->n_rb) {
+            const R *l2 = (const R *)k->l + i2 * k->r * k->li + k->n0 * k->ln;
+            const R *r2 = (const R *)k->rgt + j2 * k->c * k->ri + k->n0 * k->rn;
+            int64_t ahead = k->n1 - k->n0 < SS_VG_AHEAD ? k->n1 - k->n0 : SS_VG_AHEAD;
+            for (int64_t n = 0; n < ahead; n++) {
+                __builtin_prefetch(l2 + n * k->ln);
+                __builtin_prefetch(r2 + n * k->rn);
+            }
+        }
+    }
     for (int64_t b0 = 0; b0 < k->c; b0 += 2 * W) {
         int64_t bc = k->c - b0 < 2 * W ? k->c - b0 : 2 * W;
         int two = bc > W, full = bc == W || bc == 2 * W;
