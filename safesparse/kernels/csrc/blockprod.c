@@ -473,6 +473,9 @@ static int row_buffers(void **ptrs, int nth, int64_t maxq)
 #ifndef SS_BM_ROWS
 #define SS_BM_ROWS 128 /* most batch rows per task of the batch-major product (a row tile) */
 #endif
+#ifndef SS_TILE_Y
+#define SS_TILE_Y 0 /* 1: a row tile's size counts Y's rows too (each written once) */
+#endif
 #ifndef SS_TILE_BYTES
 #define SS_TILE_BYTES (512 * 1024) /* a row tile's operands (input and output rows): in L2 */
 #endif
@@ -581,8 +584,12 @@ int ss_product(int64_t n_br, int64_t r, int64_t c, int64_t nnzb, const int64_t *
         bnt = (bnt + 7) / 8 * 8;
         /* row tiles: the tile of X and of Y stays in cache across the block rows (tasks run
          * tile by tile), so the cost per row stays flat however large the batch */
-        int64_t most = tile_rows(n_in + n_br * r, esz, SS_BM_ROWS);
-        if (bnt > most) bnt = most;
+        int64_t most = tile_rows(n_in + SS_TILE_Y * n_br * r, esz, SS_BM_ROWS);
+        if (bnt > most) { /* tiles of about equal rows (not a full ones and a short last) */
+            int64_t tiles = (N + most - 1) / most;
+            bnt = (N + tiles - 1) / tiles;
+            bnt = (bnt + 7) / 8 * 8;
+        }
         k.nt = bnt;
         int64_t ntiles = (N + bnt - 1) / bnt;
         ntasks = ntiles * n_br;

@@ -230,23 +230,50 @@ INL void FN(bm_tile)(const prod_ctx *k, const R *const *wq, int64_t wsb, int64_t
     }
 }
 
-/* This task's share (block row i of n_br) of the row tile after `chunk`: its rows of X (xk ==
- * 1: a row's n_in inputs contiguous) and of Y (yi == 1), in pf[0] and pf[1], `calls` steps; for
- * the first tile's first task, the first tile itself. */
-static inline void FN(bm_next_tile)(const prod_ctx *k, int64_t chunk, int64_t i, int64_t calls,
-                                    row_lines *pf)
+/* What the next task will read, on its way meanwhile (hints; every index read once and in
+ * range before it makes an address). pf[0]: this task's share (block row i of n_br) of the
+ * next row tile's rows of X (xk == 1), the first task of the first tile the first tile's;
+ * pf[1]: the lines of Y the next block row writes in this tile (yi == 1: on a cold cache each
+ * store would wait for its line). Both issued `calls` steps. And now: the next block row's
+ * blocks (its values, or their packed copy): a row's few KiB read at the start of a task,
+ * a burst no hardware prefetcher sees coming. */
+static inline void FN(bm_prefetch)(const prod_ctx *k, int64_t chunk, int64_t i, int64_t calls,
+                                   row_lines *pf)
 {
-    int64_t esz = (int64_t)sizeof(R), nt = k->nt, n0 = (chunk + 1) * nt;
-    int64_t share = i, shares = k->n_br;
+    const int64_t esz = (int64_t)sizeof(R), nt = k->nt, n_row = k->n_br * k->r;
+    int64_t n0 = (chunk + 1) * nt, shares = k->n_br, share = i;
 #if SS_PF_FIRST
-    if (chunk == 0 && i == 0) { n0 = 0; shares = 1; }
+    if (chunk == 0 && i == 0) { n0 = 0; shares = 1; share = 0; }
 #endif
     int64_t rows = k->N - n0 < nt ? k->N - n0 : nt;
-    if (k->xk != 1 || rows <= 0) rows = 0;
+    if (k->xk != 1 || rows < 0) rows = 0;
     row_lines_share(&pf[0], (const char *)k->x + n0 * k->xn * esz, k->xn * esz, k->n_in * esz,
                     rows, share, shares, calls);
-    row_lines_share(&pf[1], (const char *)k->y + n0 * k->yn * esz, k->yn * esz,
-                    k->n_br * k->r * esz, k->ydt == DT_SELF ? rows : 0, share, shares, calls);
+    /* the next block row: i + 1 in this tile, or the first of the next tile */
+    int64_t i2 = i + 1, m0 = chunk * nt;
+    if (i2 == k->n_br) { i2 = 0; m0 += nt; }
+    int64_t yrows = k->N - m0 < nt ? k->N - m0 : nt;
+    if (k->ydt != DT_SELF || yrows < 0) yrows = 0;
+    row_lines_share(&pf[1], (const char *)k->y + (m0 * k->yn + i2 * k->r) * esz, k->yn * esz,
+                    (n_row - i2 * k->r < k->r ? n_row - i2 * k->r : k->r) * esz, yrows, 0, 1,
+                    calls);
+    int64_t a = LD(k->crow + i2), b = LD(k->crow + i2 + 1);
+    if (a < 0 || b < a || b > k->nnzb) return;
+    const int64_t rc = k->r * k->c;
+    int64_t span = (k->r - 1) * k->sa + (k->c - 1) * k->sb + 1; /* a block's extent in vals */
+    if (k->sa < 0 || k->sb < 0 || span > 2 * rc) span = 0;
+    for (int64_t q = a; q < b && q < a + 64; q++) {
+        const R *src;
+        if (k->packed) {
+            src = (const R *)k->packed + q * rc;
+            span = rc;
+        } else {
+            int64_t p = k->order ? LD(k->order + q) : q;
+            if ((uint64_t)p >= (uint64_t)k->nnzb) return;
+            src = (const R *)k->vals + p * k->sp;
+        }
+        for (int64_t e = 0; e < span; e += 64 / esz) __builtin_prefetch(src + e, 0, SS_PF_HINT);
+    }
 }
 
 static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
@@ -289,7 +316,7 @@ static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
      * rows a page apart, is one no hardware prefetcher follows */
     row_lines pf[2];
     int64_t calls = ((k->r + 2 * W - 1) / (2 * W)) * ((nt + BM_NB - 1) / BM_NB);
-    FN(bm_next_tile)(k, chunk, i, calls, pf);
+    FN(bm_prefetch)(k, chunk, i, calls, pf);
     for (int64_t a0 = 0; a0 < k->r; a0 += 2 * W) {
         int64_t ac = k->r - a0 < 2 * W ? k->r - a0 : 2 * W;
         int two = ac > W, full = ac == W || ac == 2 * W;
@@ -417,6 +444,15 @@ static TARGET void FN(pack_task)(void *vctx, int64_t task, int tid)
     const R *vals = (const R *)k->vals;
     R *packed = (R *)k->packed;
     int64_t q1 = (task + 1) * SS_PACK < nnzb ? (task + 1) * SS_PACK : nnzb;
+    /* the next task's blocks on their way meanwhile (M's order scatters them) */
+    int64_t span = (r - 1) * k->sa + (c - 1) * k->sb + 1;
+    if (k->sa >= 0 && k->sb >= 0 && span <= 2 * r * c)
+        for (int64_t q = q1; q < q1 + SS_PACK && q < nnzb; q++) {
+            int64_t p = k->order ? LD(k->order + q) : q;
+            if ((uint64_t)p >= (uint64_t)nnzb) break;
+            for (int64_t e = 0; e < span; e += 64 / (int64_t)sizeof(R))
+                __builtin_prefetch(vals + p * k->sp + e, 0, SS_PF_HINT);
+        }
     for (int64_t q = task * SS_PACK; q < q1; q++) {
         int64_t p = k->order ? LD(k->order + q) : q;
         if ((uint64_t)p >= (uint64_t)nnzb) { fault_set(k->fault, SS_M_ORDER, q, p, nnzb); return; }
