@@ -178,39 +178,38 @@ def main() -> None:
                                        for b in args.batches.split(",")):
         if n_out % args.block or n_in % args.block:
             raise SystemExit(f"{n_out}x{n_in}: not whole {args.block}x{args.block} blocks")
-        if True:
-            p = Problem(n_out, args.block, dens / 100, batch, seed=dens, n_in=n_in)
-            work = 2.0 * batch * n_out * n_in
-            flop = 2.0 * batch * p.nnzb * args.block * args.block
-            reps = max(1, int(2e8 / work))
-            kern = p.calls(mine, 2)
-            alt = p.calls(other, args.abi) if other else None
-            dense = p.dense_calls()
-            best: dict[tuple[str, str], float] = {}
-            for rnd in range(args.rounds):
-                for name in kern:
-                    runs = [("dense", dense[name]), ("kernel", kern[name]),
-                            *((("other", alt[name]),) if alt else ())]
-                    # each in turn first (the one after the dense GEMM finds colder caches)
-                    runs = runs[rnd % len(runs):] + runs[:rnd % len(runs)]
-                    for tag, fn in runs:
-                        fn()
-                        t = cpu_time(fn, reps, args.cold)
-                        best[tag, name] = min(best.get((tag, name), t), t)
-            for name in (*kern, "fwd+bwd"):
-                if name == "fwd+bwd":
-                    d = sum(best["dense", k] for k in kern)
-                    k_ = sum(best["kernel", k] for k in kern)
-                    o = sum(best["other", k] for k in kern) if alt else 0.0
-                else:
-                    d, k_ = best["dense", name], best["kernel", name]
-                    o = best["other", name] if alt else 0.0
-                per = flop * (3 if name == "fwd+bwd" else 1)
-                line = (f"{f'{n_out}x{n_in}':>9} {dens:>4} {batch:>5} {name:>9} {d * 1e6:>9.1f} "
-                        f"{k_ * 1e6:>9.1f} {k_ / d:>6.3f} {per / k_ / 1e9:>5.1f}")
-                if alt:
-                    line += f" {o * 1e6:>9.1f} {k_ / o:>9.3f}"
-                print(line, flush=True)
+        p = Problem(n_out, args.block, dens / 100, batch, seed=dens, n_in=n_in)
+        work = 2.0 * batch * n_out * n_in
+        flop = 2.0 * batch * p.nnzb * args.block * args.block
+        reps = max(1, int(2e8 / work))
+        kern = p.calls(mine, 2)
+        alt = p.calls(other, args.abi) if other else None
+        dense = p.dense_calls()
+        best: dict[tuple[str, str], float] = {}
+        for rnd in range(args.rounds):
+            for name in kern:
+                runs = [("dense", dense[name]), ("kernel", kern[name]),
+                        *((("other", alt[name]),) if alt else ())]
+                # each in turn first (the one after the dense GEMM finds colder caches)
+                runs = runs[rnd % len(runs):] + runs[:rnd % len(runs)]
+                for tag, fn in runs:
+                    fn()
+                    t = cpu_time(fn, reps, args.cold)
+                    best[tag, name] = min(best.get((tag, name), t), t)
+        for name in (*kern, "fwd+bwd"):
+            if name == "fwd+bwd":
+                d = sum(best["dense", k] for k in kern)
+                k_ = sum(best["kernel", k] for k in kern)
+                o = sum(best["other", k] for k in kern) if alt else 0.0
+            else:
+                d, k_ = best["dense", name], best["kernel", name]
+                o = best["other", name] if alt else 0.0
+            per = flop * (3 if name == "fwd+bwd" else 1)
+            line = (f"{f'{n_out}x{n_in}':>9} {dens:>4} {batch:>5} {name:>9} {d * 1e6:>9.1f} "
+                    f"{k_ * 1e6:>9.1f} {k_ / d:>6.3f} {per / k_ / 1e9:>5.1f}")
+            if alt:
+                line += f" {o * 1e6:>9.1f} {k_ / o:>9.3f}"
+            print(line, flush=True)
     regions, serial_until = native.region_stats()
     fired = serial_until > regions
     print(f"# parallel regions so far {regions}; busy-machine back-off "
