@@ -488,8 +488,8 @@ INL void FN(vgo_tile)(const vg_ctx *k, int64_t p, int64_t bi, int64_t bj, int64_
                                                    : LOADM(g + ra * k->c + W, m1);
     }
     const int64_t n0 = k->n0, n1 = k->n1, li = k->li, ln = k->ln, rn = k->rn;
-    const R *l = (const R *)k->l + (bi * k->r + a0) * li + n0 * ln;
-    const R *rr = (const R *)k->rgt + (bj * k->c + b0) + n0 * rn;
+    const R *l = (const R *)k->l + bi * k->lb + a0 * li + (n0 - k->noff) * ln;
+    const R *rr = (const R *)k->rgt + bj * k->rb + b0 + (n0 - k->noff) * rn;
     /* both operands' rows are a batch row apart (a page, typically): the lines SS_VG_AHEAD
      * rows on requested meanwhile, where a stride prefetcher would start too late */
     const int64_t nf = n1 - SS_VG_AHEAD;
@@ -529,8 +529,8 @@ static TARGET void FN(vgo_task)(void *vctx, int64_t p, int tid)
             for (int64_t e = 0; e < rc; e += 64 / (int64_t)sizeof(R))
                 __builtin_prefetch((const R *)k->g + (p + 1) * rc + e);
         if ((uint64_t)i2 < (uint64_t)k->n_lb && (uint64_t)j2 < (uint64_t)k->n_rb) {
-            const R *l2 = (const R *)k->l + i2 * k->r * k->li + k->n0 * k->ln;
-            const R *r2 = (const R *)k->rgt + j2 * k->c * k->ri + k->n0 * k->rn;
+            const R *l2 = (const R *)k->l + i2 * k->lb + (k->n0 - k->noff) * k->ln;
+            const R *r2 = (const R *)k->rgt + j2 * k->rb + (k->n0 - k->noff) * k->rn;
             int64_t ahead = k->n1 - k->n0 < SS_VG_AHEAD ? k->n1 - k->n0 : SS_VG_AHEAD;
             for (int64_t n = 0; n < ahead; n++) {
                 __builtin_prefetch(l2 + n * k->ln);
@@ -564,6 +564,27 @@ static TARGET void FN(vgo_task)(void *vctx, int64_t p, int tid)
             }
             a0 += rt;
         }
+    }
+}
+
+/* The values gradient's row tile [n0, n1) of L and R copied block by block (ss_values_grad):
+ * block row i of L at l + i * lb, batch row n of it (n - noff) * r on (R likewise, by block
+ * columns); from the operands' own rows (l0, r0: li == ri == 1, batch rows l0n / r0n apart),
+ * whose first n_lb * r / n_rb * c elements are the blocks'. r and c multiples of W. Task t: the
+ * batch rows n0 + 8t .. + 8 (each source row read once, in order). */
+static TARGET void FN(vgp_task)(void *vctx, int64_t t, int tid)
+{
+    (void)tid;
+    vg_ctx *k = (vg_ctx *)vctx;
+    int64_t na = k->n0 + t * 8, nz = na + 8 < k->n1 ? na + 8 : k->n1;
+    const int64_t r = k->r, c = k->c;
+    for (int64_t n = na; n < nz; n++) {
+        const R *ls = (const R *)k->l0 + n * k->l0n, *rs = (const R *)k->r0 + n * k->r0n;
+        R *ld = (R *)k->l + (n - k->noff) * r, *rd = (R *)k->rgt + (n - k->noff) * c;
+        for (int64_t i = 0; i < k->n_lb; i++)
+            for (int64_t a = 0; a < r; a += W) STOREU(ld + i * k->lb + a, LOADU(ls + i * r + a));
+        for (int64_t j = 0; j < k->n_rb; j++)
+            for (int64_t b = 0; b < c; b += W) STOREU(rd + j * k->rb + b, LOADU(rs + j * c + b));
     }
 }
 
@@ -654,7 +675,8 @@ static TARGET void FN(vgd_task)(void *vctx, int64_t p, int tid)
 }
 
 static const kernel_set FN(kernels) = {FN(prod_task), FN(sb_task), FN(vgo_task),
-                                       FN(vgd_task), FN(bm_task), FN(pack_task), W};
+                                       FN(vgd_task), FN(bm_task), FN(pack_task),
+                                       FN(vgp_task), W};
 
 #undef FN
 #undef INL
