@@ -147,11 +147,14 @@ def test_packed_buffer_across_threads() -> None:
 def test_values_grad_of_strided_operands(layout: torch.layout, path: str) -> None:
     """The values gradient copies its row tiles block by block from operands whose batch rows
     are wider than the matrix (column slices of wider tensors: the copy reads each row's first
-    n_rows / n_cols elements only), at batches below, at and above the copy's threshold and of
-    several row tiles, float32 and float64, against float64 dense."""
+    n_rows / n_cols elements only), float32 and float64, against float64 dense: 29 of 30
+    blocks stored (29 * 256 products per batch row against 96 + 80 operand elements: over the
+    copy's 40 to 1 from 257 rows), batches without the copy (63, 64) and with it (300, one
+    region and a partial one; 1000)."""
     from test_blocks import values_grad_reference
 
-    mask = random_mask(6, 5, 0.5, seed=11)
+    mask = torch.ones(6, 5, dtype=torch.bool)
+    mask[2, 3] = False
     for dtype in (torch.float32, torch.float64):
         p = pattern(layout, mask, (16, 16), dtype)
         gen = torch.Generator().manual_seed(5)
@@ -172,7 +175,8 @@ def test_values_grad_and_product_share_the_kept_buffer() -> None:
 
     from test_blocks import values_grad_reference
 
-    pats = [pattern(torch.sparse_bsr, random_mask(12, 10, 0.4, seed=s), (16, 16),
+    # (dense enough for the copy at 300 rows: ~108 blocks * 256 against 192 + 160)
+    pats = [pattern(torch.sparse_bsr, random_mask(12, 10, 0.9, seed=s), (16, 16),
                     torch.float32, seed=s) for s in range(4)]
     gen = torch.Generator().manual_seed(4)
     xs = [torch.randn(300, p.n_cols, generator=gen) for p in pats]
