@@ -683,13 +683,14 @@ int ss_values_grad(int64_t nnzb, int64_t r, int64_t c, int64_t n_l, int64_t n_r,
         int64_t n_lb = k.n_lb, n_rb = k.n_rb, w = ks->lanes;
         size_t esz = dt == DT_F64 ? 8 : 4;
         /* the copy costs per batch row what the operands' rows hold, n_l + n_r; it saves a
-         * share of the products' nnzb * r * c: it pays where these are at least ~40 to 1
-         * and the batch several row tiles, or ~96 to 1 (measured, 1024^2 16x16 at 128 to 4096
-         * rows: 5 % (26 to 1) slower at every batch, 10 % (51) equal up to 256 rows and
-         * faster from 512, 25 % (128) faster at every batch) */
+         * share of the products' nnzb * r * c: it pays where these are at least ~40 to 1 and
+         * the batch several row tiles (measured, 1024^2 16x16: 5 % (26 to 1) slower at every
+         * batch, 10 % (51) equal up to 256 rows and faster from 512; the layer's fwd+bwd at
+         * 256 rows, 25 %: 0.27-0.29 of nn.Linear without, 0.30-0.31 with: one 256-row tile
+         * copied is 2 MiB, past the L2) */
         int64_t work = nnzb * r * c, width = n_l + n_r;
         int copy = li == 1 && r % w == 0 && c % w == 0 && N >= SS_VG_COPY_MIN && nnzb > 0 &&
-                   (work >= 96 * width || (work >= 40 * width && N > SS_VG_SPLIT * SS_VG_ROWS));
+                   work >= 40 * width && N > SS_VG_SPLIT * SS_VG_ROWS;
         size_t lsz = (size_t)(n_lb * (tile + 1) * r);
         size_t bytes = (lsz + (size_t)(n_rb * (tile + 1) * c)) * esz;
         int kept = 0;
