@@ -140,3 +140,63 @@ def test_packed_buffer_across_threads() -> None:
     for th in threads:
         th.join()
     assert bad == []
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("layout", (torch.sparse_bsr, torch.sparse_bsc), ids=str)
+def test_values_grad_of_strided_operands(layout: torch.layout, path: str) -> None:
+    """The values gradient copies its row tiles block by block from operands whose batch rows
+    are wider than the matrix (column slices of wider tensors: the copy reads each row's first
+    n_rows / n_cols elements only), float32 and float64, against float64 dense: 29 of 30
+    blocks stored (29 * 256 products per batch row against 96 + 80 operand elements: over the
+    copy's 40 to 1 from 257 rows), batches without the copy (63, 64) and with it (300, one
+    region and a partial one; 1000)."""
+    from test_blocks import values_grad_reference
+
+    mask = torch.ones(6, 5, dtype=torch.bool)
+    mask[2, 3] = False
+    for dtype in (torch.float32, torch.float64):
+        p = pattern(layout, mask, (16, 16), dtype)
+        gen = torch.Generator().manual_seed(5)
+        for batch in (63, 64, 300, 1000):
+            gw = torch.randn(batch, p.n_rows + 13, generator=gen, dtype=torch.float64).to(dtype)
+            xw = torch.randn(batch, p.n_cols + 16, generator=gen, dtype=torch.float64).to(dtype)
+            g, x = gw[:, 3:3 + p.n_rows], xw[:, :p.n_cols]
+            want = values_grad_reference(p, g.double().T @ x.double())
+            close(bk.linear_grad_values(p.matrix(), g, x), want, dtype)
+
+
+@pytest.mark.skipif(not BUILT, reason="the native library is not built")
+def test_values_grad_and_product_share_the_kept_buffer() -> None:
+    """The values gradient's row-tile copy takes the buffer the batch-major product keeps
+    (one user at a time, the others allocate their own): both in several threads at once
+    equal their float64 dense references."""
+    import threading
+
+    from test_blocks import values_grad_reference
+
+    # (dense enough for the copy at 300 rows: ~108 blocks * 256 against 192 + 160)
+    pats = [pattern(torch.sparse_bsr, random_mask(12, 10, 0.9, seed=s), (16, 16),
+                    torch.float32, seed=s) for s in range(4)]
+    gen = torch.Generator().manual_seed(4)
+    xs = [torch.randn(300, p.n_cols, generator=gen) for p in pats]
+    gs = [torch.randn(300, p.n_rows, generator=gen) for p in pats]
+    want_y = [x.double() @ p.dense.T for x, p in zip(xs, pats, strict=True)]
+    want_v = [values_grad_reference(p, g.double().T @ x.double())
+              for g, x, p in zip(gs, xs, pats, strict=True)]
+    bad: list[int] = []
+
+    def run(t: int) -> None:
+        for _ in range(10):
+            m = pats[t].matrix()
+            y = bk.linear(m, xs[t])
+            v = bk.linear_grad_values(m, gs[t], xs[t])
+            if not (torch.allclose(y.double(), want_y[t], rtol=0.0, atol=1e-3)
+                    and torch.allclose(v.double(), want_v[t], rtol=0.0, atol=1e-2)):
+                bad.append(t)
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert bad == []

@@ -230,6 +230,52 @@ INL void FN(bm_tile)(const prod_ctx *k, const R *const *wq, int64_t wsb, int64_t
     }
 }
 
+/* What the next task will read, on its way meanwhile (hints; every index read once and in
+ * range before it makes an address). pf[0]: this task's share (block row i of n_br) of the
+ * next row tile's rows of X (xk == 1), the first task of the first tile the first tile's;
+ * pf[1]: the lines of Y the next block row writes in this tile (yi == 1: on a cold cache each
+ * store would wait for its line). Both issued `calls` steps. And now: the next block row's
+ * blocks (its values, or their packed copy): a row's few KiB read at the start of a task,
+ * a burst no hardware prefetcher sees coming. */
+static inline void FN(bm_prefetch)(const prod_ctx *k, int64_t chunk, int64_t i, int64_t calls,
+                                   row_lines *pf)
+{
+    const int64_t esz = (int64_t)sizeof(R), nt = k->nt, n_row = k->n_br * k->r;
+    int64_t n0 = (chunk + 1) * nt, shares = k->n_br, share = i;
+#if SS_PF_FIRST
+    if (chunk == 0 && i == 0) { n0 = 0; shares = 1; share = 0; }
+#endif
+    int64_t rows = k->N - n0 < nt ? k->N - n0 : nt;
+    if (k->xk != 1 || rows < 0) rows = 0;
+    row_lines_share(&pf[0], (const char *)k->x + n0 * k->xn * esz, k->xn * esz, k->n_in * esz,
+                    rows, share, shares, calls);
+    /* the next block row: i + 1 in this tile, or the first of the next tile */
+    int64_t i2 = i + 1, m0 = chunk * nt;
+    if (i2 == k->n_br) { i2 = 0; m0 += nt; }
+    int64_t yrows = k->N - m0 < nt ? k->N - m0 : nt;
+    if (k->ydt != DT_SELF || yrows < 0) yrows = 0;
+    row_lines_share(&pf[1], (const char *)k->y + (m0 * k->yn + i2 * k->r) * esz, k->yn * esz,
+                    (n_row - i2 * k->r < k->r ? n_row - i2 * k->r : k->r) * esz, yrows, 0, 1,
+                    calls);
+    int64_t a = LD(k->crow + i2), b = LD(k->crow + i2 + 1);
+    if (a < 0 || b < a || b > k->nnzb) return;
+    const int64_t rc = k->r * k->c;
+    int64_t span = (k->r - 1) * k->sa + (k->c - 1) * k->sb + 1; /* a block's extent in vals */
+    if (k->sa < 0 || k->sb < 0 || span > 2 * rc) span = 0;
+    for (int64_t q = a; q < b && q < a + 64; q++) {
+        const R *src;
+        if (k->packed) {
+            src = (const R *)k->packed + q * rc;
+            span = rc;
+        } else {
+            int64_t p = k->order ? LD(k->order + q) : q;
+            if ((uint64_t)p >= (uint64_t)k->nnzb) return;
+            src = (const R *)k->vals + p * k->sp;
+        }
+        for (int64_t e = 0; e < span; e += 64 / esz) __builtin_prefetch(src + e, 0, SS_PF_HINT);
+    }
+}
+
 static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
 {
     prod_ctx *k = (prod_ctx *)vctx;
@@ -265,12 +311,20 @@ static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
         }
         wsb = r;
     }
+    /* the next row tile's rows of X and Y on their way meanwhile (this task's share of them,
+     * spread over its tiles): their first touch, a few lines at random block columns of
+     * rows a page apart, is one no hardware prefetcher follows */
+    row_lines pf[2];
+    int64_t calls = ((k->r + 2 * W - 1) / (2 * W)) * ((nt + BM_NB - 1) / BM_NB);
+    FN(bm_prefetch)(k, chunk, i, calls, pf);
     for (int64_t a0 = 0; a0 < k->r; a0 += 2 * W) {
         int64_t ac = k->r - a0 < 2 * W ? k->r - a0 : 2 * W;
         int two = ac > W, full = ac == W || ac == 2 * W;
         for (int64_t n = n0; n < n0 + nt;) {
             int64_t left = n0 + nt - n;
             int nb = left >= BM_NB ? BM_NB : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            prefetch_step(&pf[0]);
+            prefetch_step(&pf[1]);
             switch (nb * 4 + two * 2 + full) {
 #define BCASE(NBV) \
     case NBV * 4: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 1, 0, a0, ac); break; \
@@ -390,6 +444,15 @@ static TARGET void FN(pack_task)(void *vctx, int64_t task, int tid)
     const R *vals = (const R *)k->vals;
     R *packed = (R *)k->packed;
     int64_t q1 = (task + 1) * SS_PACK < nnzb ? (task + 1) * SS_PACK : nnzb;
+    /* the next task's blocks on their way meanwhile (M's order scatters them) */
+    int64_t span = (r - 1) * k->sa + (c - 1) * k->sb + 1;
+    if (k->sa >= 0 && k->sb >= 0 && span <= 2 * r * c)
+        for (int64_t q = q1; q < q1 + SS_PACK && q < nnzb; q++) {
+            int64_t p = k->order ? LD(k->order + q) : q;
+            if ((uint64_t)p >= (uint64_t)nnzb) break;
+            for (int64_t e = 0; e < span; e += 64 / (int64_t)sizeof(R))
+                __builtin_prefetch(vals + p * k->sp + e, 0, SS_PF_HINT);
+        }
     for (int64_t q = task * SS_PACK; q < q1; q++) {
         int64_t p = k->order ? LD(k->order + q) : q;
         if ((uint64_t)p >= (uint64_t)nnzb) { fault_set(k->fault, SS_M_ORDER, q, p, nnzb); return; }
@@ -425,9 +488,16 @@ INL void FN(vgo_tile)(const vg_ctx *k, int64_t p, int64_t bi, int64_t bj, int64_
                                                    : LOADM(g + ra * k->c + W, m1);
     }
     const int64_t n0 = k->n0, n1 = k->n1, li = k->li, ln = k->ln, rn = k->rn;
-    const R *l = (const R *)k->l + (bi * k->r + a0) * li + n0 * ln;
-    const R *rr = (const R *)k->rgt + (bj * k->c + b0) + n0 * rn;
+    const R *l = (const R *)k->l + bi * k->lb + a0 * li + (n0 - k->noff) * ln;
+    const R *rr = (const R *)k->rgt + bj * k->rb + b0 + (n0 - k->noff) * rn;
+    /* both operands' rows are a batch row apart (a page, typically): the lines SS_VG_AHEAD
+     * rows on requested meanwhile, where a stride prefetcher would start too late */
+    const int64_t nf = n1 - SS_VG_AHEAD;
     for (int64_t n = n0; n < n1; n++, l += ln, rr += rn) {
+        if (n < nf) {
+            __builtin_prefetch(rr + SS_VG_AHEAD * rn);
+            __builtin_prefetch(l + SS_VG_AHEAD * ln);
+        }
         VT x0 = FULL ? LOADU(rr) : LOADM(rr, m0);
         VT x1 = ZERO();
         if (VN == 2) x1 = FULL ? LOADU(rr + W) : LOADM(rr + W, m1);
@@ -452,6 +522,22 @@ static TARGET void FN(vgo_task)(void *vctx, int64_t p, int tid)
     vg_ctx *k = (vg_ctx *)vctx;
     int64_t bi, bj;
     if (faulted(k->fault) || !FN(vg_block)(k, p, &bi, &bj)) return;
+    if (p + 1 < k->nnzb) { /* the next block's G (a later row tile adds to it) and its first
+                            * batch rows, on their way meanwhile (hints: indices in range) */
+        int64_t rc = k->r * k->c, i2 = LD(k->rows + p + 1), j2 = LD(k->cols + p + 1);
+        if (k->accum)
+            for (int64_t e = 0; e < rc; e += 64 / (int64_t)sizeof(R))
+                __builtin_prefetch((const R *)k->g + (p + 1) * rc + e);
+        if ((uint64_t)i2 < (uint64_t)k->n_lb && (uint64_t)j2 < (uint64_t)k->n_rb) {
+            const R *l2 = (const R *)k->l + i2 * k->lb + (k->n0 - k->noff) * k->ln;
+            const R *r2 = (const R *)k->rgt + j2 * k->rb + (k->n0 - k->noff) * k->rn;
+            int64_t ahead = k->n1 - k->n0 < SS_VG_AHEAD ? k->n1 - k->n0 : SS_VG_AHEAD;
+            for (int64_t n = 0; n < ahead; n++) {
+                __builtin_prefetch(l2 + n * k->ln);
+                __builtin_prefetch(r2 + n * k->rn);
+            }
+        }
+    }
     for (int64_t b0 = 0; b0 < k->c; b0 += 2 * W) {
         int64_t bc = k->c - b0 < 2 * W ? k->c - b0 : 2 * W;
         int two = bc > W, full = bc == W || bc == 2 * W;
@@ -478,6 +564,27 @@ static TARGET void FN(vgo_task)(void *vctx, int64_t p, int tid)
             }
             a0 += rt;
         }
+    }
+}
+
+/* The values gradient's row tile [n0, n1) of L and R copied block by block (ss_values_grad):
+ * block row i of L at l + i * lb, batch row n of it (n - noff) * r on (R likewise, by block
+ * columns); from the operands' own rows (l0, r0: li == ri == 1, batch rows l0n / r0n apart),
+ * whose first n_lb * r / n_rb * c elements are the blocks'. r and c multiples of W. Task t: the
+ * batch rows n0 + 8t .. + 8 (each source row read once, in order). */
+static TARGET void FN(vgp_task)(void *vctx, int64_t t, int tid)
+{
+    (void)tid;
+    vg_ctx *k = (vg_ctx *)vctx;
+    int64_t na = k->n0 + t * 8, nz = na + 8 < k->n1 ? na + 8 : k->n1;
+    const int64_t r = k->r, c = k->c;
+    for (int64_t n = na; n < nz; n++) {
+        const R *ls = (const R *)k->l0 + n * k->l0n, *rs = (const R *)k->r0 + n * k->r0n;
+        R *ld = (R *)k->l + (n - k->noff) * r, *rd = (R *)k->rgt + (n - k->noff) * c;
+        for (int64_t i = 0; i < k->n_lb; i++)
+            for (int64_t a = 0; a < r; a += W) STOREU(ld + i * k->lb + a, LOADU(ls + i * r + a));
+        for (int64_t j = 0; j < k->n_rb; j++)
+            for (int64_t b = 0; b < c; b += W) STOREU(rd + j * k->rb + b, LOADU(rs + j * c + b));
     }
 }
 
@@ -568,7 +675,8 @@ static TARGET void FN(vgd_task)(void *vctx, int64_t p, int tid)
 }
 
 static const kernel_set FN(kernels) = {FN(prod_task), FN(sb_task), FN(vgo_task),
-                                       FN(vgd_task), FN(bm_task), FN(pack_task), W};
+                                       FN(vgd_task), FN(bm_task), FN(pack_task),
+                                       FN(vgp_task), W};
 
 #undef FN
 #undef INL
