@@ -13,7 +13,8 @@ so that the large batches stay fast.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -25,6 +26,15 @@ from safesparse.kernels import native
 BUILT = native.status().native
 LAYOUTS = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 BATCHES = (1, 2, 3, 8, 16, 17, 31, 32, 33, 255, 4096)
+
+
+def in_threads(run: Callable[[int], None], n: int) -> None:
+    """``run(0)`` ... ``run(n - 1)`` in ``n`` threads at once; returns when all have ended."""
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
 
 
 def _paths() -> list[str]:
@@ -120,8 +130,6 @@ def test_packed_buffer_across_threads() -> None:
     """The batch-major product keeps one buffer of packed blocks across calls, taken by one
     product at a time: products of different matrices in several threads at once (ctypes lets
     the GIL go) each get their own blocks, equal to a float64 dense reference."""
-    import threading
-
     pats = [pattern(torch.sparse_bsr, random_mask(24, 12, 0.3, seed=s), (16, 16),
                     torch.float32, seed=s) for s in range(4)]
     gen = torch.Generator().manual_seed(3)
@@ -134,11 +142,7 @@ def test_packed_buffer_across_threads() -> None:
             got = bk.linear(xs[t], *pats[t].members)
             if not torch.allclose(got.double(), want[t], rtol=0.0, atol=1e-3):
                 bad.append(t)
-    threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    in_threads(run, len(pats))
     assert bad == []
 
 
@@ -171,8 +175,6 @@ def test_values_grad_and_product_share_the_kept_buffer() -> None:
     """The values gradient's row-tile copy takes the buffer the batch-major product keeps
     (one user at a time, the others allocate their own): both in several threads at once
     equal their float64 dense references."""
-    import threading
-
     from test_blocks import values_grad_reference
 
     # (dense enough for the copy at 300 rows: ~108 blocks * 256 against 192 + 160)
@@ -194,9 +196,5 @@ def test_values_grad_and_product_share_the_kept_buffer() -> None:
             if not (torch.allclose(y.double(), want_y[t], rtol=0.0, atol=1e-3)
                     and torch.allclose(v.double(), want_v[t], rtol=0.0, atol=1e-2)):
                 bad.append(t)
-    threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    in_threads(run, len(pats))
     assert bad == []
