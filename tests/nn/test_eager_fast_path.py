@@ -111,6 +111,27 @@ def test_equal_to_the_proving_path(calls: Calls, layout: str, dtype: torch.dtype
     torch.testing.assert_close(fast.double(), dense, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("default", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_output_dtype_whatever_the_default_dtype(calls: Calls, default: torch.dtype,
+                                                 dtype: torch.dtype) -> None:
+    # (the fast path allocates its output without a dtype argument where the default dtype is
+    # the layer's: a default set between two calls must not change the output's dtype)
+    layer = make(dtype=dtype)
+    x = torch.randn(2, 96, dtype=dtype)
+    warm(layer, x, calls)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(default)
+    try:
+        with torch.no_grad():
+            fast = layer(x)
+        ref = proving(layer, x)
+    finally:
+        torch.set_default_dtype(before)
+    assert calls.fast >= 2
+    assert fast.dtype == dtype and torch.equal(fast, ref.detach())
+
+
 def test_without_bias(calls: Calls) -> None:
     layer = make(bias=False)
     x = torch.randn(4, 96)
