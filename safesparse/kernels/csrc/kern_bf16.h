@@ -2,10 +2,13 @@
  * accumulation, round to nearest even on output), included once at the end of blockprod.c
  * (they use its parallel region, run_tasks, and its instruction-set choice, ss_isa).
  *
- * No float32 copy of the values, the input or the gradient: the values are packed per task (a
- * block row's blocks, in bfloat16, pairs along the contracted dimension) into a per-thread
- * buffer; the input and the gradient are read in place (pairs broadcast, or interleaved in
- * registers along the batch for the values gradient). Products served:
+ * No float32 copy of the values, the input or the gradient: the values are packed (blocks in
+ * bfloat16, pairs along the contracted dimension): batch-major, once per call by groups of
+ * block rows sized for L2, then row tiles of the batch run every block row of a group with the
+ * next tile's rows prefetched as a stream (bf_tiled_product); feature-major, per task (a block
+ * row's blocks) into a per-thread buffer; the input and the gradient are read in place (pairs
+ * broadcast, or interleaved in registers along the batch for the values gradient). Products
+ * served:
  *   ss_product_bf16      Y[n, row] = bias[row] + sum M_q[a, b] X[n, col_q * c + b] for M stored
  *                        by block rows, batch-major (the forward of a SparseLinear, M = W, and
  *                        its gradient to the input, M = W.T read by block columns), or
