@@ -2,7 +2,7 @@
 
     python benchmarks/bench_native_kernels.py [--batches 1,8,32,256,4096] [--densities 5,10,25]
         [--size 1024 | --shapes 768x768,3072x768,768x3072] [--block 16] [--rounds 7]
-        [--threads 1] [--cold] [--lib PATH --abi N]
+        [--threads 1] [--cold] [--dtype float32 | bfloat16] [--lib PATH --abi N]
 
 For each density and batch, the three products of ``y = x W^T`` with ``W`` a BSR matrix
 (``size`` x ``size``, ``block`` x ``block`` blocks, a random pattern at that density): forward,
@@ -20,9 +20,12 @@ split (wall time; the last line says whether the busy-machine back-off has fired
 ``--cold``: every timed call (one call, not a loop) after a 48 MiB write that evicts the caches,
 as a layer meets its weights and operands after a dense model's step (the layer tables
 interleave each sparse call with a dense one): the misses a kernel does not hide show here,
-not in the warm loop. The column ``GF/s`` is the kernel's arithmetic rate (2 x batch x stored
-blocks x block area per product): against the FMA limit of one core (about 100 GFLOP/s float32
-on a Zen 4 core at the clock these machines run, which MKL's dense GEMM reaches at 80).
+not in the warm loop. ``--dtype bfloat16``: the bfloat16 kernels (``ss_product_bf16``,
+``ss_values_grad_bf16``: AVX512_BF16, float32 sums) against bfloat16 dense GEMMs. The column
+``GF/s`` is the kernel's arithmetic rate (2 x batch x stored blocks x block area per product):
+against the FMA limit of one core (about 100 GFLOP/s float32 on a Zen 4 core at the clock
+these machines run, which MKL's dense GEMM reaches at 80; about 230 in bfloat16 with
+vdpbf16ps).
 """
 
 from __future__ import annotations
@@ -55,6 +58,14 @@ def load(path: str, abi: int) -> Any:
                                        I64, I64, I64, INT, PTR, INT]
     lib.ss_product.restype = INT
     lib.ss_values_grad.restype = INT
+    if not hasattr(lib, "ss_product_bf16"):  # (a build before the bfloat16 kernels)
+        return lib
+    lib.ss_product_bf16.argtypes = [I64, I64, I64, PTR, PTR, PTR, I64, I64, PTR, I64, I64, I64,
+                                    I64, PTR, I64, I64, I64, PTR, I64, I64, PTR, INT]
+    lib.ss_values_grad_bf16.argtypes = [I64, I64, I64, PTR, PTR, I64, I64, PTR, I64, I64, PTR,
+                                        I64, I64, I64, PTR, INT]
+    lib.ss_product_bf16.restype = INT
+    lib.ss_values_grad_bf16.restype = INT
     return lib
 
 
@@ -62,15 +73,17 @@ class Problem:
     """One BSR weight, its pattern data as the operators cache it, and the operands."""
 
     def __init__(self, size: int, block: int, density: float, batch: int, seed: int,
-                 n_in: int | None = None) -> None:
+                 n_in: int | None = None, dtype: torch.dtype = torch.float32) -> None:
         gen = torch.Generator().manual_seed(seed)
         n_out, n_in = size, size if n_in is None else n_in
         nbr, nbc = n_out // block, n_in // block
         mask = torch.rand(nbr, nbc, generator=gen) < density
         dense = torch.randn(n_out, n_in, generator=gen) * mask.repeat_interleave(
             block, 0).repeat_interleave(block, 1)
+        dense = dense.to(dtype)
         w = dense.to_sparse_bsr((block, block))
         self.dense = dense
+        self.dtype = dtype
         self.crow = w.crow_indices().contiguous()
         self.col = w.col_indices().contiguous()
         self.vals = w.values().contiguous()
@@ -79,11 +92,11 @@ class Problem:
         self.nnzb, self.nbr, self.nbc, self.block, self.batch = (
             self.col.numel(), nbr, nbc, block, batch)
         self.n_out, self.n_in = n_out, n_in
-        self.x = torch.randn(batch, n_in, generator=gen)
-        self.g = torch.randn(batch, n_out, generator=gen)
-        self.y = torch.empty(batch, n_out)
-        self.gx = torch.empty(batch, n_in)
-        self.gv = torch.empty(self.nnzb, block, block)
+        self.x = torch.randn(batch, n_in, generator=gen).to(dtype)
+        self.g = torch.randn(batch, n_out, generator=gen).to(dtype)
+        self.y = torch.empty(batch, n_out, dtype=dtype)
+        self.gx = torch.empty(batch, n_in, dtype=dtype)
+        self.gv = torch.empty(self.nnzb, block, block, dtype=dtype)
 
     def calls(self, lib: Any, abi: int) -> dict[str, Callable[[], int]]:
         b, n, o, i = self.block, self.batch, self.n_out, self.n_in
@@ -91,6 +104,8 @@ class Problem:
         nnz = [self.nnzb] if abi >= 2 else []
         dims = [o, i] if abi >= 2 else []
         vp = self.vals.data_ptr()
+        if self.dtype == torch.bfloat16:
+            return self._calls_bf16(lib)
 
         def fwd() -> int:
             return int(lib.ss_product(self.nbr, b, b, *nnz, self.crow.data_ptr(),
@@ -109,6 +124,30 @@ class Problem:
                                           self.col.data_ptr(), self.g.data_ptr(), 1, o,
                                           self.x.data_ptr(), 1, i, n, 0, self.gv.data_ptr(),
                                           torch.get_num_threads()))
+
+        return {"fwd": fwd, "grad_in": bwd_in, "grad_vals": bwd_vals}
+
+    def _calls_bf16(self, lib: Any) -> dict[str, Callable[[], int]]:
+        b, n, o, i, nnzb = self.block, self.batch, self.n_out, self.n_in, self.nnzb
+        vp, th = self.vals.data_ptr(), torch.get_num_threads
+
+        def fwd() -> int:
+            return int(lib.ss_product_bf16(self.nbr, b, b, self.crow.data_ptr(),
+                                           self.col.data_ptr(), None, nnzb, self.nbc, vp, nnzb,
+                                           b * b, b, 1, self.x.data_ptr(), 1, i, n,
+                                           self.y.data_ptr(), 1, o, None, th()))
+
+        def bwd_in() -> int:
+            return int(lib.ss_product_bf16(self.nbc, b, b, self.ptr.data_ptr(),
+                                           self.rows_t.data_ptr(), self.order.data_ptr(), nnzb,
+                                           self.nbr, vp, nnzb, b * b, 1, b, self.g.data_ptr(), 1,
+                                           o, n, self.gx.data_ptr(), 1, i, None, th()))
+
+        def bwd_vals() -> int:
+            return int(lib.ss_values_grad_bf16(nnzb, b, b, self.outer.data_ptr(),
+                                               self.col.data_ptr(), self.nbr, self.nbc,
+                                               self.g.data_ptr(), 1, o, self.x.data_ptr(), 1, i,
+                                               n, self.gv.data_ptr(), th()))
 
         return {"fwd": fwd, "grad_in": bwd_in, "grad_vals": bwd_vals}
 
@@ -152,6 +191,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--wall", action="store_true",
                     help="wall time instead of CPU time (for --threads 2 on a quiet machine)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--lib", default=None, help="another build of the library (A/B)")
     ap.add_argument("--abi", type=int, default=2, help="the --lib build's argument lists")
     args = ap.parse_args()
@@ -161,13 +201,16 @@ def main() -> None:
         CLOCK = time.perf_counter
     if not native.available():
         raise SystemExit(f"native kernels: {native.status().reason}")
+    dtype = getattr(torch, args.dtype)
+    if dtype == torch.bfloat16 and not native.reads_bf16(dtype, torch.sparse_bsr):
+        raise SystemExit("no bfloat16 kernels on this machine (AVX512_BF16)")
     mine = native._lib
     other = load(args.lib, args.abi) if args.lib else None
     shapes = ([tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")]
               if args.shapes else [(args.size, args.size)])
     print(f"# {native.status().describe()}; threads {args.threads}; "
           f"{', '.join(f'{o}x{i}' for o, i in shapes)}, "
-          f"{args.block}x{args.block} blocks; min of {args.rounds} rounds, "
+          f"{args.block}x{args.block} blocks, {args.dtype}; min of {args.rounds} rounds, "
           f"{'wall' if args.wall else 'CPU'} time"
           f"{', caches evicted before each call' if args.cold else ''}")
     head = (f"{'shape':>9} {'dens':>4} {'batch':>5} {'product':>9} {'dense us':>9} "
@@ -178,7 +221,7 @@ def main() -> None:
                                        for b in args.batches.split(",")):
         if n_out % args.block or n_in % args.block:
             raise SystemExit(f"{n_out}x{n_in}: not whole {args.block}x{args.block} blocks")
-        p = Problem(n_out, args.block, dens / 100, batch, seed=dens, n_in=n_in)
+        p = Problem(n_out, args.block, dens / 100, batch, seed=dens, n_in=n_in, dtype=dtype)
         work = 2.0 * batch * n_out * n_in
         flop = 2.0 * batch * p.nnzb * args.block * args.block
         reps = max(1, int(2e8 / work))

@@ -161,6 +161,30 @@ def test_small_batch_tiles_every_batch(layout: torch.layout,
     assert no_float32_copies["ss_product_bf16"] == 5 * 2 * 35
 
 
+@needs_bf16
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_row_tiles_and_block_row_groups(layout: torch.layout,
+                                        no_float32_copies: dict[str, int]) -> None:
+    """The row-tiled product (batch-major, past the small-batch tiles): blocks packed by groups
+    of block rows of at most 512 KiB (32 x 32 blocks, ~340 of them: two groups, the second
+    starting mid-matrix), tiles of 32 batch rows with a short last one, and with two threads
+    tiles of 8 to 32 rows (few tiles for two threads at 40 rows)."""
+    from test_blocks import random_mask
+
+    p = pattern(layout, random_mask(24, 20, 0.7, seed=5), (32, 32), torch.bfloat16, seed=3)
+    assert p.values.shape[0] * 32 * 32 * 2 > 512 << 10
+    saved = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            native._lib.ss_reset_backoff()
+            for batch in (33, 40, 100):
+                _check_products(p, batch, seed=4)
+    finally:
+        torch.set_num_threads(saved)
+    assert no_float32_copies["ss_product_bf16"] == 5 * 2 * 3
+
+
 @pytest.mark.parametrize("path", list(PATHS), ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
 def test_every_path_within_bf16_rounding(layout: torch.layout, path: str) -> None:

@@ -2,10 +2,13 @@
  * accumulation, round to nearest even on output), included once at the end of blockprod.c
  * (they use its parallel region, run_tasks, and its instruction-set choice, ss_isa).
  *
- * No float32 copy of the values, the input or the gradient: the values are packed per task (a
- * block row's blocks, in bfloat16, pairs along the contracted dimension) into a per-thread
- * buffer; the input and the gradient are read in place (pairs broadcast, or interleaved in
- * registers along the batch for the values gradient). Products served:
+ * No float32 copy of the values, the input or the gradient: the values are packed (blocks in
+ * bfloat16, pairs along the contracted dimension): batch-major, once per call by groups of
+ * block rows sized for L2, then row tiles of the batch run every block row of a group with the
+ * next tile's rows prefetched as a stream (bf_tiled_product); feature-major, per task (a block
+ * row's blocks) into a per-thread buffer; the input and the gradient are read in place (pairs
+ * broadcast, or interleaved in registers along the batch for the values gradient). Products
+ * served:
  *   ss_product_bf16      Y[n, row] = bias[row] + sum M_q[a, b] X[n, col_q * c + b] for M stored
  *                        by block rows, batch-major (the forward of a SparseLinear, M = W, and
  *                        its gradient to the input, M = W.T read by block columns), or
@@ -26,7 +29,7 @@
 #define BF_INL static inline __attribute__((always_inline)) BF_TARGET
 #define BF_LANES 16
 #ifndef BF_ROWS
-#define BF_ROWS 256 /* batch rows per product task: a chunk of the input and the output in L2 */
+#define BF_ROWS 256 /* batch rows per feature-major product task: a chunk of X and Y in L2 */
 #endif
 #ifndef BF_NB
 #define BF_NB 8 /* batch rows of the product tile */
@@ -116,6 +119,13 @@ typedef struct {
     uint32_t **pack;
     int64_t **xoff;
     int err;
+    /* row-tiled batch-major product (bf_tiled_product): the checked copy of the block-row
+     * pointers, the group of block rows [g0, g1) now served (its blocks from qg0, packed in
+     * gpk, their input offsets in gxoff), row tiles of trows rows (ntile of them) */
+    const int64_t *rowp;
+    int64_t g0, g1, qg0, trows, ntile;
+    uint32_t *gpk;
+    int64_t *gxoff;
 } bfp_ctx;
 
 /* The (up to) 16 rows of 16 bfloat16 at s + l * sa (rows l >= left, and the elements outside
@@ -417,21 +427,145 @@ static BF_TARGET void bf_fwd_task(void *vctx, int64_t task, int tid)
         if (n < n0 + nt) bf_small_tile(k, (const int64_t *)pk, xoff, nq, i, n, 1);
         return;
     }
-    if (k->feature_major) {
-        for (int64_t ac = 0; ac < k->nac; ac++)
-            for (int64_t n = n0; n < n0 + nt; n += BF_LANES)
-                bf_fm_tile(k, pk, xoff, nq, i, ac, n, n0 + nt - n);
-        return;
-    }
+    /* feature-major (batch-major products past the small-batch tiles: bf_tiled_product) */
     for (int64_t ac = 0; ac < k->nac; ac++)
-        for (int64_t n = n0; n < n0 + nt;) {
-            int64_t left = n0 + nt - n;
-            if (left >= BF_NB && BF_NB == 16) { bf_fwd_tile(k, pk, xoff, nq, i, ac, n, 16); n += 16; }
-            else if (left >= 8) { bf_fwd_tile(k, pk, xoff, nq, i, ac, n, 8); n += 8; }
-            else if (left >= 4) { bf_fwd_tile(k, pk, xoff, nq, i, ac, n, 4); n += 4; }
-            else if (left >= 2) { bf_fwd_tile(k, pk, xoff, nq, i, ac, n, 2); n += 2; }
-            else { bf_fwd_tile(k, pk, xoff, nq, i, ac, n, 1); n += 1; }
+        for (int64_t n = n0; n < n0 + nt; n += BF_LANES)
+            bf_fm_tile(k, pk, xoff, nq, i, ac, n, n0 + nt - n);
+}
+
+/* The row-tiled batch-major product: the blocks of a group of block rows packed once (each
+ * block row's blocks by one task), then tasks of trows batch rows that run every block row of
+ * the group, so that the tile of X and of Y stays in cache across the block rows and the
+ * packed group (sized for L2) is read from cache by every tile. Each task prefetches the next
+ * tile's rows of X and Y, a slice per block row: the operands come in as streams, not as one
+ * 32-byte piece per row a row apart (what the hardware prefetchers miss, and what made a call
+ * after another layer's step, its operands out of cache, 2x a warm one). */
+/* Lines [from, to) of the rows [n1, n2) of X (its used elements) and of Y (the group's
+ * columns), X's first, prefetched (Y's for writing): hints, never read. */
+static inline void bf_prefetch_rows(const bfp_ctx *k, int64_t n1, int64_t n2, int64_t from,
+                                    int64_t to)
+{
+    const int64_t ysz = k->yf32 ? 4 : 2;
+    const int64_t xl = (k->n_bc * k->c * 2 + 63) / 64, yl = ((k->g1 - k->g0) * k->r * ysz + 63) / 64;
+    const int64_t nxl = (n2 - n1) * xl, nyl = (n2 - n1) * yl;
+    const char *xb = (const char *)k->x, *yb = (const char *)k->y + k->g0 * k->r * ysz;
+    if (to > nxl + nyl) to = nxl + nyl;
+    for (int64_t pf = from; pf < to; pf++) {
+        if (pf < nxl)
+            _mm_prefetch(xb + ((n1 + pf / xl) * k->xn) * 2 + (pf % xl) * 64, _MM_HINT_T0);
+        else
+            __builtin_prefetch(yb + ((n1 + (pf - nxl) / yl) * k->yn) * ysz + ((pf - nxl) % yl) * 64,
+                               1, 3);
+    }
+}
+
+/* the lines of the rows [n1, n2) of X and Y (bf_prefetch_rows) */
+static inline int64_t bf_row_lines(const bfp_ctx *k, int64_t n1, int64_t n2)
+{
+    const int64_t ysz = k->yf32 ? 4 : 2;
+    return (n2 - n1) * ((k->n_bc * k->c * 2 + 63) / 64 + ((k->g1 - k->g0) * k->r * ysz + 63) / 64);
+}
+
+static BF_TARGET void bf_gpack_task(void *vctx, int64_t t, int tid)
+{
+    (void)tid;
+    bfp_ctx *k = (bfp_ctx *)vctx;
+    const int64_t i = k->g0 + t, blk = k->nac * k->np * BF_LANES;
+    /* a share of the first tile's rows, while the blocks are packed */
+    const int64_t t1 = k->trows < k->N ? k->trows : k->N, nrows = k->g1 - k->g0;
+    const int64_t share = (bf_row_lines(k, 0, t1) + nrows - 1) / nrows;
+    bf_prefetch_rows(k, 0, t1, t * share, (t + 1) * share);
+    for (int64_t q = k->rowp[i]; q < k->rowp[i + 1]; q++) {
+        int64_t p = k->order ? k->order[q] : q;
+        int64_t j = k->col[q];
+        if (p < 0 || p >= k->n_vals || j < 0 || j >= k->n_bc) {
+            __atomic_store_n(&k->err, 1, __ATOMIC_RELAXED);
+            return;
         }
+        k->gxoff[q - k->qg0] = j * k->c;
+        bf_pack_block(k, k->vals + p * k->sp, k->gpk + (q - k->qg0) * blk);
+    }
+}
+
+static BF_TARGET void bf_tile_task(void *vctx, int64_t t, int tid)
+{
+    (void)tid;
+    const bfp_ctx *k = (const bfp_ctx *)vctx;
+    const int64_t n0 = t * k->trows, n1 = n0 + k->trows < k->N ? n0 + k->trows : k->N;
+    const int64_t blk = k->nac * k->np * BF_LANES, nrows = k->g1 - k->g0;
+    /* the next tile's rows, a share per block row */
+    const int64_t n2 = n1 + k->trows < k->N ? n1 + k->trows : k->N;
+    const int64_t share = (bf_row_lines(k, n1, n2) + nrows - 1) / nrows;
+    for (int64_t i = k->g0; i < k->g1; i++) {
+        const int64_t q0 = k->rowp[i], nq = k->rowp[i + 1] - q0;
+        bf_prefetch_rows(k, n1, n2, (i - k->g0) * share, (i - k->g0 + 1) * share);
+        const uint32_t *pk = k->gpk + (q0 - k->qg0) * blk;
+        const int64_t *xoff = k->gxoff + (q0 - k->qg0);
+        for (int64_t ac = 0; ac < k->nac; ac++)
+            for (int64_t n = n0; n < n1;) {
+                int64_t left = n1 - n;
+                if (left >= BF_NB && BF_NB == 16) { bf_fwd_tile(k, pk, xoff, nq, i, ac, n, 16); n += 16; }
+                else if (left >= 8) { bf_fwd_tile(k, pk, xoff, nq, i, ac, n, 8); n += 8; }
+                else if (left >= 4) { bf_fwd_tile(k, pk, xoff, nq, i, ac, n, 4); n += 4; }
+                else if (left >= 2) { bf_fwd_tile(k, pk, xoff, nq, i, ac, n, 2); n += 2; }
+                else { bf_fwd_tile(k, pk, xoff, nq, i, ac, n, 1); n += 1; }
+            }
+    }
+}
+
+#ifndef BF_TROWS
+#define BF_TROWS 32 /* batch rows per tile of the row-tiled product */
+#endif
+#ifndef BF_GROUP_BYTES
+#define BF_GROUP_BYTES (512 << 10) /* packed blocks per group of block rows (L2 share) */
+#endif
+
+/* The row-tiled batch-major product (k set up by ss_product_bf16_to): 0, -2 (out of memory)
+ * or SS_EINDEX. The block-row pointers are copied and checked once; only the copy is used. */
+static int bf_tiled_product(bfp_ctx *k, int nthreads)
+{
+    const int64_t n_br = k->n_br, blk = k->nac * k->np * BF_LANES;
+    int64_t *rowp = (int64_t *)malloc((size_t)(n_br + 1) * sizeof(int64_t));
+    if (!rowp) return -2;
+    int64_t most = 0, gq = 0; /* the largest group's blocks */
+    for (int64_t i = 0; i <= n_br; i++) rowp[i] = __atomic_load_n(&k->crow[i], __ATOMIC_RELAXED);
+    for (int64_t i = 0; i < n_br; i++) {
+        int64_t q0 = rowp[i], q1 = rowp[i + 1];
+        if (q0 < 0 || q1 < q0 || q1 > k->nnzb) {
+            free(rowp);
+            return SS_EINDEX;
+        }
+        if (gq > 0 && (gq + q1 - q0) * blk * 4 > BF_GROUP_BYTES) gq = 0;
+        gq += q1 - q0;
+        if (gq > most) most = gq;
+    }
+    int64_t trows = BF_TROWS;
+    if (nthreads > 1 && (k->N + trows - 1) / trows < 4 * nthreads) {
+        trows = (k->N + 4 * nthreads - 1) / (4 * nthreads);
+        trows = trows < 8 ? 8 : (trows + 7) / 8 * 8;
+    }
+    k->rowp = rowp;
+    k->trows = trows;
+    k->ntile = (k->N + trows - 1) / trows;
+    k->gpk = (uint32_t *)malloc((size_t)(most > 0 ? most : 1) * (size_t)blk * 4);
+    k->gxoff = (int64_t *)malloc((size_t)(most > 0 ? most : 1) * sizeof(int64_t));
+    int rc = 0;
+    if (!k->gpk || !k->gxoff) rc = -2;
+    for (int64_t g0 = 0; g0 < n_br && rc == 0;) {
+        int64_t g1 = g0 + 1;
+        while (g1 < n_br && (rowp[g1 + 1] - rowp[g0]) * blk * 4 <= BF_GROUP_BYTES) g1++;
+        k->g0 = g0;
+        k->g1 = g1;
+        k->qg0 = rowp[g0];
+        run_tasks(bf_gpack_task, k, g1 - g0, nthreads);
+        if (k->err) { rc = SS_EINDEX; break; }
+        run_tasks(bf_tile_task, k, k->ntile, nthreads);
+        g0 = g1;
+    }
+    free(k->gpk);
+    free(k->gxoff);
+    free(rowp);
+    return rc;
 }
 
 /* Y[row, n] = bias[row] + sum_q sum_b M_q[a, b] X[col_q * c + b, n] (row = i * r + a), all in
@@ -469,7 +603,9 @@ int ss_product_bf16_to(int64_t n_br, int64_t r, int64_t c, const int64_t *crow,
                  (r + BF_LANES - 1) / BF_LANES, (c + 1) / 2, 0, 0, 0};
     if (!fm && N <= BF_SMALL_N && r == 16 && c == 16 && sa == 16 && sb == 1) k.small = BF_SMALL_ROWS;
     if (!fm && N <= BF_SMALL_T_N && r == 16 && c == 16 && sa == 1 && sb == 16) k.small = BF_SMALL_T;
-    /* batch rows per task: 256 (a chunk of the input stays in L2 while every block row reads
+    if (!fm && !k.small) return bf_tiled_product(&k, nthreads < 256 ? nthreads : 256);
+    /* feature-major and small batches: tasks of block rows. Batch rows per task: 256 (a chunk
+     * of the input stays in L2 while every block row reads
      * it), fewer where the block rows alone do not give each thread several tasks */
     int64_t nt = N < BF_ROWS ? N : BF_ROWS;
     if (nthreads > 1 && n_br < 4 * nthreads) {
@@ -532,6 +668,7 @@ typedef struct {
     int64_t n0, n1;
     float *acc;
     int first, last;
+    int64_t nnzb_all; /* the stored blocks (the next block's prefetch stays below) */
 } bfv_ctx;
 
 /* RT rows x the lanes of columns b0 .. (mask mb) of one block over the pass's batch rows:
@@ -539,7 +676,8 @@ typedef struct {
  * pair interleaved in registers (rp: R at row n0); the sums start from the earlier passes' (ap,
  * float32) and go to ap, or rounded to gp in the last pass. */
 BF_INL void bf_vg_tile(const bfv_ctx *k, const uint32_t *lpair, const uint16_t *rp,
-                       int64_t go, float *ap, __mmask16 mb, const int RT)
+                       int64_t go, float *ap, __mmask16 mb, const uint16_t *nrp,
+                       const uint16_t *nlp, const int RT)
 {
     __m512 acc[16];
     if (k->first)
@@ -553,6 +691,16 @@ BF_INL void bf_vg_tile(const bfv_ctx *k, const uint32_t *lpair, const uint16_t *
          * page boundaries, so fetch 16 rows ahead (harmless past the end: a hint) */
         _mm_prefetch((const char *)(rp + 16 * rn), _MM_HINT_T0);
         _mm_prefetch((const char *)(rp + 17 * rn), _MM_HINT_T0);
+        /* the next block's rows of R and the next run's rows of L, two of each per pair of
+         * rows: a block's time ahead (what a read from memory takes), not 16 rows */
+        if (nrp) {
+            _mm_prefetch((const char *)(nrp + 2 * t * rn), _MM_HINT_T0);
+            _mm_prefetch((const char *)(nrp + (2 * t + 1) * rn), _MM_HINT_T0);
+        }
+        if (nlp) {
+            _mm_prefetch((const char *)(nlp + 2 * t * k->ln), _MM_HINT_T0);
+            _mm_prefetch((const char *)(nlp + (2 * t + 1) * k->ln), _MM_HINT_T0);
+        }
         __m512bh xv = (__m512bh)bf_interleave(_mm256_maskz_loadu_epi16(mb, rp),
                                               _mm256_maskz_loadu_epi16(mb, rp + rn));
         for (int ra = 0; ra < RT; ra++)
@@ -671,6 +819,16 @@ static BF_TARGET void bf_vg_task(void *vctx, int64_t run, int tid)
         }
         const int64_t g = p * r * c;
         float *ab = k->acc ? k->acc + p * r * c : 0;
+        /* prefetch targets (hints: never read; an index out of range gives none) */
+        const uint16_t *nrp = 0, *nlp = 0;
+        if (p + 1 < k->nnzb_all) {
+            int64_t jn = __atomic_load_n(&k->cols[p + 1], __ATOMIC_RELAXED);
+            if (jn >= 0 && jn < k->n_bc) nrp = k->rgt + n0 * k->rn + jn * c;
+        }
+        if (p == p0 && p1 < k->nnzb_all) {
+            int64_t in = __atomic_load_n(&k->rows[p1], __ATOMIC_RELAXED);
+            if (in >= 0 && in < k->n_br) nlp = k->l + in * r + n0 * ln;
+        }
         for (int64_t b0 = 0; b0 < c; b0 += BF_LANES) {
             __mmask16 mb = bf_mask(c - b0);
             const uint16_t *rp = k->rgt + n0 * k->rn + j * c + b0;
@@ -681,11 +839,12 @@ static BF_TARGET void bf_vg_task(void *vctx, int64_t run, int tid)
                 float *ap = ab ? ab + a0 * c + b0 : 0;
                 int64_t lane_left = BF_LANES - a0 % BF_LANES;
                 if (left > lane_left) left = lane_left;
-                if (left >= 16) { bf_vg_tile(k, lpair, rp, gp, ap, mb, 16); a0 += 16; }
-                else if (left >= 8) { bf_vg_tile(k, lpair, rp, gp, ap, mb, 8); a0 += 8; }
-                else if (left >= 4) { bf_vg_tile(k, lpair, rp, gp, ap, mb, 4); a0 += 4; }
-                else if (left >= 2) { bf_vg_tile(k, lpair, rp, gp, ap, mb, 2); a0 += 2; }
-                else { bf_vg_tile(k, lpair, rp, gp, ap, mb, 1); a0 += 1; }
+                if (a0 > 0 || b0 > 0) nrp = nlp = 0; /* (the block's first tile) */
+                if (left >= 16) { bf_vg_tile(k, lpair, rp, gp, ap, mb, nrp, nlp, 16); a0 += 16; }
+                else if (left >= 8) { bf_vg_tile(k, lpair, rp, gp, ap, mb, nrp, nlp, 8); a0 += 8; }
+                else if (left >= 4) { bf_vg_tile(k, lpair, rp, gp, ap, mb, nrp, nlp, 4); a0 += 4; }
+                else if (left >= 2) { bf_vg_tile(k, lpair, rp, gp, ap, mb, nrp, nlp, 2); a0 += 2; }
+                else { bf_vg_tile(k, lpair, rp, gp, ap, mb, nrp, nlp, 1); a0 += 1; }
             }
         }
     }
@@ -728,7 +887,7 @@ int ss_values_grad_bf16_to(int64_t nnzb, int64_t r, int64_t c, const int64_t *ro
     int64_t tile = dot || N <= 2 * BF_VG_ROWS ? N : BF_VG_ROWS;
     bfv_ctx k = {r, c, N, n_br, n_bc, (r + BF_LANES - 1) / BF_LANES, (tile + 1) / 2, rows,
                  cols, starts, (const uint16_t *)l, li, ln, (const uint16_t *)rgt, ri, rn, dot,
-                 g, gdt == DT_F32, 0, 0, 0, N, 0, 1, 1};
+                 g, gdt == DT_F32, 0, 0, 0, N, 0, 1, 1, nnzb};
     uint32_t *bufs[256];
     int ok = 1;
     for (int t = 0; t < nth; t++) {
