@@ -381,16 +381,26 @@ class _FastLinear(torch.autograd.Function):
         x2 = x.view(-1, width)
         run: Callable[[SparseProduct, T], T]
         values_grad: Callable[[T, T], T]
+        # under autocast: the dtypes autocast's casts take the gradients to (the float32
+        # parameters; the input's), None where they stay in the product's dtype
+        gx_to = gv_to = None
+        if plan.kind == _AUTOCAST:
+            gv_to = plan.dtype
+            gx_to = None if x_dtype is vals.dtype else x_dtype
         if (_context() is not None and vals.dtype is plan.vals.dtype
                 and vals.data_ptr() == plan.vals.data_ptr() and vals.is_set_to(plan.vals)
                 and plan.still()):  # the kernels, on the plan's proof
             w, cache = matrix(plan.layout, c, p, vals, n_out, width), plan.cache
+            # (the bfloat16 kernels write the rounded gradients widened to float32: the
+            # bits the casts below would give, without their passes)
+            gx_kw: dict[str, Any] = {"dtype": gx_to, "rounded": True} if gx_to else {}
+            gv_kw: dict[str, Any] = {"dtype": gv_to, "rounded": True} if gv_to else {}
 
             def run(product: SparseProduct, operand: T) -> T:
-                return _GRAD_KERNELS[product.name](w, operand, cache=cache)
+                return _GRAD_KERNELS[product.name](w, operand, cache=cache, **gx_kw)
 
             def values_grad(left: T, right: T) -> T:
-                return _GRAD_KERNELS[LINEAR.values_grad](w, left, right, cache=cache)
+                return _GRAD_KERNELS[LINEAR.values_grad](w, left, right, cache=cache, **gv_kw)
         else:  # the gradient operators, which confirm (or validate) the members themselves
             matrix_args = (c, p, vals, plan.layout_name, n_out, width)
 
@@ -401,7 +411,8 @@ class _FastLinear(torch.autograd.Function):
                 return _GRAD_OPERATORS[LINEAR.values_grad](left, right, *matrix_args)
         gx, gv = gradients(LINEAR, g2, x2, need_x, need_v, run, values_grad)
         gb = blockkernels.bias_grad(g2) if need_b else None
-        if plan.kind == _AUTOCAST:  # (to the float32 parameters and input, as autocast's)
+        if plan.kind == _AUTOCAST:  # (to the float32 parameters and input, as autocast's;
+            # no-ops where the kernels wrote them so)
             gv = None if gv is None else gv.to(plan.dtype)
             gb = None if gb is None else gb.to(plan.dtype)
         return (None if gx is None else gx.view(x_shape).to(x_dtype)), gv, gb, \
