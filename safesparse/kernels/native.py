@@ -472,6 +472,39 @@ def pack_product(a: Matrix, batch_major: bool, x_dtype: torch.dtype, y_dtype: to
     return args, keep
 
 
+#: The values' slots of :func:`pack_product`'s array (their address and strides)
+_SLOT_VALS, _SLOT_SP, _SLOT_SA, _SLOT_SB = 7, 8, 9, 10
+#: Batches from which :func:`prepacked` arrays pay (smaller ones take the small-batch tiles,
+#: which read a block's rows in place: ``SS_SMALL_N`` in csrc/blockprod.c)
+PREPACKED_FROM = 33
+#: The largest values :func:`prepacked` copies (bytes): the copy doubles the values' memory
+PREPACKED_MAX_BYTES = 16 << 20
+
+
+def prepacked(args: PackedArgs, values: T) -> tuple[PackedArgs, T] | None:
+    """A copy of the float32 / float64 batch-major :func:`pack_product` array ``args`` that
+    reads a transposed copy of ``values`` (the array's values: each block's columns
+    contiguous, the layout the batch-major kernels otherwise pack a block row's blocks into at
+    every call, or the whole matrix once per call over several row tiles), and that copy; None
+    where it would not pay or does not apply (blocks read in that layout already, small
+    blocks, other operands, values over :data:`PREPACKED_MAX_BYTES`). The caller keeps the
+    copy current: it is the values at the time of this call."""
+    r, c = int(args[1]), int(args[2])
+    if (values.dim() != 3 or values.dtype not in (torch.float32, torch.float64)
+            or _DTYPES.get(values.dtype) != args[23] or args[12] != args[23]
+            or args[13] != 1 or args[19] != 1 or r < 8 or c < 1
+            or tuple(values.shape[1:]) != (r, c) or values.data_ptr() != args[_SLOT_VALS]
+            or (args[_SLOT_SP], args[_SLOT_SA], args[_SLOT_SB]) != values.stride()
+            or args[_SLOT_SA] == 1
+            or values.numel() * values.element_size() > PREPACKED_MAX_BYTES):
+        return None
+    copy = values.transpose(1, 2).contiguous()  # (blocks, c, r): M_p[a, b] at p r c + b r + a
+    out = type(args).from_buffer_copy(args)
+    out[_SLOT_VALS] = copy.data_ptr()
+    out[_SLOT_SP], out[_SLOT_SA], out[_SLOT_SB] = r * c, 1, r
+    return out, copy
+
+
 def packed_entry() -> Any:
     """``ss_product_packed`` (one argument: the address of a :func:`pack_product` array,
     ``ctypes.addressof``; 0 on success), or None where the native path does not run."""

@@ -113,6 +113,8 @@ _NO, _YES, _STALE = 0, 1, 2
 #: bfloat16 by the library inside the product's call (one pass, no tensor); larger ones by
 #: torch (``x.to(torch.bfloat16)``: threaded), then read in place.
 _ROUND_IN_CALL = 64 * 1024
+#: Batches from which a float32 / float64 plan reads pre-packed values (:meth:`_Plan.prepacked`)
+_PREPACKED_FROM = native.PREPACKED_FROM
 
 
 class PlanSlot:
@@ -172,7 +174,8 @@ class _Plan:
 
     __slots__ = ("addr", "args", "autocast", "b", "b_alias", "b_ptr", "batch_major", "c",
                  "cache", "dtype", "entry", "geometry", "grad", "keep", "kind", "layout",
-                 "layout_name", "n_out", "p", "rounded", "still", "thread", "threads", "v",
+                 "layout_name", "n_out", "p", "pre", "pre_held", "pre_seen", "rounded",
+                 "still", "thread", "threads", "v",
                  "v_alias", "v_ptr", "vals", "ver", "width", "x_alt", "x_dtype", "y_dtype")
 
     def __init__(self, packed: tuple[native.PackedArgs, tuple[T, ...]], entry: Any,
@@ -215,6 +218,14 @@ class _Plan:
         self.batch_major = batch_major
         self.layout, self.layout_name = layout, layout_name
         self.cache = cache  # (the proof's cache of pattern data, as the operators pass it)
+        # the pre-packed values (:meth:`prepacked`): whether the plan may make them; what it
+        # holds (the values' counter they were copied at, the array that reads them, its
+        # address, the copy: one tuple, read and replaced whole, so that a call in another
+        # thread never pairs an array with another's copy); the counter the last call saw
+        self.pre = (kind == _DIRECT and batch_major and layout in BLOCK_LAYOUTS
+                    and v.dtype in (_F32, torch.float64))
+        self.pre_held: tuple[int, native.PackedArgs, int, T] | None = None
+        self.pre_seen = v._version
 
     def holds(self, buffers: dict[str, Any], params: dict[str, Any], autocast: torch.dtype
               ) -> int:
@@ -248,6 +259,9 @@ class _Plan:
         back). (``torch.empty(*sizes)``: parsing a tuple of sizes costs about 0.6 us more.)"""
         args = self.args
         addr = self.addr
+        pre = self.prepacked() if self.pre and n >= _PREPACKED_FROM else None
+        if pre is not None:  # (held here, the array and its copy, until the call returned)
+            args, addr = pre[1], pre[2]
         if self.thread != _ident():  # (another thread: its own copy of the array)
             args = type(args).from_buffer_copy(args)
             addr = addressof(args)
@@ -279,6 +293,32 @@ class _Plan:
         if entry(addr) != 0:
             return None
         return y
+
+
+    def prepacked(self) -> tuple[int, native.PackedArgs, int, T] | None:
+        """What this call reads where it reads the pre-packed values (the values' counter,
+        the array, its address, the copy), or None: a copy of the values with each block's
+        columns contiguous (:func:`safesparse.kernels.native.prepacked`), which the
+        batch-major kernels otherwise pack at every call. The copy is keyed on the values'
+        counter (:meth:`holds` answered for their object, address, view and dtype): made where
+        two calls in a row saw the same counter (inference; a training loop, whose optimizer
+        writes the values between calls, never copies), read only while the counter is the one
+        it was made at, dropped at the first call that sees it moved."""
+        ver = self.v._version
+        held = self.pre_held
+        if held is not None and held[0] == ver:
+            return held
+        if ver != self.pre_seen or held is not None:  # (written: the values in place)
+            self.pre_seen = ver
+            self.pre_held = None
+            return None
+        got = native.prepacked(self.args, self.vals)
+        if got is None:
+            self.pre = False
+            return None
+        held = (ver, got[0], addressof(got[0]), got[1])
+        self.pre_held = held
+        return held
 
 
 def _geometry(layout: torch.layout, values: T, n_rows: int, n_cols: int) -> Hashable:
