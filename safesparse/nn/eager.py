@@ -224,10 +224,11 @@ class _Plan:
         # holds (the values' counter they were copied at, the array that reads them, its
         # address, the copy: one tuple, read and replaced whole, so that a call in another
         # thread never pairs an array with another's copy); the counter the last call saw
+        # (never over inference tensors: they have no counter to key a copy on)
         self.pre = (kind == _DIRECT and batch_major and layout in BLOCK_LAYOUTS
-                    and v.dtype in (_F32, torch.float64))
+                    and v.dtype in (_F32, torch.float64) and not v.is_inference())
         self.pre_held: tuple[int, native.PackedArgs, int, T] | None = None
-        self.pre_seen = v._version
+        self.pre_seen = v._version if self.pre else -1
 
     def holds(self, buffers: dict[str, Any], params: dict[str, Any], autocast: torch.dtype
               ) -> int:
