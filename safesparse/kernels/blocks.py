@@ -56,7 +56,7 @@ O(inputs + nnz), small beside the products (but three times the step's memory fl
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -253,11 +253,40 @@ def linear(w: Matrix, x: T, *, cache: Cache = None, bias: T | None = None) -> T:
 
 @serial_in_forked_child
 def linear_grad_input(w: Matrix, g: T, *, cache: Cache = None,
-                      dtype: torch.dtype | None = None) -> T:
+                      dtype: torch.dtype | None = None, rounded: bool = False) -> T:
     """``g @ W`` for ``g`` (N, out_features): (N, in_features), dtype of ``g``, or ``dtype``
     (float32 for a bfloat16 ``g``: the float32 sums unrounded, no bfloat16 result cast after;
-    a float32 layer's gradient to its input under bfloat16 autocast)."""
+    with ``rounded``, the bits of ``linear_grad_input(w, g).to(dtype)`` without that pass: a
+    float32 layer's gradient to its input under bfloat16 autocast)."""
+    if rounded and dtype is not None and dtype != g.dtype:
+        return _rounded(g.dtype, dtype, lambda: _rounded_grad_input(w, g, cache, dtype),
+                        lambda: _linear_product(w, g, True, cache))
     return _linear_product(w, g, True, cache, out_dtype=dtype)
+
+
+def _rounded(src: torch.dtype, out: torch.dtype, direct: Callable[[], T | None],
+             rounded_then_cast: Callable[[], T]) -> T:
+    """A product in ``src``'s dtype cast to ``out``: ``direct()`` (the bfloat16 kernels
+    writing the rounded result widened, float32) where they run it, else the product in
+    ``src``'s dtype cast."""
+    if src == torch.bfloat16 and out == torch.float32:
+        got = direct()
+        if got is not None:
+            return got
+    return rounded_then_cast().to(out)
+
+
+def _rounded_grad_input(w: Matrix, g: T, cache: Cache, dtype: torch.dtype) -> T | None:
+    """``g @ W`` of a bfloat16 ``g`` by the bfloat16 kernels, their rounded result written
+    widened to ``dtype``; None where they do not run it."""
+    n = g.shape[0]
+    if n == 0 or w.plain.numel() == 0 or not native.usable(g, w.values) \
+            or not native.reads_bf16(g.dtype, w.layout):
+        return None
+    y = g.new_empty(n, w.n_cols, dtype=dtype)
+    ok = native.product(w, True, g, g.stride(1), g.stride(0), n, y, 1, w.n_cols, cache=cache,
+                        rounded=True)
+    return y if ok else None
 
 
 def _linear_product(w: Matrix, src: T, transposed: bool, cache: Cache = None,
@@ -388,17 +417,35 @@ def bias_grad(g: T, *, dtype: torch.dtype | None = None) -> T:
 
 @serial_in_forked_child
 def linear_grad_values(w: Matrix, g: T, x: T, *, cache: Cache = None,
-                       dtype: torch.dtype | None = None) -> T:
+                       dtype: torch.dtype | None = None, rounded: bool = False) -> T:
     """Gradient of ``sum(g * (x @ W.T))`` with respect to the stored values: for each stored
     block (i, j), ``g[:, rows_i].T @ x[:, cols_j]``, in the values' shape, dtype of ``g``, or
-    ``dtype`` (float32 for bfloat16 operands: the float32 sums unrounded; a float32 layer's
+    ``dtype`` (float32 for bfloat16 operands: the float32 sums unrounded; with ``rounded``,
+    the bits of ``linear_grad_values(w, g, x).to(dtype)`` without that pass: a float32 layer's
     values gradient under bfloat16 autocast)."""
+    if rounded and dtype is not None and dtype != g.dtype:
+        return _rounded(g.dtype, dtype, lambda: _rounded_values_grad(w, g, x, dtype, cache),
+                        lambda: linear_grad_values(w, g, x, cache=cache))
     out = g.dtype if dtype is None else dtype
     if w.plain.numel() and native.usable(g, x):
         got = _native_values_grad(w, g.t(), x.t(), out, cache)
         if got is not None:
             return got
     return _values_grad(w, g.t(), x, out)
+
+
+def _rounded_values_grad(w: Matrix, g: T, x: T, dtype: torch.dtype, cache: Cache
+                         ) -> T | None:
+    """:func:`linear_grad_values` of bfloat16 ``g`` and ``x`` by the bfloat16 kernels, their
+    rounded result written widened to ``dtype``; None where they do not run it."""
+    if not w.plain.numel() or not native.usable(g, x) or x.dtype != g.dtype \
+            or not native.reads_bf16(g.dtype, w.layout):
+        return None
+    left, right_t = g.t(), x.t()
+    k = left.shape[1]
+    return native.values_grad(w, left, left.stride(0), left.stride(1), right_t,
+                              right_t.stride(0), right_t.stride(1), k, dtype, cache,
+                              rounded=True)
 
 
 def _native_values_grad(m: Matrix, left: T, right_t: T, dtype: torch.dtype,

@@ -346,10 +346,12 @@ def _ptr_of(t: T | None) -> int | None:
 
 def product(a: Matrix, transposed: bool, x: T, xk: int, xn: int, n: int, y: T, yi: int,
             yn: int, bias: T | None = None,
-            cache: dict[Hashable, Any] | None = None) -> bool:
+            cache: dict[Hashable, Any] | None = None, rounded: bool = False) -> bool:
     """``Y = M @ X (+ bias)`` for ``M = A`` (or ``A.T``), ``X[k, n] = x[k * xk + n * xn]``,
     ``Y[row, n] = y[row * yi + n * yn]`` (``y`` fresh, written whole); False when the library
-    refused (the caller computes with torch ops)."""
+    refused (the caller computes with torch ops). ``rounded`` (a bfloat16 ``x``, a float32
+    ``y``): ``y`` holds the bfloat16 result widened (the bits of its cast to float32), computed
+    by the bfloat16 kernels only (False where they do not run it)."""
     layout, values, n_rows, n_cols = a.layout, a.values, a.n_rows, a.n_cols
     rows = _rowwise(a, transposed, cache)
     # bounds from the shapes (never from index data): n_br, nnzb, n_in
@@ -361,8 +363,10 @@ def product(a: Matrix, transposed: bool, x: T, xk: int, xn: int, n: int, y: T, y
                              "validated")
     if x.dtype == torch.bfloat16 and layout in BLOCK_LAYOUTS:
         if _product_bf16(rows, values, n_rows if transposed else n_cols, x, xk, xn, n, y, yi,
-                         yn, bias):
+                         yn, bias, rounded):
             return True
+        if rounded:
+            return False
         if yi == 1:
             x = _widened(x)  # no bfloat16 kernels here: the float32 route
     work = compute_dtype(x.dtype)
@@ -383,12 +387,13 @@ def product(a: Matrix, transposed: bool, x: T, xk: int, xn: int, n: int, y: T, y
 
 
 def values_grad(a: Matrix, l_: T, li: int, ln: int, r_: T, ri: int, rn: int, n: int,
-                dtype: torch.dtype, cache: dict[Hashable, Any] | None = None) -> T | None:
+                dtype: torch.dtype, cache: dict[Hashable, Any] | None = None,
+                rounded: bool = False) -> T | None:
     """Per stored block p at (i, j): ``G_p[a, b] = sum_n L[i r + a, n] R[j c + b, n]`` in the
     values' shape and ``dtype``; ``L[row, n] = l_[row * li + n * ln]``, likewise ``R``;
     operands in float32 / float64 (their common dtype), or bfloat16 (``dtype`` float32: the
-    bfloat16 kernel's float32 sums, unrounded). None when the library refused this operand
-    layout."""
+    bfloat16 kernel's float32 sums, unrounded; with ``rounded``, the bfloat16 result widened,
+    by the bfloat16 kernels only). None when the library refused this operand layout."""
     r, c, values_shape = a.r, a.c, a.values.shape
     rows, cols = _outer(a, cache)
     nnzb = int(values_shape[0])
@@ -397,9 +402,11 @@ def values_grad(a: Matrix, l_: T, li: int, ln: int, r_: T, ri: int, rn: int, n: 
                              f"hold {nnzb}: the index data changed after it was validated")
     if l_.dtype == torch.bfloat16:
         got = _values_grad_bf16(rows, cols, r, c, l_, li, ln, r_, ri, rn, n, values_shape,
-                                dtype)
+                                dtype, rounded)
         if got is not None:
             return got.to(dtype)
+        if rounded:
+            return None
         l_, r_ = _widened(l_), _widened(r_)  # the float32 route
     g = torch.empty((nnzb, r, c), dtype=l_.dtype)
     rc = _lib.ss_values_grad(nnzb, r, c, l_.shape[0], r_.shape[0], rows.data_ptr(),
@@ -465,6 +472,39 @@ def pack_product(a: Matrix, batch_major: bool, x_dtype: torch.dtype, y_dtype: to
     return args, keep
 
 
+#: The values' slots of :func:`pack_product`'s array (their address and strides)
+_SLOT_VALS, _SLOT_SP, _SLOT_SA, _SLOT_SB = 7, 8, 9, 10
+#: Batches from which :func:`prepacked` arrays pay (smaller ones take the small-batch tiles,
+#: which read a block's rows in place: ``SS_SMALL_N`` in csrc/blockprod.c)
+PREPACKED_FROM = 33
+#: The largest values :func:`prepacked` copies (bytes): the copy doubles the values' memory
+PREPACKED_MAX_BYTES = 16 << 20
+
+
+def prepacked(args: PackedArgs, values: T) -> tuple[PackedArgs, T] | None:
+    """A copy of the float32 / float64 batch-major :func:`pack_product` array ``args`` that
+    reads a transposed copy of ``values`` (the array's values: each block's columns
+    contiguous, the layout the batch-major kernels otherwise pack a block row's blocks into at
+    every call, or the whole matrix once per call over several row tiles), and that copy; None
+    where it would not pay or does not apply (blocks read in that layout already, small
+    blocks, other operands, values over :data:`PREPACKED_MAX_BYTES`). The caller keeps the
+    copy current: it is the values at the time of this call."""
+    r, c = int(args[1]), int(args[2])
+    if (values.dim() != 3 or values.dtype not in (torch.float32, torch.float64)
+            or _DTYPES.get(values.dtype) != args[23] or args[12] != args[23]
+            or args[13] != 1 or args[19] != 1 or r < 8 or c < 1
+            or tuple(values.shape[1:]) != (r, c) or values.data_ptr() != args[_SLOT_VALS]
+            or (args[_SLOT_SP], args[_SLOT_SA], args[_SLOT_SB]) != values.stride()
+            or args[_SLOT_SA] == 1
+            or values.numel() * values.element_size() > PREPACKED_MAX_BYTES):
+        return None
+    copy = values.transpose(1, 2).contiguous()  # (blocks, c, r): M_p[a, b] at p r c + b r + a
+    out = type(args).from_buffer_copy(args)
+    out[_SLOT_VALS] = copy.data_ptr()
+    out[_SLOT_SP], out[_SLOT_SA], out[_SLOT_SB] = r * c, 1, r
+    return out, copy
+
+
 def packed_entry() -> Any:
     """``ss_product_packed`` (one argument: the address of a :func:`pack_product` array,
     ``ctypes.addressof``; 0 on success), or None where the native path does not run."""
@@ -488,6 +528,9 @@ def packed_entry_rounded() -> Any:
 _bf16_bound: bool | None = None
 #: The output dtypes of the bfloat16 kernels (float32: their sums, unrounded)
 _BF16_OUT = (torch.bfloat16, torch.float32)
+#: Or-ed into the float32 output code of the bfloat16 kernels (``SS_OUT_ROUNDED``): float32
+#: holding the bfloat16 rounding of the sums (the bits of a bfloat16 result cast to float32)
+_OUT_ROUNDED = 0x100
 
 
 def _bf16_library() -> bool:
@@ -533,9 +576,10 @@ def _index_error() -> IndexDataError:
 
 
 def _product_bf16(rows: _Rows, values: T, n_in: int, x: T, xk: int, xn: int, n: int, y: T,
-                  yi: int, yn: int, bias: T | None) -> bool:
+                  yi: int, yn: int, bias: T | None, rounded: bool = False) -> bool:
     """:func:`product` in bfloat16, batch-major (``xk == yi == 1``) or feature-major
-    (``xn == yn == 1``); False where the bfloat16 kernels do not run it."""
+    (``xn == yn == 1``); False where the bfloat16 kernels do not run it. A float32 ``y``: the
+    float32 sums, or (``rounded``) their bfloat16 rounding widened."""
     if (not _bf16_library() or not ((xk == 1 and yi == 1) or (xn == 1 and yn == 1))
             or values.dtype != torch.bfloat16
             or y.dtype not in _BF16_OUT or (bias is not None and bias.dtype != torch.bfloat16)):
@@ -549,7 +593,8 @@ def _product_bf16(rows: _Rows, values: T, n_in: int, x: T, xk: int, xn: int, n: 
     if y.dtype == torch.bfloat16:
         rc = _lib.ss_product_bf16(*head, yi, yn, _ptr_of(b), _threads())
     else:  # float32: the sums unrounded
-        rc = _lib.ss_product_bf16_to(*head, _DTYPES[y.dtype], yi, yn, _ptr_of(b), _threads())
+        code = _DTYPES[y.dtype] | (_OUT_ROUNDED if rounded else 0)
+        rc = _lib.ss_product_bf16_to(*head, code, yi, yn, _ptr_of(b), _threads())
     if rc == -3:
         raise _index_error()
     return bool(rc == 0)
@@ -557,10 +602,12 @@ def _product_bf16(rows: _Rows, values: T, n_in: int, x: T, xk: int, xn: int, n: 
 
 def _values_grad_bf16(rows: T, cols: T, r: int, c: int, l_: T, li: int, ln: int, r_: T,
                       ri: int, rn: int, n: int, values_shape: torch.Size,
-                      dtype: torch.dtype = torch.bfloat16) -> T | None:
+                      dtype: torch.dtype = torch.bfloat16, rounded: bool = False
+                      ) -> T | None:
     """:func:`values_grad` in bfloat16 for batch-major operands (``li == ri == 1``) or
     operands contiguous along the batch (``ln == rn == 1``), or None; written in float32 (the
-    sums unrounded) where ``dtype`` is float32, else in bfloat16."""
+    sums unrounded, or with ``rounded`` their bfloat16 rounding widened) where ``dtype`` is
+    float32, else in bfloat16."""
     if (not _bf16_library() or not ((li == 1 and ri == 1) or (ln == 1 and rn == 1))
             or r_.dtype != torch.bfloat16
             or len(values_shape) != 3):
@@ -573,7 +620,8 @@ def _values_grad_bf16(rows: T, cols: T, r: int, c: int, l_: T, li: int, ln: int,
     if out == torch.bfloat16:
         rc = _lib.ss_values_grad_bf16(*head, _threads())
     else:  # float32: the sums unrounded
-        rc = _lib.ss_values_grad_bf16_to(*head, _DTYPES[out], _threads())
+        code = _DTYPES[out] | (_OUT_ROUNDED if rounded else 0)
+        rc = _lib.ss_values_grad_bf16_to(*head, code, _threads())
     if rc == -3:
         raise _index_error()
     return g.view(values_shape) if rc == 0 else None

@@ -23,7 +23,9 @@ skips nothing whose answer could have changed, all re-checked in O(1) per call:
   write to them changes the result, not the plan); where the plan holds a converted copy of
   them (autocast, half types) also their version counters: a write through the parameters
   makes a new plan at the next call, on the same proof (:func:`_build` asks the state again),
-  so a stale copy is never read;
+  so a stale copy is never read; a float32 / float64 block plan's pre-packed values (above 32
+  rows, :meth:`_Plan.prepacked`: a transposed copy, made where two calls in a row saw the
+  values' counter unmoved) are read only while that counter is the one they were copied at;
 * the thread count;
 * and the proof itself: the state layer's answer (:func:`safesparse.state.members_proof.proof`
   when the plan is built, then its O(1) re-check :func:`~safesparse.state.members_proof.holding`
@@ -114,6 +116,8 @@ _NO, _YES, _STALE = 0, 1, 2
 #: bfloat16 by the library inside the product's call (one pass, no tensor); larger ones by
 #: torch (``x.to(torch.bfloat16)``: threaded), then read in place.
 _ROUND_IN_CALL = 64 * 1024
+#: Batches from which a float32 / float64 plan reads pre-packed values (:meth:`_Plan.prepacked`)
+_PREPACKED_FROM = native.PREPACKED_FROM
 
 
 class PlanSlot:
@@ -174,7 +178,8 @@ class _Plan:
 
     __slots__ = ("addr", "args", "autocast", "b", "b_alias", "b_ptr", "batch_major", "c",
                  "cache", "dtype", "entry", "geometry", "grad", "keep", "kind", "layout",
-                 "layout_name", "n_out", "p", "rounded", "still", "thread", "threads", "v",
+                 "layout_name", "n_out", "p", "pre", "pre_held", "pre_seen", "rounded",
+                 "still", "thread", "threads", "v",
                  "v_alias", "v_ptr", "vals", "ver", "width", "x_alt", "x_dtype", "y_dtype")
 
     def __init__(self, packed: tuple[native.PackedArgs, tuple[T, ...]], entry: Any,
@@ -217,6 +222,15 @@ class _Plan:
         self.batch_major = batch_major
         self.layout, self.layout_name = layout, layout_name
         self.cache = cache  # (the proof's cache of pattern data, as the operators pass it)
+        # the pre-packed values (:meth:`prepacked`): whether the plan may make them; what it
+        # holds (the values' counter they were copied at, the array that reads them, its
+        # address, the copy: one tuple, read and replaced whole, so that a call in another
+        # thread never pairs an array with another's copy); the counter the last call saw
+        # (never over inference tensors: they have no counter to key a copy on)
+        self.pre = (kind == _DIRECT and batch_major and layout in BLOCK_LAYOUTS
+                    and v.dtype in (_F32, torch.float64) and not v.is_inference())
+        self.pre_held: tuple[int, native.PackedArgs, int, T] | None = None
+        self.pre_seen = v._version if self.pre else -1
 
     def holds(self, buffers: dict[str, Any], params: dict[str, Any], autocast: torch.dtype
               ) -> int:
@@ -250,6 +264,9 @@ class _Plan:
         back). (``torch.empty(*sizes)``: parsing a tuple of sizes costs about 0.6 us more.)"""
         args = self.args
         addr = self.addr
+        pre = self.prepacked() if self.pre and n >= _PREPACKED_FROM else None
+        if pre is not None:  # (held here, the array and its copy, until the call returned)
+            args, addr = pre[1], pre[2]
         if self.thread != _ident():  # (another thread: its own copy of the array)
             args = type(args).from_buffer_copy(args)
             addr = addressof(args)
@@ -282,6 +299,32 @@ class _Plan:
         if entry(addr) != 0:
             return None
         return y
+
+
+    def prepacked(self) -> tuple[int, native.PackedArgs, int, T] | None:
+        """What this call reads where it reads the pre-packed values (the values' counter,
+        the array, its address, the copy), or None: a copy of the values with each block's
+        columns contiguous (:func:`safesparse.kernels.native.prepacked`), which the
+        batch-major kernels otherwise pack at every call. The copy is keyed on the values'
+        counter (:meth:`holds` answered for their object, address, view and dtype): made where
+        two calls in a row saw the same counter (inference; a training loop, whose optimizer
+        writes the values between calls, never copies), read only while the counter is the one
+        it was made at, dropped at the first call that sees it moved."""
+        ver = self.v._version
+        held = self.pre_held
+        if held is not None and held[0] == ver:
+            return held
+        if ver != self.pre_seen or held is not None:  # (written: the values in place)
+            self.pre_seen = ver
+            self.pre_held = None
+            return None
+        got = native.prepacked(self.args, self.vals)
+        if got is None:
+            self.pre = False
+            return None
+        held = (ver, got[0], addressof(got[0]), got[1])
+        self.pre_held = held
+        return held
 
 
 def _geometry(layout: torch.layout, values: T, n_rows: int, n_cols: int) -> Hashable:
@@ -384,16 +427,26 @@ class _FastLinear(torch.autograd.Function):
         x2 = x.view(-1, width)
         run: Callable[[SparseProduct, T], T]
         values_grad: Callable[[T, T], T]
+        # under autocast: the dtypes autocast's casts take the gradients to (the float32
+        # parameters; the input's), None where they stay in the product's dtype
+        gx_to = gv_to = None
+        if plan.kind == _AUTOCAST:
+            gv_to = plan.dtype
+            gx_to = None if x_dtype is vals.dtype else x_dtype
         if (_context() is not None and vals.dtype is plan.vals.dtype
                 and vals.data_ptr() == plan.vals.data_ptr() and vals.is_set_to(plan.vals)
                 and plan.still()):  # the kernels, on the plan's proof
             w, cache = matrix(plan.layout, c, p, vals, n_out, width), plan.cache
+            # (the bfloat16 kernels write the rounded gradients widened to float32: the
+            # bits the casts below would give, without their passes)
+            gx_kw: dict[str, Any] = {"dtype": gx_to, "rounded": True} if gx_to else {}
+            gv_kw: dict[str, Any] = {"dtype": gv_to, "rounded": True} if gv_to else {}
 
             def run(product: SparseProduct, operand: T) -> T:
-                return _GRAD_KERNELS[product.name](w, operand, cache=cache)
+                return _GRAD_KERNELS[product.name](w, operand, cache=cache, **gx_kw)
 
             def values_grad(left: T, right: T) -> T:
-                return _GRAD_KERNELS[LINEAR.values_grad](w, left, right, cache=cache)
+                return _GRAD_KERNELS[LINEAR.values_grad](w, left, right, cache=cache, **gv_kw)
         else:  # the gradient operators, which confirm (or validate) the members themselves
             matrix_args = (c, p, vals, plan.layout_name, n_out, width)
 
@@ -404,7 +457,8 @@ class _FastLinear(torch.autograd.Function):
                 return _GRAD_OPERATORS[LINEAR.values_grad](left, right, *matrix_args)
         gx, gv = gradients(LINEAR, g2, x2, need_x, need_v, run, values_grad)
         gb = blockkernels.bias_grad(g2) if need_b else None
-        if plan.kind == _AUTOCAST:  # (to the float32 parameters and input, as autocast's)
+        if plan.kind == _AUTOCAST:  # (to the float32 parameters and input, as autocast's;
+            # no-ops where the kernels wrote them so)
             gv = None if gv is None else gv.to(plan.dtype)
             gb = None if gb is None else gb.to(plan.dtype)
         return (None if gx is None else gx.view(x_shape).to(x_dtype)), gv, gb, \

@@ -232,6 +232,36 @@ def test_gradients_in_float32_from_bf16(layout: torch.layout, path: str) -> None
                 assert bk.linear_grad_input(m, g).dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("path", list(PATHS), ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_rounded_gradients_are_the_cast_bits(layout: torch.layout, path: str) -> None:
+    """``rounded=True`` with ``dtype`` float32 (a float32 layer's gradients under bfloat16
+    autocast, as the fast path computes them): bit for bit the bfloat16 result cast to
+    float32, on every path (the bfloat16 kernels round and widen in their stores; elsewhere
+    the cast), every tile (small batches, the packed tiles, several passes of the values
+    gradient), an empty batch; and the rounding is not a no-op (it differs from the float32
+    sums)."""
+    for block in ((16, 16), (5, 17)):
+        p = pattern(layout, _mask(block), block, torch.bfloat16, seed=6)
+        m = p.matrix()
+        with PATHS[path]():
+            for batch in (0, 1, 2, 3, 8, 16, 17, 31, 32, 33, 255, 1100):
+                gen = torch.Generator().manual_seed(batch)
+                x = torch.randn(batch, p.n_cols, generator=gen).to(torch.bfloat16)
+                g = torch.randn(batch, p.n_rows, generator=gen).to(torch.bfloat16)
+                f32 = torch.float32
+                for got, want, sums in (
+                        (bk.linear_grad_input(m, g, dtype=f32, rounded=True),
+                         bk.linear_grad_input(m, g).to(f32), bk.linear_grad_input(m, g, dtype=f32)),
+                        (bk.linear_grad_values(m, g, x, dtype=f32, rounded=True),
+                         bk.linear_grad_values(m, g, x).to(f32),
+                         bk.linear_grad_values(m, g, x, dtype=f32))):
+                    assert got.dtype == f32 and got.shape == want.shape
+                    assert torch.equal(got, want)
+                    if batch >= 8:
+                        assert not torch.equal(got, sums)
+
+
 @needs_bf16
 def test_packed_bf16_product_writes_float32() -> None:
     """``pack_product`` of a bfloat16 product with a float32 output: ``ss_product_packed``

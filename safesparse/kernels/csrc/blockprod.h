@@ -18,6 +18,10 @@
 
 /* dtype codes; ss_dtype_names() lists torch's names for them in code order */
 enum { SS_DT_F32 = 0, SS_DT_F64 = 1, SS_DT_F16 = 2, SS_DT_BF16 = 3 };
+/* or-ed into SS_DT_F32 as the output dtype of the *_bf16_to kernels: float32 holding the sums
+ * rounded to bfloat16 (round to nearest even), widened (the bits of a bfloat16 result cast to
+ * float32: a float32 layer's gradients under bfloat16 autocast, no cast pass) */
+enum { SS_OUT_ROUNDED = 0x100 };
 #define SS_DTYPE_NAMES "float32 float64 float16 bfloat16"
 
 /* return codes */
@@ -75,7 +79,8 @@ int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
                         const int64_t *cols, int64_t n_br, int64_t n_bc, const void *l,
                         int64_t li, int64_t ln, const void *rgt, int64_t ri, int64_t rn,
                         int64_t N, void *g, int nthreads);
-/* the same with the output's dtype (SS_DT_BF16, or SS_DT_F32: the float32 sums unrounded) */
+/* the same with the output's dtype (SS_DT_BF16, SS_DT_F32: the float32 sums unrounded, or
+ * SS_DT_F32 | SS_OUT_ROUNDED: the bfloat16 result widened) */
 int ss_product_bf16_to(int64_t n_br, int64_t r, int64_t c, const int64_t *crow,
                        const int64_t *col, const int64_t *order, int64_t nnzb, int64_t n_bc,
                        const void *vals, int64_t n_vals, int64_t sp, int64_t sa, int64_t sb,
