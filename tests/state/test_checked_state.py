@@ -346,12 +346,14 @@ def test_write_through_plain_torch_alias_drops_state() -> None:
 @pytest.mark.xfail(strict=True, reason=(
     "known limitation (docs/ops.md): a new torch tensor over the watched index memory, with "
     "its own version counter and never given to safesparse, writes unseen"))
-@pytest.mark.parametrize("route", ["set_", "from_dlpack"])
+@pytest.mark.parametrize("route", ["set_", "from_dlpack", "data"])
 def test_write_through_a_new_tensor_over_a_handed_out_member_drops_state(route: str) -> None:
     crow, col, values = members()
     t = ss.sparse_csr_tensor(crow, col, values, SIZE)
     member = t.col_indices()
-    if route == "set_":
+    if route == "data":  # (``.data``: a new tensor with a counter of its own)
+        alias = member.data
+    elif route == "set_":
         alias = torch.empty(0, dtype=member.dtype).set_(member.untyped_storage(),
                                                          member.storage_offset(), member.shape)
     else:
