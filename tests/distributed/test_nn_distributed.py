@@ -119,6 +119,12 @@ def test_fsdp2_trains_equal_to_one_process(fsdp: Results) -> None:
     assert losses[0] != losses[1]  # each rank its own half
 
 
+def test_fsdp2_evaluations_between_steps_read_the_current_values(fsdp: Results) -> None:
+    for rank in (0, 1):
+        diffs = value(fsdp, rank, "evaluated_between_steps")["eval_diffs"]
+        assert len(diffs) >= 3 and max(diffs) <= 1e-5, (rank, diffs)
+
+
 def test_fsdp2_state_dicts_load_validated(fsdp: Results) -> None:
     for rank in (0, 1):
         got = value(fsdp, rank, "state_dicts")

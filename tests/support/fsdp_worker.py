@@ -7,7 +7,8 @@ Linear) sharded with ``torch.distributed.fsdp.fully_shard`` (the sparse layer it
 the model) trained a few SGD steps, each rank on its half of one batch, next to a
 single-process run on the whole batch; full and sharded state dicts saved and loaded (the
 pattern validated there), a model built on the meta device, made sparse with ``sparsify_``,
-sharded, ``to_empty`` and loaded; an invalid checkpoint refused on every rank. Results go to
+sharded, ``to_empty`` and loaded; an invalid checkpoint refused on every rank; evaluations between
+training steps at 64 rows per rank (16 x 16 blocks) equal to one process's. Results go to
 ``OUT_JSON``; the test module asserts on them.
 """
 
@@ -117,6 +118,41 @@ def trained(rank: int) -> Result:
             "same_pattern": bool(torch.equal(layer.block_mask(), reference[2].block_mask())),
             # the layer keeps no tensor over the full values FSDP2 sharded (freed)
             "keeps_full_values": layer.__dict__.get("_pattern") is not None}
+
+
+@scenario
+def evaluated_between_steps(rank: int) -> Result:
+    """Training steps at 64 rows per rank (the eager plans' pre-packed values start above 32
+    rows) with three ``no_grad`` evaluations after each: FSDP2 all-gathers the updated values
+    into its unsharded parameters without moving their counters, so every evaluation must
+    still compute what a single process computes with the current values (no stale copy)."""
+    def blocks16() -> nn.Sequential:  # (blocks of 16 rows: the pre-packed copies' kind)
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(16, 32), nn.ReLU(),
+                             SparseLinear.from_dense(nn.Linear(32, 32), (16, 16), 0.5),
+                             nn.ReLU(), nn.Linear(32, 4))
+
+    model, reference = sharded(blocks16()), blocks16()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(128, 16, generator=g), torch.randn(128, 4, generator=g)
+    half = slice(rank * 64, (rank + 1) * 64)
+    diffs = []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            ((model(x[half]) - y[half]) ** 2).mean().backward()
+        opt.step()
+        ref_opt.zero_grad()
+        ((reference(x) - y) ** 2).mean().backward()
+        ref_opt.step()
+        with torch.no_grad():
+            want = reference(x[half])
+            diffs.append(max(float((run(model, x[half]) - want).abs().max())
+                             for _ in range(3)))
+    return {"eval_diffs": diffs}
 
 
 @scenario
