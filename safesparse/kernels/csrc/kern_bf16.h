@@ -88,27 +88,45 @@ static inline __mmask16 bf_mask(int64_t k)
     return k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (k > 0 ? k : 0)) - 1u);
 }
 
-/* The float32 sums v (lanes m) to element off of an output: float32 as they are (f32 == 1),
- * rounded to bfloat16 and widened to float32 (f32 == 2: the bits of a bfloat16 result cast to
- * float32), or rounded to bfloat16 (0) */
+/* The float32 sums v (lanes m) to element off of an output: float32 as they are (f32), or
+ * rounded to bfloat16 */
 BF_INL void bf_put(void *base, int f32, int64_t off, __mmask16 m, __m512 v)
 {
-    /* (whole vectors stored unmasked: a masked store costs several times a plain one on some
-     * CPUs, Zen 4 among them: measured, the values gradient at batch 1 1.5x slower) */
-    if (f32 == 2)
-        v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf_round(v)), 16));
-    if (f32) {
-        if (m == (__mmask16)0xffff) _mm512_storeu_ps((float *)base + off, v);
-        else _mm512_mask_storeu_ps((float *)base + off, m, v);
-    } else if (m == (__mmask16)0xffff) {
-        _mm256_storeu_si256((__m256i *)((uint16_t *)base + off), bf_round(v));
-    } else {
+    if (f32)
+        _mm512_mask_storeu_ps((float *)base + off, m, v);
+    else
         _mm256_mask_storeu_epi16((uint16_t *)base + off, m, bf_round(v));
+}
+
+/* n float32 sums at p rounded to bfloat16 and widened back to float32, in place: the bits of a
+ * bfloat16 result cast to float32 (SS_OUT_ROUNDED). A pass after the products, not a third
+ * output kind inside their tiles: there, a run-time choice of it kept every tile's accumulators
+ * on the stack (the bfloat16 values gradient at batch 256 twice as slow, measured). */
+static BF_TARGET void bf_widen_rounded(float *p, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = bf_mask(n - i);
+        __m512 v = _mm512_maskz_loadu_ps(m, p + i);
+        _mm512_mask_storeu_ps(p + i, m, _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(bf_round(v)), 16)));
     }
 }
 
-/* An output dtype of the *_bf16_to kernels as bf_put's f32: 0 (SS_DT_BF16), 1 (SS_DT_F32),
- * 2 (SS_DT_F32 | SS_OUT_ROUNDED), -1 (another) */
+/* bf_widen_rounded over Y[row, n] = y[row * yi + n * yn] (row < rows, n < N) */
+static BF_TARGET void bf_widen_rounded_2d(float *y, int64_t rows, int64_t N, int64_t yi,
+                                          int64_t yn)
+{
+    if (yi == 1)
+        for (int64_t n = 0; n < N; n++) bf_widen_rounded(y + n * yn, rows);
+    else if (yn == 1)
+        for (int64_t a = 0; a < rows; a++) bf_widen_rounded(y + a * yi, N);
+    else
+        for (int64_t a = 0; a < rows; a++)
+            for (int64_t n = 0; n < N; n++) bf_widen_rounded(y + a * yi + n * yn, 1);
+}
+
+/* An output dtype of the *_bf16_to kernels: 0 (SS_DT_BF16), 1 (SS_DT_F32), 2 (SS_DT_F32 |
+ * SS_OUT_ROUNDED: written as 1, then bf_widen_rounded), -1 (another) */
 static inline int bf_out_kind(int dt)
 {
     return dt == DT_BF16 ? 0 : dt == DT_F32 ? 1 : dt == (DT_F32 | SS_OUT_ROUNDED) ? 2 : -1;
@@ -128,7 +146,7 @@ typedef struct {
     int64_t yi, yn;
     const uint16_t *bias;
     int feature_major; /* X[k, n] = x[k * xk + n], Y[row, n] = y[row * yi + n] */
-    int yf32; /* Y written in float32: the sums as they are (1), their bfloat16 rounding (2) */
+    int yf32; /* Y written in float32 (the sums as they are), not rounded to bfloat16 */
     int small; /* batch-major, few rows, 16 x 16 blocks: BF_SMALL_ROWS (M's rows contiguous:
                 * bf_small_tile), BF_SMALL_T (M's columns contiguous: bf_small_t_tile) */
     int64_t nt, maxq, nac, np; /* batch rows per task; blocks per row; row lanes; pairs */
@@ -595,6 +613,12 @@ static int bf_tiled_product(bfp_ctx *k, int nthreads)
  * (SS_DT_BF16, or SS_DT_F32: the float32 sums as they are, no rounding; or SS_DT_F32 |
  * SS_OUT_ROUNDED: the bfloat16 result widened to float32, the bits a cast of it gives: a float32
  * layer's gradient to its input under bfloat16 autocast, no bfloat16 copy cast afterwards). */
+static int bf_product_to(int64_t n_br, int64_t r, int64_t c, const int64_t *crow,
+                         const int64_t *col, const int64_t *order, int64_t nnzb, int64_t n_bc,
+                         const void *vals, int64_t n_vals, int64_t sp, int64_t sa, int64_t sb,
+                         const void *x, int64_t xk, int64_t xn, int64_t N, void *y, int yout,
+                         int64_t yi, int64_t yn, const void *bias, int nthreads);
+
 int ss_product_bf16_to(int64_t n_br, int64_t r, int64_t c, const int64_t *crow,
                        const int64_t *col, const int64_t *order, int64_t nnzb, int64_t n_bc,
                        const void *vals, int64_t n_vals, int64_t sp, int64_t sa, int64_t sb,
@@ -603,6 +627,20 @@ int ss_product_bf16_to(int64_t n_br, int64_t r, int64_t c, const int64_t *crow,
 {
     int yout = bf_out_kind(ydt);
     if (!ss_bf16_supported() || yout < 0) return -1;
+    int rc = bf_product_to(n_br, r, c, crow, col, order, nnzb, n_bc, vals, n_vals, sp, sa, sb, x,
+                           xk, xn, N, y, yout == 2 ? 1 : yout, yi, yn, bias, nthreads);
+    if (rc == 0 && yout == 2 && N > 0 && n_br > 0)
+        bf_widen_rounded_2d((float *)y, n_br * r, N, yi, yn);
+    return rc;
+}
+
+/* ss_product_bf16_to's products, Y written in bfloat16 (yout 0) or float32 (1) */
+static int bf_product_to(int64_t n_br, int64_t r, int64_t c, const int64_t *crow,
+                         const int64_t *col, const int64_t *order, int64_t nnzb, int64_t n_bc,
+                         const void *vals, int64_t n_vals, int64_t sp, int64_t sa, int64_t sb,
+                         const void *x, int64_t xk, int64_t xn, int64_t N, void *y, int yout,
+                         int64_t yi, int64_t yn, const void *bias, int nthreads)
+{
     int fm = !(xk == 1 && yi == 1);
     if (fm && !(xn == 1 && yn == 1)) return -1;
     if (N <= 0 || n_br <= 0) return 0;
@@ -677,7 +715,7 @@ typedef struct {
     int64_t ri, rn;
     int dot; /* operands contiguous along the batch (ln == rn == 1), not across it */
     void *g;
-    int gf32; /* G written in float32: the sums as they are (1), their bfloat16 rounding (2) */
+    int gf32; /* G written in float32 (the sums as they are), not rounded to bfloat16 */
     uint32_t **pairs;
     int err;
     /* batch-major, large batches: the rows [n0, n1) of one pass; sums of the earlier passes
@@ -688,6 +726,30 @@ typedef struct {
     int first, last;
     int64_t nnzb_all; /* the stored blocks (the next block's prefetch stays below) */
 } bfv_ctx;
+
+/* A values-gradient tile's RT rows of sums (out: 16 floats a row) to G at go (rows c apart), in
+ * float32 or rounded to bfloat16, whole vectors unmasked (a masked store costs several plain
+ * ones on Zen 4: the values gradient at batch 1 1.5x slower, measured). Out of line, after the
+ * tile stored its accumulators: any store choice inlined into the tile (unmasked or not,
+ * float32 or not) made GCC keep its accumulators on the stack, the values gradient at batch 256
+ * twice as slow (measured). */
+static __attribute__((noinline)) BF_TARGET void bf_vg_store(const bfv_ctx *k, int64_t go,
+                                                           __mmask16 mb, const float *out,
+                                                           int RT)
+{
+    for (int ra = 0; ra < RT; ra++) {
+        __m512 v = _mm512_load_ps(out + 16 * ra);
+        int64_t off = go + ra * k->c;
+        if (k->gf32) {
+            if (mb == (__mmask16)0xffff) _mm512_storeu_ps((float *)k->g + off, v);
+            else _mm512_mask_storeu_ps((float *)k->g + off, mb, v);
+        } else if (mb == (__mmask16)0xffff) {
+            _mm256_storeu_si256((__m256i *)((uint16_t *)k->g + off), bf_round(v));
+        } else {
+            _mm256_mask_storeu_epi16((uint16_t *)k->g + off, mb, bf_round(v));
+        }
+    }
+}
 
 /* RT rows x the lanes of columns b0 .. (mask mb) of one block over the pass's batch rows:
  * L's pairs read from the run's packed buffer (lpair[t * 16 + ra]: rows n0 + 2t, + 1), R's
@@ -730,10 +792,11 @@ BF_INL void bf_vg_tile(const bfv_ctx *k, const uint32_t *lpair, const uint16_t *
         for (int ra = 0; ra < RT; ra++)
             acc[ra] = _mm512_dpbf16_ps(acc[ra], xv, (__m512bh)_mm512_set1_epi32((int)lpair[ra]));
     }
-    if (k->last)
-        for (int ra = 0; ra < RT; ra++)
-            bf_put(k->g, k->gf32, go + ra * k->c, mb, acc[ra]);
-    else
+    if (k->last) { /* (through a buffer: see bf_vg_store) */
+        float out[16 * 16] __attribute__((aligned(64)));
+        for (int ra = 0; ra < RT; ra++) _mm512_store_ps(out + 16 * ra, acc[ra]);
+        bf_vg_store(k, go, mb, out, RT);
+    } else
         for (int ra = 0; ra < RT; ra++) _mm512_mask_storeu_ps(ap + ra * k->c, mb, acc[ra]);
 }
 
@@ -907,7 +970,7 @@ int ss_values_grad_bf16_to(int64_t nnzb, int64_t r, int64_t c, const int64_t *ro
     int64_t tile = dot || N <= 2 * BF_VG_ROWS ? N : BF_VG_ROWS;
     bfv_ctx k = {r, c, N, n_br, n_bc, (r + BF_LANES - 1) / BF_LANES, (tile + 1) / 2, rows,
                  cols, starts, (const uint16_t *)l, li, ln, (const uint16_t *)rgt, ri, rn, dot,
-                 g, gout, 0, 0, 0, N, 0, 1, 1, nnzb};
+                 g, gout == 2 ? 1 : gout, 0, 0, 0, N, 0, 1, 1, nnzb};
     uint32_t *bufs[256];
     int ok = 1;
     for (int t = 0; t < nth; t++) {
@@ -932,7 +995,9 @@ int ss_values_grad_bf16_to(int64_t nnzb, int64_t r, int64_t c, const int64_t *ro
     free(k.acc);
     free(starts);
     if (!ok) return -2;
-    return k.err ? SS_EINDEX : 0;
+    if (k.err) return SS_EINDEX;
+    if (gout == 2) bf_widen_rounded((float *)g, nnzb * r * c);
+    return 0;
 }
 
 int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
