@@ -475,8 +475,9 @@ def pack_product(a: Matrix, batch_major: bool, x_dtype: torch.dtype, y_dtype: to
 #: The values' slots of :func:`pack_product`'s array (their address and strides)
 _SLOT_VALS, _SLOT_SP, _SLOT_SA, _SLOT_SB = 7, 8, 9, 10
 #: Batches from which :func:`prepacked` arrays pay (smaller ones take the small-batch tiles,
-#: which read a block's rows in place: ``SS_SMALL_N`` in csrc/blockprod.c)
-PREPACKED_FROM = 33
+#: which read a block's rows in place: ``SS_SMALL_N`` in csrc/blockprod.c, 15; from 16 rows the
+#: batch-major tiles, which on a pre-packed array skip their per-call packing)
+PREPACKED_FROM = 16
 #: The largest values :func:`prepacked` copies (bytes): the copy doubles the values' memory
 PREPACKED_MAX_BYTES = 16 << 20
 

@@ -23,7 +23,7 @@ skips nothing whose answer could have changed, all re-checked in O(1) per call:
   write to them changes the result, not the plan); where the plan holds a converted copy of
   them (autocast, half types) also their version counters: a write through the parameters
   makes a new plan at the next call, on the same proof (:func:`_build` asks the state again),
-  so a stale copy is never read; a float32 / float64 block plan's pre-packed values (above 32
+  so a stale copy is never read; a float32 / float64 block plan's pre-packed values (from 16
   rows, :meth:`_Plan.prepacked`: a transposed copy, made where two calls in a row saw the
   values' counter unmoved) are read only while that counter is the one they were copied at;
 * the thread count;

@@ -122,7 +122,7 @@ def trained(rank: int) -> Result:
 
 @scenario
 def evaluated_between_steps(rank: int) -> Result:
-    """Training steps at 64 rows per rank (the eager plans' pre-packed values start above 32
+    """Training steps at 64 rows per rank (the eager plans' pre-packed values start at 16
     rows) with three ``no_grad`` evaluations after each: FSDP2 all-gathers the updated values
     into its unsharded parameters without moving their counters, so every evaluation must
     still compute what a single process computes with the current values (no stale copy)."""
