@@ -29,12 +29,24 @@ BATCHES = (1, 2, 3, 8, 15, 16, 17, 31, 32, 33, 255, 4096)
 
 
 def in_threads(run: Callable[[int], None], n: int) -> None:
-    """``run(0)`` ... ``run(n - 1)`` in ``n`` threads at once; returns when all have ended."""
-    threads = [threading.Thread(target=run, args=(t,)) for t in range(n)]
+    """``run(0)`` ... ``run(n - 1)`` in ``n`` threads at once; returns when all have ended,
+    raising the first exception a thread raised (a thread's exception is otherwise only
+    printed, and the test would pass without having run)."""
+    errors: list[BaseException] = []
+
+    def guarded(t: int) -> None:
+        try:
+            run(t)
+        except BaseException as err:  # (re-raised in the test's thread below)
+            errors.append(err)
+
+    threads = [threading.Thread(target=guarded, args=(t,)) for t in range(n)]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
+    if errors:
+        raise errors[0]
 
 
 def _paths() -> list[str]:
@@ -139,7 +151,7 @@ def test_packed_buffer_across_threads() -> None:
 
     def run(t: int) -> None:
         for _ in range(20):
-            got = bk.linear(xs[t], *pats[t].members)
+            got = bk.linear(pats[t].matrix(), xs[t])
             if not torch.allclose(got.double(), want[t], rtol=0.0, atol=1e-3):
                 bad.append(t)
     in_threads(run, len(pats))
