@@ -424,8 +424,14 @@ def linear_grad_values(w: Matrix, g: T, x: T, *, cache: Cache = None,
     the bits of ``linear_grad_values(w, g, x).to(dtype)`` without that pass: a float32 layer's
     values gradient under bfloat16 autocast)."""
     if rounded and dtype is not None and dtype != g.dtype:
-        return _rounded(g.dtype, dtype, lambda: _rounded_values_grad(w, g, x, dtype, cache),
-                        lambda: linear_grad_values(w, g, x, cache=cache))
+        wide = dtype
+
+        def direct() -> T | None:  # (the bfloat16 kernels only)
+            if not (w.plain.numel() and native.usable(g, x) and x.dtype == g.dtype
+                    and native.reads_bf16(g.dtype, w.layout)):
+                return None
+            return _native_values_grad(w, g.t(), x.t(), wide, cache, rounded=True)
+        return _rounded(g.dtype, dtype, direct, lambda: linear_grad_values(w, g, x, cache=cache))
     out = g.dtype if dtype is None else dtype
     if w.plain.numel() and native.usable(g, x):
         got = _native_values_grad(w, g.t(), x.t(), out, cache)
@@ -434,33 +440,20 @@ def linear_grad_values(w: Matrix, g: T, x: T, *, cache: Cache = None,
     return _values_grad(w, g.t(), x, out)
 
 
-def _rounded_values_grad(w: Matrix, g: T, x: T, dtype: torch.dtype, cache: Cache
-                         ) -> T | None:
-    """:func:`linear_grad_values` of bfloat16 ``g`` and ``x`` by the bfloat16 kernels, their
-    rounded result written widened to ``dtype``; None where they do not run it."""
-    if not w.plain.numel() or not native.usable(g, x) or x.dtype != g.dtype \
-            or not native.reads_bf16(g.dtype, w.layout):
-        return None
-    left, right_t = g.t(), x.t()
-    k = left.shape[1]
-    return native.values_grad(w, left, left.stride(0), left.stride(1), right_t,
-                              right_t.stride(0), right_t.stride(1), k, dtype, cache,
-                              rounded=True)
-
-
 def _native_values_grad(m: Matrix, left: T, right_t: T, dtype: torch.dtype,
-                        cache: Cache) -> T | None:
+                        cache: Cache, rounded: bool = False) -> T | None:
     """Native values gradient for ``left`` (rows of A, K) and ``right_t`` (columns of A, K),
-    any strides; operands made contiguous along K where the kernels need it."""
+    any strides; operands made contiguous along K where the kernels need it (``rounded``:
+    :func:`safesparse.kernels.native.values_grad`'s, the bfloat16 kernels only)."""
     src = left.dtype  # (the operands' dtype: ``dtype`` may be wider, float32 from bfloat16)
     work = src if native.reads_bf16(src, m.layout) else _compute_dtype(src)
     left, right_t = left.to(work), right_t.to(work)
     k = left.shape[1]
     got = native.values_grad(m, left, left.stride(0), left.stride(1), right_t,
-                             right_t.stride(0), right_t.stride(1), k, dtype, cache)
+                             right_t.stride(0), right_t.stride(1), k, dtype, cache, rounded)
     if got is None:
         left, right_t = left.contiguous(), right_t.contiguous()
-        got = native.values_grad(m, left, k, 1, right_t, k, 1, k, dtype, cache)
+        got = native.values_grad(m, left, k, 1, right_t, k, 1, k, dtype, cache, rounded)
     return got
 
 

@@ -593,7 +593,7 @@ def _product_bf16(rows: _Rows, values: T, n_in: int, x: T, xk: int, xn: int, n: 
             y.data_ptr())
     if y.dtype == torch.bfloat16:
         rc = _lib.ss_product_bf16(*head, yi, yn, _ptr_of(b), _threads())
-    else:  # float32: the sums unrounded
+    else:  # float32: the sums unrounded, or (rounded) their bfloat16 rounding widened
         code = _DTYPES[y.dtype] | (_OUT_ROUNDED if rounded else 0)
         rc = _lib.ss_product_bf16_to(*head, code, yi, yn, _ptr_of(b), _threads())
     if rc == -3:
@@ -620,7 +620,7 @@ def _values_grad_bf16(rows: T, cols: T, r: int, c: int, l_: T, li: int, ln: int,
             l_.data_ptr(), li, ln, r_.data_ptr(), ri, rn, n, g.data_ptr())
     if out == torch.bfloat16:
         rc = _lib.ss_values_grad_bf16(*head, _threads())
-    else:  # float32: the sums unrounded
+    else:  # float32: the sums unrounded, or (rounded) their bfloat16 rounding widened
         code = _DTYPES[out] | (_OUT_ROUNDED if rounded else 0)
         rc = _lib.ss_values_grad_bf16_to(*head, code, _threads())
     if rc == -3:

@@ -740,14 +740,12 @@ static __attribute__((noinline)) BF_TARGET void bf_vg_store(const bfv_ctx *k, in
     for (int ra = 0; ra < RT; ra++) {
         __m512 v = _mm512_load_ps(out + 16 * ra);
         int64_t off = go + ra * k->c;
-        if (k->gf32) {
-            if (mb == (__mmask16)0xffff) _mm512_storeu_ps((float *)k->g + off, v);
-            else _mm512_mask_storeu_ps((float *)k->g + off, mb, v);
-        } else if (mb == (__mmask16)0xffff) {
+        if (mb != (__mmask16)0xffff)
+            bf_put(k->g, k->gf32, off, mb, v);
+        else if (k->gf32)
+            _mm512_storeu_ps((float *)k->g + off, v);
+        else
             _mm256_storeu_si256((__m256i *)((uint16_t *)k->g + off), bf_round(v));
-        } else {
-            _mm256_mask_storeu_epi16((uint16_t *)k->g + off, mb, bf_round(v));
-        }
     }
 }
 
