@@ -68,6 +68,7 @@ from ctypes import addressof
 from typing import Any
 
 import torch
+from torch.nn.modules import module as _module_globals
 
 from ..base.debug_flag import is_debug
 from ..base.forking import in_forked_child
@@ -82,7 +83,7 @@ from ..state import checked, members_proof
 _SLOT_X, _SLOT_N, _SLOT_Y = native.SLOT_X, native.SLOT_N, native.SLOT_Y
 _SLOT_XK, _SLOT_YI = native.SLOT_XK, native.SLOT_YI
 
-__all__ = ["PlanSlot", "linear", "matmul", "plan_of"]
+__all__ = ["PlanSlot", "forward_only", "linear", "matmul", "plan_of"]
 
 T = torch.Tensor
 _Tensor = torch.Tensor
@@ -103,6 +104,13 @@ _threads = torch.get_num_threads
 _ident = threading.get_ident
 _empty = torch.empty
 _default_dtype = torch.get_default_dtype
+_Module = torch.nn.Module
+#: ``nn.Module.__call__`` as torch defines it (``torch.fx``'s symbolic trace replaces it while
+#: it traces), and the global hooks it runs (dicts torch fills and empties in place)
+_MODULE_CALL = torch.nn.Module.__call__
+_GLOBAL_HOOKS = (_module_globals._global_forward_pre_hooks, _module_globals._global_forward_hooks,
+                 _module_globals._global_backward_pre_hooks,
+                 _module_globals._global_backward_hooks)
 
 #: The plan's kinds: the kernels read the values and the input in place (float32 / float64,
 #: and bfloat16 in the bfloat16 kernels); a float32 layer under bfloat16 autocast, in the
@@ -151,6 +159,24 @@ def plan_of(module: torch.nn.Module) -> Any:
     """The module's current plan, or None (for tests and diagnostics)."""
     slot = module.__dict__.get("_ss_fast")
     return None if slot is None else slot.plan
+
+
+def forward_only(module: torch.nn.Module, forward: Callable[..., Any]) -> bool:
+    """Whether ``nn.Module.__call__`` would call nothing but ``forward`` (the class's) on
+    ``module`` now: no hook of the module's own or global (forward, backward, pre), no
+    ``forward`` set on the instance, no ``module.compile()``, no ``torch.jit.trace``, and
+    ``nn.Module.__call__`` torch's own. The modules' ``__call__`` then calls the forward's
+    eager path directly (:func:`safesparse.nn.forward.linear_call`)."""
+    d = module.__dict__
+    hooks = _GLOBAL_HOOKS
+    try:
+        return not (d["_forward_pre_hooks"] or d["_forward_hooks"] or d["_backward_pre_hooks"]
+                    or d["_backward_hooks"] or hooks[0] or hooks[1] or hooks[2] or hooks[3]
+                    or "forward" in d or d.get("_compiled_call_impl") is not None
+                    or type(module).forward is not forward or _Module.__call__ is not _MODULE_CALL
+                    or _tracing() is not None)
+    except KeyError:  # (a module whose __init__ did not run: nn.Module.__call__ says what)
+        return False
 
 
 def _context() -> torch.dtype | None:

@@ -19,7 +19,8 @@ from ..operators.library import linear, linear_bias, matmul
 from . import eager
 from .errors import keyed
 
-__all__ = ["linear_forward", "linear_operators", "matmul_forward", "matmul_operators"]
+__all__ = ["linear_call", "linear_forward", "linear_operators", "matmul_call", "matmul_forward",
+           "matmul_operators"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -31,6 +32,18 @@ def _transformed() -> bool:
     products then go through the autograd.Functions above (traced code calls the operators:
     the same formulas, registered with ``register_autograd``)."""
     return not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active()
+
+
+def linear_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """``SparseLinear.__call__``: ``nn.Module.__call__``, which calls :func:`linear_forward`
+    where the module has no hooks; in eager mode where it would call nothing else
+    (:func:`safesparse.nn.eager.forward_only`), the eager path directly (``nn.Module.__call__``
+    costs about 1 us, a tenth of a batch-1 call). Traced (``torch.compile``, ``torch.export``),
+    always ``nn.Module.__call__``."""
+    if (not torch.compiler.is_compiling() and len(args) == 1 and not kwargs
+            and eager.forward_only(self, linear_forward)):
+        return eager.linear(self, args[0], linear_operators)
+    return torch.nn.Module.__call__(self, *args, **kwargs)
 
 
 def linear_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
@@ -67,6 +80,14 @@ def linear_operators(self: Any, x: torch.Tensor) -> torch.Tensor:
     # (a 2-D input's output is returned as it is, not as a reshaped view: FSDP2 warns about a
     # module returning a view on every forward)
     return y if x.dim() == 2 else y.reshape(*lead, self.out_features)
+
+
+def matmul_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """``SparseMatmul.__call__``: as :func:`linear_call`, for :func:`matmul_forward`."""
+    if (not torch.compiler.is_compiling() and len(args) == 1 and not kwargs
+            and eager.forward_only(self, matmul_forward)):
+        return eager.matmul(self, args[0], matmul_operators)
+    return torch.nn.Module.__call__(self, *args, **kwargs)
 
 
 def matmul_forward(self: Any, x: torch.Tensor) -> torch.Tensor:

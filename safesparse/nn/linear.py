@@ -15,7 +15,7 @@ from torch import nn
 from ..base.layouts import SHORT_NAMES
 from ..factories import sparse_compressed_tensor
 from ..tensor import SafeSparseTensor
-from .forward import linear_forward
+from .forward import linear_call, linear_forward
 from .pattern import CompressedModule, block_shape
 
 __all__ = ["SparseLinear"]
@@ -172,6 +172,7 @@ class SparseLinear(CompressedModule):
     block_mask = CompressedModule.block_mask  # (documented here: SPEC 9)
 
     forward = linear_forward  # (traced by torch.compile: nn/forward.py)
+    __call__ = linear_call  # (nn.Module.__call__ where anything but the forward runs)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

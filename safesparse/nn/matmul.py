@@ -10,7 +10,7 @@ import torch
 
 from ..base.layouts import SHORT_NAMES
 from ..tensor import SafeSparseTensor
-from .forward import matmul_forward
+from .forward import matmul_call, matmul_forward
 from .pattern import CompressedModule
 
 __all__ = ["SparseMatmul"]
@@ -47,6 +47,7 @@ class SparseMatmul(CompressedModule):
     block_mask = CompressedModule.block_mask  # (documented here: SPEC 9)
 
     forward = matmul_forward  # (traced by torch.compile: nn/forward.py)
+    __call__ = matmul_call  # (nn.Module.__call__ where anything but the forward runs)
 
     def extra_repr(self) -> str:
         return (f"shape=({self.n_rows}, {self.n_cols}), {self._describe()}, "
