@@ -108,6 +108,7 @@ _Module = torch.nn.Module
 #: ``nn.Module.__call__`` as torch defines it (``torch.fx``'s symbolic trace replaces it while
 #: it traces), and the global hooks it runs (dicts torch fills and empties in place)
 _MODULE_CALL = torch.nn.Module.__call__
+_profiling = torch._C._autograd._profiler_enabled
 _GLOBAL_HOOKS = (_module_globals._global_forward_pre_hooks, _module_globals._global_forward_hooks,
                  _module_globals._global_backward_pre_hooks,
                  _module_globals._global_backward_hooks)
@@ -164,7 +165,8 @@ def plan_of(module: torch.nn.Module) -> Any:
 def forward_only(module: torch.nn.Module, forward: Callable[..., Any]) -> bool:
     """Whether ``nn.Module.__call__`` would call nothing but ``forward`` (the class's) on
     ``module`` now: no hook of the module's own or global (forward, backward, pre), no
-    ``forward`` set on the instance, no ``module.compile()``, no ``torch.jit.trace``, and
+    ``forward`` set on the instance, no ``module.compile()``, no ``torch.jit.trace``, no
+    profiler running (it names modules by ``nn.Module.__call__``'s frames), and
     ``nn.Module.__call__`` torch's own. The modules' ``__call__`` then calls the forward's
     eager path directly (:func:`safesparse.nn.forward.linear_call`)."""
     d = module.__dict__
@@ -174,7 +176,7 @@ def forward_only(module: torch.nn.Module, forward: Callable[..., Any]) -> bool:
                     or d["_backward_hooks"] or hooks[0] or hooks[1] or hooks[2] or hooks[3]
                     or "forward" in d or d.get("_compiled_call_impl") is not None
                     or type(module).forward is not forward or _Module.__call__ is not _MODULE_CALL
-                    or _tracing() is not None)
+                    or _tracing() is not None or _profiling())
     except KeyError:  # (a module whose __init__ did not run: nn.Module.__call__ says what)
         return False
 

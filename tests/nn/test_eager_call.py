@@ -139,6 +139,15 @@ def test_compiled_call_impl_runs() -> None:
     assert m(X) == "compiled"
 
 
+def test_profiler_sees_the_module_call(module_calls: list[int]) -> None:
+    m = layer()
+    m(X)
+    with torch.profiler.profile():
+        assert not eager.forward_only(m, fwd.linear_forward)
+        m(X)
+    assert module_calls[0] == 1
+
+
 def test_jit_trace_records_the_module() -> None:
     m = nn.Sequential(nn.Linear(32, 32), layer())
     m(X)
