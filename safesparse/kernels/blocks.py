@@ -391,7 +391,7 @@ def _values_grad(m: Matrix, left: T, right: T, dtype: torch.dtype) -> T:
 
 
 #: Rows from which :func:`bias_grad` of a bfloat16 gradient sums natively
-_NATIVE_SUM_ROWS = 128
+NATIVE_SUM_ROWS = 128
 
 
 @serial_in_forked_child
@@ -399,7 +399,7 @@ def bias_grad(g: T, *, dtype: torch.dtype | None = None) -> T:
     """The gradient of :func:`linear`'s bias, ``g.sum(0)`` (in a forked child with one
     thread, as every product here: a reduction of a batch is one of torch's parallel ops), in
     ``g``'s dtype or ``dtype``. bfloat16 on a CPU with the bfloat16 kernels, from
-    :data:`_NATIVE_SUM_ROWS` rows: one native pass (float32 sums; ``dtype`` float32:
+    :data:`NATIVE_SUM_ROWS` rows: one native pass (float32 sums; ``dtype`` float32:
     unrounded), about half torch's time at 4096 rows; fewer rows: torch's. (Measured inside
     a bfloat16 layer's fwd+bwd after a dense layer's step, where it runs after the gradient
     products: 24 against torch's 33 us at 128 rows, 36-45 against 54-63 at 256, equal at
@@ -408,7 +408,7 @@ def bias_grad(g: T, *, dtype: torch.dtype | None = None) -> T:
     # (a plain tensor only: the autograd formula of the operators runs traced under
     # torch.compile, on fake tensors that have no memory)
     if type(g) is torch.Tensor and g.dtype == torch.bfloat16 and g.dim() == 2 \
-            and g.shape[0] >= _NATIVE_SUM_ROWS and native.available():
+            and g.shape[0] >= NATIVE_SUM_ROWS and native.available():
         got = native.colsum_bf16(g, out)
         if got is not None:
             return got

@@ -297,7 +297,7 @@ def test_bias_grad_sums_columns(path: str, monkeypatch: pytest.MonkeyPatch) -> N
         calls += 1
         return entry(*args)
     monkeypatch.setattr(native, "colsum_bf16", counted)
-    monkeypatch.setattr(bk, "_NATIVE_SUM_ROWS", 1)
+    monkeypatch.setattr(bk, "NATIVE_SUM_ROWS", 1)
     with PATHS[path]():
         for batch in (0, 1, 2, 3, 8, 16, 17, 31, 32, 33, 64, 255, 4096):
             for width, pad in ((1024, 0), (1000, 24), (5, 0), (300, 3)):

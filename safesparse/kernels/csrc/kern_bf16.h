@@ -1046,16 +1046,17 @@ static BF_TARGET void bf_colsum_task(void *vctx, int64_t t, int tid)
 }
 
 /* out[c] = sum_n g[n * ld + c] for c < C (bfloat16 g; float32 sums, rows in order), out in
- * odt (SS_DT_BF16: rounded, or SS_DT_F32). Returns 0, or -1 (no bfloat16 kernels here, another
- * dtype). */
+ * odt (SS_DT_BF16: rounded, SS_DT_F32, or SS_DT_F32 | SS_OUT_ROUNDED: the bfloat16 result
+ * widened). Returns 0, or -1 (no bfloat16 kernels here, another dtype). */
 int ss_colsum_bf16(const void *g, int64_t N, int64_t C, int64_t ld, void *out, int odt,
                    int nthreads)
 {
-    if (!ss_bf16_supported() || (odt != DT_BF16 && odt != DT_F32) || N < 0 || C < 0 ||
-        (N > 1 && ld < C))
+    int gout = bf_out_kind(odt);
+    if (!ss_bf16_supported() || gout < 0 || N < 0 || C < 0 || (N > 1 && ld < C))
         return -1;
-    bfs_ctx k = {(const uint16_t *)g, N, C, ld, out, odt == DT_F32};
+    bfs_ctx k = {(const uint16_t *)g, N, C, ld, out, gout != 0};
     run_tasks(bf_colsum_task, &k, (C + BF_SUM_COLS - 1) / BF_SUM_COLS, nthreads < 1 ? 1 : nthreads);
+    if (gout == 2) bf_widen_rounded((float *)out, C);
     return 0;
 }
 
