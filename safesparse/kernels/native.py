@@ -533,6 +533,9 @@ def packed_entry_rounded() -> Any:
 #: dtype code (:func:`grad_input_code`)
 BWD_G, BWD_N, BWD_GX, BWD_GX_DT, BWD_THREADS = SLOT_X, SLOT_N, SLOT_Y, 18, SLOT_THREADS
 BWD_L, BWD_X, BWD_VN, BWD_GV, BWD_VTHREADS, BWD_GB = 31, 34, 37, 39, 41, 42
+#: (1: ``X`` is float32, rounded to bfloat16 in the call: a layer under autocast whose forward
+#: rounded its small input in the call, ``ss_product_packed_rounded``)
+BWD_X_ROUND = 44
 #: The values gradient's slots (after :func:`pack_product`'s 24)
 _BWD_V = 24
 
@@ -549,7 +552,8 @@ def pack_linear_backward(a: Matrix, dtype: torch.dtype, rounded: bool,
     float64, or bfloat16 where :func:`reads_bf16`). ``rounded`` (bfloat16): the values
     gradient and the bias gradient written as float32 holding their bfloat16 rounding (the
     bits of their cast). The caller writes the :data:`BWD_G` ... :data:`BWD_GB` slots per call
-    (the input gradient's dtype: :func:`grad_input_code`)."""
+    (the input gradient's dtype: :func:`grad_input_code`), and :data:`BWD_X_ROUND` where a
+    bfloat16 backward's ``X`` is float32 (rounded in the call)."""
     layout, values, n_rows, n_cols = a.layout, a.values, a.n_rows, a.n_cols
     bf16 = dtype == torch.bfloat16
     if (not available() or values.dtype != dtype or values.dim() != 3
@@ -566,7 +570,7 @@ def pack_linear_backward(a: Matrix, dtype: torch.dtype, rounded: bool,
         return None
     code, threads = _DTYPES[dtype], _threads()
     wide = _DTYPES[torch.float32] | _OUT_ROUNDED
-    args = (ctypes.c_int64 * 44)(
+    args = (ctypes.c_int64 * 45)(
         # G @ A: pack_product's slots, transposed (A's blocks read transposed, in place)
         n_br, rows.r, rows.c, min(rows.col.numel(), nnzb), rows.crow.data_ptr(),
         rows.col.data_ptr(), _ptr_of(rows.order) or 0, values.data_ptr(), rows.sp, rows.sa,
@@ -574,8 +578,8 @@ def pack_linear_backward(a: Matrix, dtype: torch.dtype, rounded: bool,
         # the values gradient: L = G.T (n_rows, N), R = X.T (n_cols, N)
         nnzb, a.r, a.c, outer_rows.data_ptr(), outer_cols.data_ptr(), n_rows, n_cols,
         0, 1, n_rows, 0, 1, n_cols, 0, code, 0, wide if rounded else code, threads,
-        # the bias gradient (bfloat16)
-        0, wide if rounded else code)
+        # the bias gradient (bfloat16); X read as it is
+        0, wide if rounded else code, 0)
     return args, (rows.crow, rows.col, *(() if rows.order is None else (rows.order,)),
                   values, outer_rows, outer_cols)
 

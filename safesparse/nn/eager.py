@@ -435,9 +435,12 @@ class _FastLinear(torch.autograd.Function):
         vals = v
         # (its members: the backward confirms them, or the operators do)
         ctx.meta = plan, x.shape, x.dtype
-        if plan.kind == _AUTOCAST:  # (the rounded input is what the backward reads)
+        if plan.kind == _AUTOCAST:  # (the backward reads the plan's copy of the values and
+            # the input rounded: a small float32 input is rounded by the library, in the
+            # product's call (:meth:`_Plan.run`) and again in the backward's, no tensor)
             vals = plan.vals
-            if x.dtype is not _BF16:
+            if x.dtype is not _BF16 and (plan.rounded is None
+                                         or n * plan.width > _ROUND_IN_CALL):
                 x = x.to(_BF16)
         y = plan.run(x, n, y_shape)
         if y is None:
@@ -466,8 +469,12 @@ class _FastLinear(torch.autograd.Function):
                                        need_b)
                 if got is not None:
                     return got
+            if plan.kind == _AUTOCAST and x.dtype is not _BF16:
+                x = x.to(_BF16)  # (as the forward read it)
             gx, gv = _kernel_gradients(plan, g2, x, vals, x_dtype, need_x, need_v)
         else:  # the gradient operators, which confirm (or validate) the members themselves
+            if plan.kind == _AUTOCAST and x.dtype is not _BF16:
+                x = x.to(_BF16)
             gx, gv = _operator_gradients(plan, g2, x, vals, need_x, need_v)
         gb = blockkernels.bias_grad(g2) if need_b else None
         if plan.kind == _AUTOCAST:  # (to the float32 parameters and input, as autocast's;
@@ -482,6 +489,7 @@ _GradOut = tuple[T | None, T | None, T | None, None, None, None]
 _BWD_G, _BWD_N, _BWD_GX, _BWD_GX_DT = native.BWD_G, native.BWD_N, native.BWD_GX, native.BWD_GX_DT
 _BWD_L, _BWD_X, _BWD_VN, _BWD_GV, _BWD_GB = (native.BWD_L, native.BWD_X, native.BWD_VN,
                                              native.BWD_GV, native.BWD_GB)
+_BWD_X_ROUND = native.BWD_X_ROUND
 
 
 def _packed_backward(plan: _Plan, bwd: tuple[native.PackedArgs, int, Any, tuple[T, ...]],
@@ -490,10 +498,10 @@ def _packed_backward(plan: _Plan, bwd: tuple[native.PackedArgs, int, Any, tuple[
     """The three gradients by one call over the plan's packed backward array (the caller
     confirmed that the plan holds), written in the dtypes the other routes give: the input's
     (under autocast a float32 input's gradient is the bfloat16 product's rounding, widened),
-    the values' and bias's (under autocast likewise); the bias gradient of float32 / float64
-    and of bfloat16 below :data:`safesparse.kernels.blocks.NATIVE_SUM_ROWS` rows summed by
-    torch, as :func:`safesparse.kernels.blocks.bias_grad` sums it. None where the library
-    refused (the caller's kernels run)."""
+    the values' and bias's (under autocast likewise); the bias gradient summed where
+    :func:`safesparse.kernels.blocks.bias_grad` sums it, in the library
+    (:func:`~safesparse.kernels.blocks.native_bias_sum`, bfloat16) or by torch. None where
+    the library refused (the caller's kernels run)."""
     args, addr, entry = bwd[0], bwd[1], bwd[2]
     if plan.thread != _ident():  # (another thread: its own copy of the array)
         args = type(args).from_buffer_copy(args)
@@ -502,6 +510,8 @@ def _packed_backward(plan: _Plan, bwd: tuple[native.PackedArgs, int, Any, tuple[
     autocast = plan.kind == _AUTOCAST
     vdtype = plan.vals.dtype  # (the product's dtype; plan.dtype: the parameters')
     gx = gv = gb = None
+    if autocast:  # (a float32 input: rounded in the call, as the forward read it)
+        args[_BWD_X_ROUND] = x.dtype is not _BF16
     if need_x:
         if autocast:
             rounded = x_dtype is not _BF16
@@ -517,7 +527,7 @@ def _packed_backward(plan: _Plan, bwd: tuple[native.PackedArgs, int, Any, tuple[
         args[_BWD_GV] = gv.data_ptr()
     else:
         args[_BWD_GV] = 0
-    native_sum = need_b and vdtype is _BF16 and n >= blockkernels.NATIVE_SUM_ROWS
+    native_sum = need_b and vdtype is _BF16 and blockkernels.native_bias_sum(n)
     if native_sum:
         gb = _empty(plan.n_out, dtype=plan.dtype)
         args[_BWD_GB] = gb.data_ptr()

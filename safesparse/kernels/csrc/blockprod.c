@@ -840,6 +840,8 @@ int ss_product_packed_rounded(const int64_t *a)
  *   v[7..9]   l (G), li, ln                  v[10..12] rgt (X), ri, rn
  *   v[13]     N                              v[14] the operands' dtype, v[15] gv, v[16] its dtype
  *   v[17]     threads                        v[18] gb, v[19] its dtype
+ *   v[20]     1: X is float32, rounded to bfloat16 here first (bfloat16 operands; as
+ *             .to(torch.bfloat16): the input a layer under autocast read rounded in its forward)
  * Each output whose address is 0 is skipped: GV (v[15]: ss_values_grad, or for bfloat16
  * operands ss_values_grad_bf16_to, whose output dtype v[16] may be float32 rounded), GX (a[17]:
  * ss_product_packed, whose bfloat16 output dtype a[18] may be float32 rounded), and the bias
@@ -856,10 +858,21 @@ int ss_linear_backward_packed(const int64_t *a)
         const int64_t *rows = (const int64_t *)(intptr_t)v[3];
         const int64_t *cols = (const int64_t *)(intptr_t)v[4];
         if (v[1] <= 0 || v[2] <= 0) return SS_E_NOKERNEL;
-        if (v[14] == SS_DT_BF16)
+        if (v[14] == SS_DT_BF16) {
+            uint16_t *tmp = 0;
+            if (v[20]) {
+                if (v[6] <= 0 || v[13] <= 0 || v[11] < 0 || v[12] < 0) return SS_E_NOKERNEL;
+                int64_t count = (v[6] - 1) * v[11] + (v[13] - 1) * v[12] + 1;
+                tmp = (uint16_t *)malloc((size_t)count * 2);
+                if (!tmp) return SS_E_NOMEM;
+                round_bf16((const float *)rgt, tmp, count);
+            }
             rc = ss_values_grad_bf16_to(v[0], v[1], v[2], rows, cols, v[5] / v[1], v[6] / v[2],
-                                        l, v[8], v[9], rgt, v[11], v[12], v[13], g, (int)v[16],
-                                        (int)v[17]);
+                                        l, v[8], v[9], tmp ? tmp : rgt, v[11], v[12], v[13], g,
+                                        (int)v[16], (int)v[17]);
+            free(tmp);
+        } else if (v[20])
+            rc = SS_E_NOKERNEL;
         else if (v[16] != v[14])
             rc = SS_E_NOKERNEL;
         else
