@@ -392,17 +392,19 @@ def _values_grad(m: Matrix, left: T, right: T, dtype: torch.dtype) -> T:
 
 #: Rows from which :func:`bias_grad` of a bfloat16 gradient sums natively
 NATIVE_SUM_ROWS = 128
-#: Rows below which it sums natively too: torch sums fewer than 16 rows in order from zero
-#: in float32 (its cascade sum starts a level at 16), the bits of the native pass, whose call
-#: costs less than torch's reduction (tests/kernels/test_bf16.py checks both agree)
+#: Rows below which it sums natively too, rounded to bfloat16: torch sums fewer than 16
+#: bfloat16 rows in order from zero in float32 (its cascade sum starts a level at 16), the
+#: bits of the native pass, whose call costs less than torch's reduction
+#: (tests/kernels/test_bf16.py checks both agree; torch's float32 sums, ``dtype`` float32,
+#: are not in that order)
 NATIVE_SUM_BELOW = 16
 
 
-def native_bias_sum(rows: int) -> bool:
-    """Whether :func:`bias_grad` sums a bfloat16 gradient of ``rows`` rows natively (where the
-    library runs): the callers that sum in the library themselves (the eager fast path's
-    packed backward) ask, so that their bits are :func:`bias_grad`'s."""
-    return rows >= NATIVE_SUM_ROWS or 0 < rows < NATIVE_SUM_BELOW
+def native_bias_sum(rows: int, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether :func:`bias_grad` sums a bfloat16 gradient of ``rows`` rows natively into
+    ``dtype`` (where the library runs): the callers that sum in the library themselves (the
+    eager fast path's packed backward) ask, so that their bits are :func:`bias_grad`'s."""
+    return rows >= NATIVE_SUM_ROWS or (0 < rows < NATIVE_SUM_BELOW and dtype == torch.bfloat16)
 
 
 @serial_in_forked_child
@@ -420,7 +422,7 @@ def bias_grad(g: T, *, dtype: torch.dtype | None = None) -> T:
     # (a plain tensor only: the autograd formula of the operators runs traced under
     # torch.compile, on fake tensors that have no memory)
     if type(g) is torch.Tensor and g.dtype == torch.bfloat16 and g.dim() == 2 \
-            and native_bias_sum(g.shape[0]) and native.available():
+            and native_bias_sum(g.shape[0], out) and native.available():
         got = native.colsum_bf16(g, out)
         if got is not None:
             return got

@@ -706,15 +706,17 @@ def _values_grad_bf16(rows: T, cols: T, r: int, c: int, l_: T, li: int, ln: int,
     return g.view(values_shape) if rc == 0 else None
 
 
-def colsum_bf16(g: T, dtype: torch.dtype) -> T | None:
+def colsum_bf16(g: T, dtype: torch.dtype, rounded: bool = False) -> T | None:
     """``g.sum(0)`` of a bfloat16 ``g`` (N, C) whose rows are contiguous, in float32 sums
-    (rows in order), as ``dtype`` (bfloat16: rounded once; float32: unrounded); None where the
-    bfloat16 kernels do not run it (the caller sums with torch)."""
+    (rows in order), as ``dtype`` (bfloat16: rounded once; float32: unrounded, or with
+    ``rounded`` the bfloat16 result widened); None where the bfloat16 kernels do not run it
+    (the caller sums with torch)."""
     if (not _bf16_library() or g.dtype != torch.bfloat16 or g.dim() != 2 or g.device.type != "cpu"
             or dtype not in _BF16_OUT or (g.shape[1] > 1 and g.stride(1) != 1)):
         return None
     n, c = g.shape
     out = torch.empty(c, dtype=dtype)
     ld = g.stride(0) if n > 1 else c
-    rc = _lib.ss_colsum_bf16(g.data_ptr(), n, c, ld, out.data_ptr(), _DTYPES[dtype], _threads())
+    code = _DTYPES[dtype] | (_OUT_ROUNDED if rounded and dtype == torch.float32 else 0)
+    rc = _lib.ss_colsum_bf16(g.data_ptr(), n, c, ld, out.data_ptr(), code, _threads())
     return out if rc == 0 else None

@@ -315,6 +315,28 @@ def test_bias_grad_sums_columns(path: str, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 @needs_bf16
+def test_bias_grad_of_few_rows_is_torch_sum() -> None:
+    """Below ``NATIVE_SUM_BELOW`` rows ``bias_grad`` sums natively (the eager fast path's packed
+    backward too): torch's ``g.sum(0)`` of so few rows adds them in order from zero in float32,
+    so the bits are torch's (rounded to bfloat16 once; the rounded float32 output, the bfloat16
+    sums widened; with ``dtype`` float32, torch's unrounded sums). Data whose sums depend on the
+    order
+    (magnitudes over many octaves): a torch whose sum changed order would fail here."""
+    for n in range(1, bk.NATIVE_SUM_BELOW):
+        assert bk.native_bias_sum(n)
+        for seed in range(20):
+            gen = torch.Generator().manual_seed(seed * 100 + n)
+            scale = torch.exp(torch.randn(n, 300, generator=gen) * 4)
+            g = (torch.randn(n, 300, generator=gen) * scale).to(torch.bfloat16)
+            assert torch.equal(bk.bias_grad(g), g.sum(0))
+            assert torch.equal(bk.bias_grad(g, dtype=torch.float32),
+                               g.sum(0, dtype=torch.float32))
+            rounded = native.colsum_bf16(g, torch.float32, rounded=True)
+            assert rounded is not None and torch.equal(rounded, g.sum(0).float())
+    assert not bk.native_bias_sum(0) and not bk.native_bias_sum(bk.NATIVE_SUM_BELOW)
+
+
+@needs_bf16
 def test_strided_operands_and_two_threads() -> None:
     """Operands that are views (rows of a larger tensor, a transposed copy's transpose: the
     latter not batch-major, so the float32 route), values with a stride, two threads."""
