@@ -502,11 +502,13 @@ def _packed_backward(plan: _Plan, bwd: tuple[native.PackedArgs, int, Any, tuple[
     :func:`safesparse.kernels.blocks.bias_grad` sums it, in the library
     (:func:`~safesparse.kernels.blocks.native_bias_sum`, bfloat16) or by torch. None where
     the library refused (the caller's kernels run)."""
+    n = g2.shape[0]
+    if x.numel() != n * plan.width or g2.shape[1] != plan.n_out:
+        return None  # (what the array's kernels read and write: never past these)
     args, addr, entry = bwd[0], bwd[1], bwd[2]
     if plan.thread != _ident():  # (another thread: its own copy of the array)
         args = type(args).from_buffer_copy(args)
         addr = addressof(args)
-    n = g2.shape[0]
     autocast = plan.kind == _AUTOCAST
     vdtype = plan.vals.dtype  # (the product's dtype; plan.dtype: the parameters')
     gx = gv = gb = None
@@ -523,7 +525,7 @@ def _packed_backward(plan: _Plan, bwd: tuple[native.PackedArgs, int, Any, tuple[
     else:
         args[_BWD_GX] = 0
     if need_v:
-        gv = _empty(plan.v.shape, dtype=plan.dtype)
+        gv = _empty(plan.vals.shape, dtype=plan.dtype)  # (the values the array reads)
         args[_BWD_GV] = gv.data_ptr()
     else:
         args[_BWD_GV] = 0
