@@ -419,6 +419,10 @@ def bias_grad(g: T, *, dtype: torch.dtype | None = None) -> T:
     products: 24 against torch's 33 us at 128 rows, 36-45 against 54-63 at 256, equal at
     1024; alone after a dense step, 77-85 against 102-154 us at 256 rows.)"""
     out = g.dtype if dtype is None else dtype
+    if g.dim() == 2 and not g.is_contiguous():
+        # (summed as laid out in rows: the order of torch's sums depends on the strides; the
+        # eager fast path sums the gradient made contiguous, to the same bits)
+        g = g.contiguous()
     # (a plain tensor only: the autograd formula of the operators runs traced under
     # torch.compile, on fake tensors that have no memory)
     if type(g) is torch.Tensor and g.dtype == torch.bfloat16 and g.dim() == 2 \

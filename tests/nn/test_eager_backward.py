@@ -108,6 +108,26 @@ def test_packed_backward_is_the_operators_backward(packed: Packed, mode: str, bi
         assert_same(got, grads(layer, x, g, autocast, proving=True))
 
 
+@pytest.mark.parametrize("mode", list(MODES))
+def test_expanded_gradient(packed: Packed, mode: str) -> None:
+    """A gradient that is one row expanded (``y.sum()``'s): the fast path sums it made
+    contiguous, the operators' ``bias_grad`` too (the order of torch's sums depends on the
+    strides): the same bits."""
+    dtype, autocast, x_dtype = MODES[mode]
+    layer = make(dtype=dtype)
+    for n in (1, 3, 8, 17, 40, 130):
+        gen = torch.Generator().manual_seed(n)
+        x = torch.randn(n, 96, generator=gen).to(x_dtype)
+        row = torch.randn(1, 64, generator=gen) * torch.exp(torch.randn(1, 64, generator=gen) * 4)
+        g = row.to(torch.bfloat16 if autocast else dtype).expand(n, 64)
+        grads(layer, x, g, autocast)
+        before = packed.done
+        got = grads(layer, x, g, autocast)
+        if dtype is not torch.bfloat16 or BF16:
+            assert packed.done == before + 1
+        assert_same(got, grads(layer, x, g, autocast, proving=True))
+
+
 def test_large_autocast_input_and_three_dimensions(packed: Packed) -> None:
     """An input above the size the library rounds in its call (torch rounds it in the forward)
     and a 3-D input, under autocast and not."""
