@@ -391,7 +391,20 @@ def _values_grad(m: Matrix, left: T, right: T, dtype: torch.dtype) -> T:
 
 
 #: Rows from which :func:`bias_grad` of a bfloat16 gradient sums natively
-_NATIVE_SUM_ROWS = 128
+NATIVE_SUM_ROWS = 128
+#: Rows below which it sums natively too, rounded to bfloat16: torch sums fewer than 16
+#: bfloat16 rows in order from zero in float32 (its cascade sum starts a level at 16), the
+#: bits of the native pass, whose call costs less than torch's reduction
+#: (tests/kernels/test_bf16.py checks both agree; torch's float32 sums, ``dtype`` float32,
+#: are not in that order)
+NATIVE_SUM_BELOW = 16
+
+
+def native_bias_sum(rows: int, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether :func:`bias_grad` sums a bfloat16 gradient of ``rows`` rows natively into
+    ``dtype`` (where the library runs): the callers that sum in the library themselves (the
+    eager fast path's packed backward) ask, so that their bits are :func:`bias_grad`'s."""
+    return rows >= NATIVE_SUM_ROWS or (0 < rows < NATIVE_SUM_BELOW and dtype == torch.bfloat16)
 
 
 @serial_in_forked_child
@@ -399,16 +412,21 @@ def bias_grad(g: T, *, dtype: torch.dtype | None = None) -> T:
     """The gradient of :func:`linear`'s bias, ``g.sum(0)`` (in a forked child with one
     thread, as every product here: a reduction of a batch is one of torch's parallel ops), in
     ``g``'s dtype or ``dtype``. bfloat16 on a CPU with the bfloat16 kernels, from
-    :data:`_NATIVE_SUM_ROWS` rows: one native pass (float32 sums; ``dtype`` float32:
-    unrounded), about half torch's time at 4096 rows; fewer rows: torch's. (Measured inside
+    :data:`NATIVE_SUM_ROWS` rows and below :data:`NATIVE_SUM_BELOW`
+    (:func:`native_bias_sum`): one native pass (float32 sums; ``dtype`` float32: unrounded),
+    about half torch's time at 4096 rows; between them: torch's. (Measured inside
     a bfloat16 layer's fwd+bwd after a dense layer's step, where it runs after the gradient
     products: 24 against torch's 33 us at 128 rows, 36-45 against 54-63 at 256, equal at
     1024; alone after a dense step, 77-85 against 102-154 us at 256 rows.)"""
     out = g.dtype if dtype is None else dtype
+    if g.dim() == 2 and not g.is_contiguous():
+        # (summed as laid out in rows: the order of torch's sums depends on the strides; the
+        # eager fast path sums the gradient made contiguous, to the same bits)
+        g = g.contiguous()
     # (a plain tensor only: the autograd formula of the operators runs traced under
     # torch.compile, on fake tensors that have no memory)
     if type(g) is torch.Tensor and g.dtype == torch.bfloat16 and g.dim() == 2 \
-            and g.shape[0] >= _NATIVE_SUM_ROWS and native.available():
+            and native_bias_sum(g.shape[0], out) and native.available():
         got = native.colsum_bf16(g, out)
         if got is not None:
             return got

@@ -57,7 +57,7 @@ _HERE = Path(__file__).resolve().parent
 LIB_FILE = "_blockprod.native.so"
 #: The interface version these bindings are written for (csrc/blockprod.h's SS_ABI_VERSION;
 #: tests/kernels/test_interface.py checks both, and every binding, against the header).
-_ABI = 3
+_ABI = 4
 #: torch dtype -> the library's dtype code, read from the library (``ss_dtype_names``) at load
 _DTYPES: dict[torch.dtype, int] = {}
 _ISA_NAMES = {0: "none", 1: "avx2+fma", 2: "avx512f"}
@@ -94,6 +94,8 @@ _forced_off = False
 #: The library's return codes (csrc/blockprod.c): no kernels for these operands, out of
 #: memory, a bad index read.
 _E_NOKERNEL, _E_NOMEM, _E_INDEX = -1, -2, -3
+#: (the code of "no kernel for these operands", for callers of the packed entries)
+E_NOKERNEL = _E_NOKERNEL
 
 
 def _raise_fault(names: dict[int, str]) -> None:
@@ -160,6 +162,8 @@ def _bind(lib: Any) -> None:
     lib.ss_product_packed.argtypes = [_ptr]
     lib.ss_product_packed_rounded.restype = _int
     lib.ss_product_packed_rounded.argtypes = [_ptr]
+    lib.ss_linear_backward_packed.restype = _int
+    lib.ss_linear_backward_packed.argtypes = [_ptr]
     lib.ss_bf16_supported.restype = _int
     lib.ss_bf16_supported.argtypes = []
     lib.ss_product_bf16.restype = _int
@@ -521,6 +525,80 @@ def packed_entry_rounded() -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
+# A layer's backward, packed once (the eager fast path's gradients: nn/eager.py)
+
+#: The slots of :func:`pack_linear_backward`'s array written per call: the gradient ``G``
+#: (twice: the operand of ``G @ W`` and the values gradient's left factor), the batch (twice),
+#: the input ``X``, and the three outputs (address 0: not computed) with the input gradient's
+#: dtype code (:func:`grad_input_code`)
+BWD_G, BWD_N, BWD_GX, BWD_GX_DT, BWD_THREADS = SLOT_X, SLOT_N, SLOT_Y, 18, SLOT_THREADS
+BWD_L, BWD_X, BWD_VN, BWD_GV, BWD_VTHREADS, BWD_GB = 31, 34, 37, 39, 41, 42
+#: (1: ``X`` is float32, rounded to bfloat16 in the call: a layer under autocast whose forward
+#: rounded its small input in the call, ``ss_product_packed_rounded``)
+BWD_X_ROUND = 44
+#: The values gradient's slots (after :func:`pack_product`'s 24)
+_BWD_V = 24
+
+
+def pack_linear_backward(a: Matrix, dtype: torch.dtype, rounded: bool,
+                         cache: dict[Hashable, Any] | None = None
+                         ) -> tuple[PackedArgs, tuple[T, ...]] | None:
+    """The arguments of a layer's backward (``Y = X @ A.T``, ``A`` the ``n_rows x n_cols``
+    weight, ``X`` and ``G`` batch-major and contiguous, in ``dtype``), packed for
+    ``ss_linear_backward_packed`` (one call: ``GX = G @ A`` as :func:`product` computes it
+    transposed, the values gradient as :func:`values_grad` does for ``G.T`` and ``X.T``, and,
+    bfloat16 only, ``G.sum(0)`` as :func:`colsum_bf16`), and the tensors the array points to;
+    None where the native path does not run or the values are not ``dtype`` (float32 /
+    float64, or bfloat16 where :func:`reads_bf16`). ``rounded`` (bfloat16): the values
+    gradient and the bias gradient written as float32 holding their bfloat16 rounding (the
+    bits of their cast). The caller writes the :data:`BWD_G` ... :data:`BWD_GB` slots per call
+    (the input gradient's dtype: :func:`grad_input_code`), and :data:`BWD_X_ROUND` where a
+    bfloat16 backward's ``X`` is float32 (rounded in the call)."""
+    layout, values, n_rows, n_cols = a.layout, a.values, a.n_rows, a.n_cols
+    bf16 = dtype == torch.bfloat16
+    if (not available() or values.dtype != dtype or values.dim() != 3
+            or dtype not in (torch.float32, torch.float64, torch.bfloat16)
+            or (bf16 and not reads_bf16(dtype, layout)) or (rounded and not bf16)):
+        return None
+    rows = _rowwise(a, True, cache)  # (A.T by block rows: the product G @ A)
+    n_br = n_cols // rows.r
+    if rows.crow.numel() != n_br + 1:
+        return None
+    outer_rows, outer_cols = _outer(a, cache)
+    nnzb = int(values.shape[0])
+    if outer_rows.numel() != nnzb or outer_cols.numel() != nnzb:
+        return None
+    code, threads = _DTYPES[dtype], _threads()
+    wide = _DTYPES[torch.float32] | _OUT_ROUNDED
+    args = (ctypes.c_int64 * 45)(
+        # G @ A: pack_product's slots, transposed (A's blocks read transposed, in place)
+        n_br, rows.r, rows.c, min(rows.col.numel(), nnzb), rows.crow.data_ptr(),
+        rows.col.data_ptr(), _ptr_of(rows.order) or 0, values.data_ptr(), rows.sp, rows.sa,
+        rows.sb, 0, code, 1, n_rows, n_rows, 0, 0, code, 1, n_cols, 0, threads, code,
+        # the values gradient: L = G.T (n_rows, N), R = X.T (n_cols, N)
+        nnzb, a.r, a.c, outer_rows.data_ptr(), outer_cols.data_ptr(), n_rows, n_cols,
+        0, 1, n_rows, 0, 1, n_cols, 0, code, 0, wide if rounded else code, threads,
+        # the bias gradient (bfloat16); X read as it is
+        0, wide if rounded else code, 0)
+    return args, (rows.crow, rows.col, *(() if rows.order is None else (rows.order,)),
+                  values, outer_rows, outer_cols)
+
+
+def grad_input_code(dtype: torch.dtype, rounded: bool) -> int:
+    """The :data:`BWD_GX_DT` slot of :func:`pack_linear_backward`'s array for an input
+    gradient in ``dtype`` (the operands' dtype; ``rounded``: float32 holding the bfloat16
+    rounding of a bfloat16 product)."""
+    return _DTYPES[torch.float32] | _OUT_ROUNDED if rounded else _DTYPES[dtype]
+
+
+def backward_entry() -> Any:
+    """``ss_linear_backward_packed`` (one argument: the address of a
+    :func:`pack_linear_backward` array; 0 on success), or None where the native path does not
+    run."""
+    return _lib.ss_linear_backward_packed if available() else None
+
+
+# ---------------------------------------------------------------------------------------------
 # bfloat16 computed in bfloat16 (csrc/kern_bf16.h: AVX512_BF16, float32 sums, no float32 copy
 # of the values, the input or the gradient). Elsewhere (no AVX512_BF16, CSR / CSC, operands
 # neither batch- nor feature-major) bfloat16 is computed in float32 from float32 copies, as
@@ -628,15 +706,17 @@ def _values_grad_bf16(rows: T, cols: T, r: int, c: int, l_: T, li: int, ln: int,
     return g.view(values_shape) if rc == 0 else None
 
 
-def colsum_bf16(g: T, dtype: torch.dtype) -> T | None:
+def colsum_bf16(g: T, dtype: torch.dtype, rounded: bool = False) -> T | None:
     """``g.sum(0)`` of a bfloat16 ``g`` (N, C) whose rows are contiguous, in float32 sums
-    (rows in order), as ``dtype`` (bfloat16: rounded once; float32: unrounded); None where the
-    bfloat16 kernels do not run it (the caller sums with torch)."""
+    (rows in order), as ``dtype`` (bfloat16: rounded once; float32: unrounded, or with
+    ``rounded`` the bfloat16 result widened); None where the bfloat16 kernels do not run it
+    (the caller sums with torch)."""
     if (not _bf16_library() or g.dtype != torch.bfloat16 or g.dim() != 2 or g.device.type != "cpu"
             or dtype not in _BF16_OUT or (g.shape[1] > 1 and g.stride(1) != 1)):
         return None
     n, c = g.shape
     out = torch.empty(c, dtype=dtype)
     ld = g.stride(0) if n > 1 else c
-    rc = _lib.ss_colsum_bf16(g.data_ptr(), n, c, ld, out.data_ptr(), _DTYPES[dtype], _threads())
+    code = _DTYPES[dtype] | (_OUT_ROUNDED if rounded and dtype == torch.float32 else 0)
+    rc = _lib.ss_colsum_bf16(g.data_ptr(), n, c, ld, out.data_ptr(), code, _threads())
     return out if rc == 0 else None

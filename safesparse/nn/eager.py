@@ -50,7 +50,12 @@ With gradients on, the plan's product runs inside a plain
 formula (:func:`safesparse.operators.autograd.gradients`) computed by the gradient kernels after
 the same re-check (the gradient operators otherwise); not under saved-tensor hooks (activation
 checkpointing compares what the forward saved with what its recomputation saves: both take the
-operators).
+operators). For block layouts the three gradients are one call too
+(:meth:`_Plan.backward_args`: the backward's arguments packed at the first backward and kept
+with the plan, :func:`safesparse.kernels.native.pack_linear_backward`), their outputs in the
+dtypes autocast's casts would give (written so by the kernels). A batch-1 float32 fwd+bwd
+(``torch.autograd.grad`` to the input and both parameters, 10 %): about 120-130 us, of which the
+three kernels about 25 us, the autograd engine about 40 us.
 
 What a batch-1 call costs (one thread, CPU time, 1024 x 1024, 10 % of 16 x 16 blocks, float32,
 no_grad, 13-14 us against nn.Linear's 85-120 us): the kernel 5.5-6 us (at the L2 read rate),
@@ -204,8 +209,8 @@ def _eager_context() -> torch.dtype | None:
 class _Plan:
     """One module's packed product and the key it holds for (module docstring)."""
 
-    __slots__ = ("addr", "args", "autocast", "b", "b_alias", "b_ptr", "batch_major", "c",
-                 "cache", "dtype", "entry", "geometry", "grad", "keep", "kind", "layout",
+    __slots__ = ("addr", "args", "autocast", "b", "b_alias", "b_ptr", "batch_major", "bwd",
+                 "c", "cache", "dtype", "entry", "geometry", "grad", "keep", "kind", "layout",
                  "layout_name", "n_out", "p", "pre", "pre_held", "pre_seen", "rounded",
                  "still", "thread", "threads", "v",
                  "v_alias", "v_ptr", "vals", "ver", "width", "x_alt", "x_dtype", "y_dtype")
@@ -259,6 +264,10 @@ class _Plan:
                     and v.dtype in (_F32, torch.float64) and not v.is_inference())
         self.pre_held: tuple[int, native.PackedArgs, int, T] | None = None
         self.pre_seen = v._version if self.pre else -1
+        # the backward's packed array (:meth:`backward_args`): None until the first backward
+        # through the kernels asks, then the array, its address, the entry and what the array
+        # points to, or False (none: the gradient kernels run)
+        self.bwd: tuple[native.PackedArgs, int, Any, tuple[T, ...]] | bool | None = None
 
     def holds(self, buffers: dict[str, Any], params: dict[str, Any], autocast: torch.dtype
               ) -> int:
@@ -355,6 +364,32 @@ class _Plan:
         return held
 
 
+    def backward_args(self) -> tuple[native.PackedArgs, int, Any, tuple[T, ...]] | None:
+        """The backward's arguments packed once (:func:`safesparse.kernels.native.
+        pack_linear_backward`: one call for the three gradients), over what the plan's product
+        reads (its pattern data, the values or its copy of them), or None (not native, a kind
+        or layout the packed backward does not take: the gradient kernels run). Built at the
+        first backward and kept with the plan: read only where :meth:`still` and the saved
+        values' checks (``_FastLinear.backward``) hold, as the forward's array."""
+        bwd = self.bwd
+        if bwd is None:
+            bwd = False
+            if self.kind != _CONVERTED and self.batch_major and self.layout in BLOCK_LAYOUTS:
+                w = matrix(self.layout, self.c, self.p, self.vals, self.n_out, self.width)
+                packed = native.pack_linear_backward(w, self.vals.dtype, self.kind == _AUTOCAST,
+                                                     cache=self.cache)
+                entry = native.backward_entry()
+                if packed is not None and entry is not None:
+                    bwd = (packed[0], addressof(packed[0]), entry, packed[1])
+            self.bwd = bwd
+        return None if bwd is False or bwd is True else bwd
+
+    def backward_failed(self) -> None:
+        """The library refused the packed backward (no kernel for these operands): the
+        gradient kernels run from now on."""
+        self.bwd = False
+
+
 def _geometry(layout: torch.layout, values: T, n_rows: int, n_cols: int) -> Hashable:
     r, c = (int(values.shape[1]), int(values.shape[2])) if layout in BLOCK_LAYOUTS else (1, 1)
     return checked.compressed_geometry(*extents(layout, n_rows, n_cols, r, c))
@@ -416,13 +451,16 @@ def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan
 
 class _FastLinear(torch.autograd.Function):
     """The plan's product with gradients. The backward is the operators' one formula
-    (:func:`safesparse.operators.autograd.gradients`) computed by the gradient kernels directly
-    where the plan still holds when it runs (the same O(1) questions: the context, the
-    state's re-check of the proof, the values' address, shape and strides); else the gradient
-    operators, which confirm (or validate) the members themselves. Under bfloat16 autocast
-    the backward runs in bfloat16 from what the forward read (the input rounded once, the
-    plan's copy of the values) and the gradients reach the float32 parameters and input
-    converted, as autocast's own casts would."""
+    (:func:`safesparse.operators.autograd.gradients`) computed by the kernels directly where
+    the plan still holds when it runs (the same O(1) questions: the context, the state's
+    re-check of the proof, the values' address, shape and strides): for block layouts one
+    call of the library over the plan's packed backward array (:meth:`_Plan.backward_args`:
+    the three gradients), else the gradient kernels; where it does not hold, the gradient
+    operators, which confirm (or validate) the members themselves. Under bfloat16 autocast the
+    backward runs in bfloat16 from what the forward read (the input rounded once, the plan's
+    copy of the values) and the gradients reach the float32 parameters and input converted,
+    as autocast's own casts would (written so by the kernels: their bfloat16 rounding
+    widened, no cast pass)."""
 
     @staticmethod
     def forward(ctx: Any, x: T, v: T, b: T | None, plan: _Plan, n: int,
@@ -430,9 +468,12 @@ class _FastLinear(torch.autograd.Function):
         vals = v
         # (its members: the backward confirms them, or the operators do)
         ctx.meta = plan, x.shape, x.dtype
-        if plan.kind == _AUTOCAST:  # (the rounded input is what the backward reads)
+        if plan.kind == _AUTOCAST:  # (the backward reads the plan's copy of the values and
+            # the input rounded: a small float32 input is rounded by the library, in the
+            # product's call (:meth:`_Plan.run`) and again in the backward's, no tensor)
             vals = plan.vals
-            if x.dtype is not _BF16:
+            if x.dtype is not _BF16 and (plan.rounded is None
+                                         or n * plan.width > _ROUND_IN_CALL):
                 x = x.to(_BF16)
         y = plan.run(x, n, y_shape)
         if y is None:
@@ -446,44 +487,28 @@ class _FastLinear(torch.autograd.Function):
         x, vals = ctx.saved_tensors
         plan: _Plan
         plan, x_shape, x_dtype = ctx.meta
-        c, p = plan.c, plan.p
-        n_out, width = plan.n_out, plan.width
+        n_out = plan.n_out
         need_x, need_v, need_b = ctx.needs_input_grad[:3]
-        g2 = g.reshape(-1, n_out).contiguous()
+        # (no call where it would be a no-op: the common case)
+        g2 = g if g.dim() == 2 and g.is_contiguous() else g.reshape(-1, n_out).contiguous()
         if g2.dtype is not vals.dtype:
             g2 = g2.to(vals.dtype)
-        x2 = x.view(-1, width)
-        run: Callable[[SparseProduct, T], T]
-        values_grad: Callable[[T, T], T]
-        # under autocast: the dtypes autocast's casts take the gradients to (the float32
-        # parameters; the input's), None where they stay in the product's dtype
-        gx_to = gv_to = None
-        if plan.kind == _AUTOCAST:
-            gv_to = plan.dtype
-            gx_to = None if x_dtype is vals.dtype else x_dtype
-        if (_context() is not None and vals.dtype is plan.vals.dtype
+        if (_context() is not None and type(g2) is _Tensor and vals.dtype is plan.vals.dtype
                 and vals.data_ptr() == plan.vals.data_ptr() and vals.is_set_to(plan.vals)
                 and plan.still()):  # the kernels, on the plan's proof
-            w, cache = matrix(plan.layout, c, p, vals, n_out, width), plan.cache
-            # (the bfloat16 kernels write the rounded gradients widened to float32: the
-            # bits the casts below would give, without their passes)
-            gx_kw: dict[str, Any] = {"dtype": gx_to, "rounded": True} if gx_to else {}
-            gv_kw: dict[str, Any] = {"dtype": gv_to, "rounded": True} if gv_to else {}
-
-            def run(product: SparseProduct, operand: T) -> T:
-                return _GRAD_KERNELS[product.name](w, operand, cache=cache, **gx_kw)
-
-            def values_grad(left: T, right: T) -> T:
-                return _GRAD_KERNELS[LINEAR.values_grad](w, left, right, cache=cache, **gv_kw)
+            bwd = plan.backward_args() if _threads() == plan.threads else None
+            if bwd is not None:
+                got = _packed_backward(plan, bwd, g2, x, x_shape, x_dtype, need_x, need_v,
+                                       need_b)
+                if got is not None:
+                    return got
+            if plan.kind == _AUTOCAST and x.dtype is not _BF16:
+                x = x.to(_BF16)  # (as the forward read it)
+            gx, gv = _kernel_gradients(plan, g2, x, vals, x_dtype, need_x, need_v)
         else:  # the gradient operators, which confirm (or validate) the members themselves
-            matrix_args = (c, p, vals, plan.layout_name, n_out, width)
-
-            def run(product: SparseProduct, operand: T) -> T:
-                return _GRAD_OPERATORS[product.name](operand, *matrix_args)
-
-            def values_grad(left: T, right: T) -> T:
-                return _GRAD_OPERATORS[LINEAR.values_grad](left, right, *matrix_args)
-        gx, gv = gradients(LINEAR, g2, x2, need_x, need_v, run, values_grad)
+            if plan.kind == _AUTOCAST and x.dtype is not _BF16:
+                x = x.to(_BF16)
+            gx, gv = _operator_gradients(plan, g2, x, vals, need_x, need_v)
         gb = blockkernels.bias_grad(g2) if need_b else None
         if plan.kind == _AUTOCAST:  # (to the float32 parameters and input, as autocast's;
             # no-ops where the kernels wrote them so)
@@ -491,6 +516,111 @@ class _FastLinear(torch.autograd.Function):
             gb = None if gb is None else gb.to(plan.dtype)
         return (None if gx is None else gx.view(x_shape).to(x_dtype)), gv, gb, \
             None, None, None
+
+
+_GradOut = tuple[T | None, T | None, T | None, None, None, None]
+_BWD_G, _BWD_N, _BWD_GX, _BWD_GX_DT = native.BWD_G, native.BWD_N, native.BWD_GX, native.BWD_GX_DT
+_BWD_L, _BWD_X, _BWD_VN, _BWD_GV, _BWD_GB = (native.BWD_L, native.BWD_X, native.BWD_VN,
+                                             native.BWD_GV, native.BWD_GB)
+_BWD_X_ROUND = native.BWD_X_ROUND
+
+
+def _packed_backward(plan: _Plan, bwd: tuple[native.PackedArgs, int, Any, tuple[T, ...]],
+                     g2: T, x: T, x_shape: torch.Size, x_dtype: torch.dtype, need_x: bool,
+                     need_v: bool, need_b: bool) -> _GradOut | None:
+    """The three gradients by one call over the plan's packed backward array (the caller
+    confirmed that the plan holds), written in the dtypes the other routes give: the input's
+    (under autocast a float32 input's gradient is the bfloat16 product's rounding, widened),
+    the values' and bias's (under autocast likewise); the bias gradient summed where
+    :func:`safesparse.kernels.blocks.bias_grad` sums it, in the library
+    (:func:`~safesparse.kernels.blocks.native_bias_sum`, bfloat16) or by torch. None where
+    the library refused (the caller's kernels run)."""
+    n = g2.shape[0]
+    if x.numel() != n * plan.width or g2.shape[1] != plan.n_out:
+        return None  # (what the array's kernels read and write: never past these)
+    args, addr, entry = bwd[0], bwd[1], bwd[2]
+    if plan.thread != _ident():  # (another thread: its own copy of the array)
+        args = type(args).from_buffer_copy(args)
+        addr = addressof(args)
+    autocast = plan.kind == _AUTOCAST
+    vdtype = plan.vals.dtype  # (the product's dtype; plan.dtype: the parameters')
+    gx = gv = gb = None
+    if autocast:  # (a float32 input: rounded in the call, as the forward read it)
+        args[_BWD_X_ROUND] = x.dtype is not _BF16
+    if need_x:
+        if autocast:
+            rounded = x_dtype is not _BF16
+            gx = _empty(x_shape, dtype=_F32 if rounded else _BF16)
+            args[_BWD_GX_DT] = native.grad_input_code(_BF16, rounded)
+        else:
+            gx = _empty(x_shape, dtype=vdtype)
+        args[_BWD_GX] = gx.data_ptr()
+    else:
+        args[_BWD_GX] = 0
+    if need_v:
+        gv = _empty(plan.vals.shape, dtype=plan.dtype)  # (the values the array reads)
+        args[_BWD_GV] = gv.data_ptr()
+    else:
+        args[_BWD_GV] = 0
+    native_sum = need_b and vdtype is _BF16 and blockkernels.native_bias_sum(n)
+    if native_sum:
+        gb = _empty(plan.n_out, dtype=plan.dtype)
+        args[_BWD_GB] = gb.data_ptr()
+    else:
+        args[_BWD_GB] = 0
+    ptr = g2.data_ptr()
+    args[_BWD_G] = ptr
+    args[_BWD_L] = ptr
+    args[_BWD_N] = n
+    args[_BWD_VN] = n
+    args[_BWD_X] = x.data_ptr()
+    rc = entry(addr)
+    if rc != 0:
+        if rc == native.E_NOKERNEL:
+            plan.backward_failed()
+        return None
+    if need_b and not native_sum:
+        gb = g2.sum(0)
+        if autocast:
+            gb = gb.to(plan.dtype)
+    return gx, gv, gb, None, None, None
+
+
+def _kernel_gradients(plan: _Plan, g2: T, x: T, vals: T, x_dtype: torch.dtype, need_x: bool,
+                      need_v: bool) -> tuple[T | None, T | None]:
+    """:func:`gradients` by the gradient kernels (the plan holds; no packed backward)."""
+    n_out, width, cache = plan.n_out, plan.width, plan.cache
+    w = matrix(plan.layout, plan.c, plan.p, vals, n_out, width)
+    # under autocast: the dtypes autocast's casts take the gradients to (the float32
+    # parameters; the input's), None where they stay in the product's dtype; the bfloat16
+    # kernels write the rounded gradients widened to float32: the bits the casts would give
+    gx_kw: dict[str, Any] = {}
+    gv_kw: dict[str, Any] = {}
+    if plan.kind == _AUTOCAST:
+        gv_kw = {"dtype": plan.dtype, "rounded": True}
+        if x_dtype is not vals.dtype:
+            gx_kw = {"dtype": x_dtype, "rounded": True}
+
+    def run(product: SparseProduct, operand: T) -> T:
+        return _GRAD_KERNELS[product.name](w, operand, cache=cache, **gx_kw)
+
+    def values_grad(left: T, right: T) -> T:
+        return _GRAD_KERNELS[LINEAR.values_grad](w, left, right, cache=cache, **gv_kw)
+    return gradients(LINEAR, g2, x.view(-1, width), need_x, need_v, run, values_grad)
+
+
+def _operator_gradients(plan: _Plan, g2: T, x: T, vals: T, need_x: bool, need_v: bool
+                        ) -> tuple[T | None, T | None]:
+    """:func:`gradients` by the gradient operators (which confirm, or validate, the
+    members themselves)."""
+    matrix_args = (plan.c, plan.p, vals, plan.layout_name, plan.n_out, plan.width)
+
+    def run(product: SparseProduct, operand: T) -> T:
+        return _GRAD_OPERATORS[product.name](operand, *matrix_args)
+
+    def values_grad(left: T, right: T) -> T:
+        return _GRAD_OPERATORS[LINEAR.values_grad](left, right, *matrix_args)
+    return gradients(LINEAR, g2, x.view(-1, plan.width), need_x, need_v, run, values_grad)
 
 
 #: The gradient products of ``linear`` (:data:`LINEAR`; :func:`gradients` names them), by

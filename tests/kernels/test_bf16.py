@@ -297,7 +297,7 @@ def test_bias_grad_sums_columns(path: str, monkeypatch: pytest.MonkeyPatch) -> N
         calls += 1
         return entry(*args)
     monkeypatch.setattr(native, "colsum_bf16", counted)
-    monkeypatch.setattr(bk, "_NATIVE_SUM_ROWS", 1)
+    monkeypatch.setattr(bk, "NATIVE_SUM_ROWS", 1)
     with PATHS[path]():
         for batch in (0, 1, 2, 3, 8, 16, 17, 31, 32, 33, 64, 255, 4096):
             for width, pad in ((1024, 0), (1000, 24), (5, 0), (300, 3)):
@@ -312,6 +312,28 @@ def test_bias_grad_sums_columns(path: str, monkeypatch: pytest.MonkeyPatch) -> N
         assert calls == 0
     elif path == "native" and BF16:
         assert calls == 12 * 4 * 2  # (every batch but 0 x 4 widths x 2 dtypes)
+
+
+@needs_bf16
+def test_bias_grad_of_few_rows_is_torch_sum() -> None:
+    """Below ``NATIVE_SUM_BELOW`` rows ``bias_grad`` sums natively (the eager fast path's packed
+    backward too): torch's ``g.sum(0)`` of so few rows adds them in order from zero in float32,
+    so the bits are torch's (rounded to bfloat16 once; the rounded float32 output, the bfloat16
+    sums widened; with ``dtype`` float32, torch's unrounded sums). Data whose sums depend on the
+    order
+    (magnitudes over many octaves): a torch whose sum changed order would fail here."""
+    for n in range(1, bk.NATIVE_SUM_BELOW):
+        assert bk.native_bias_sum(n)
+        for seed in range(20):
+            gen = torch.Generator().manual_seed(seed * 100 + n)
+            scale = torch.exp(torch.randn(n, 300, generator=gen) * 4)
+            g = (torch.randn(n, 300, generator=gen) * scale).to(torch.bfloat16)
+            assert torch.equal(bk.bias_grad(g), g.sum(0))
+            assert torch.equal(bk.bias_grad(g, dtype=torch.float32),
+                               g.sum(0, dtype=torch.float32))
+            rounded = native.colsum_bf16(g, torch.float32, rounded=True)
+            assert rounded is not None and torch.equal(rounded, g.sum(0).float())
+    assert not bk.native_bias_sum(0) and not bk.native_bias_sum(bk.NATIVE_SUM_BELOW)
 
 
 @needs_bf16

@@ -772,7 +772,7 @@ void ss_reset_backoff(void)
 int ss_product_packed(const int64_t *a)
 {
     if (a[23] == SS_DT_BF16) {
-        if (a[12] != SS_DT_BF16 || (a[18] != SS_DT_BF16 && a[18] != SS_DT_F32) || a[2] <= 0)
+        if (a[12] != SS_DT_BF16 || a[2] <= 0) /* (ss_product_bf16_to checks a[18]) */
             return SS_E_NOKERNEL;
         return ss_product_bf16_to(a[0], a[1], a[2], (const int64_t *)(intptr_t)a[4],
                                   (const int64_t *)(intptr_t)a[5],
@@ -830,5 +830,64 @@ int ss_product_packed_rounded(const int64_t *a)
     b[11] = (int64_t)(intptr_t)tmp;
     int rc = ss_product_packed(b);
     free(tmp);
+    return rc;
+}
+
+/* The backward of a layer's product Y = X W^T (+ bias), W stored by block rows or columns, in
+ * one call: the array of ss_product_packed for GX = G W (W^T by block rows, a[0..23]), then at
+ * a + 24 the values gradient's arguments in ss_values_grad's order and its output's dtype:
+ *   v[0..4]   nnzb, r, c, rows, cols        v[5..6]  n_l (W's rows), n_r (W's columns)
+ *   v[7..9]   l (G), li, ln                  v[10..12] rgt (X), ri, rn
+ *   v[13]     N                              v[14] the operands' dtype, v[15] gv, v[16] its dtype
+ *   v[17]     threads                        v[18] gb, v[19] its dtype
+ *   v[20]     1: X is float32, rounded to bfloat16 here first (bfloat16 operands; as
+ *             .to(torch.bfloat16): the input a layer under autocast read rounded in its forward)
+ * Each output whose address is 0 is skipped: GV (v[15]: ss_values_grad, or for bfloat16
+ * operands ss_values_grad_bf16_to, whose output dtype v[16] may be float32 rounded), GX (a[17]:
+ * ss_product_packed, whose bfloat16 output dtype a[18] may be float32 rounded), and the bias
+ * gradient gb = G.sum(0) (v[18], bfloat16 G only: ss_colsum_bf16 in dtype v[19]). For the eager
+ * fast path of safesparse.nn (nn/eager.py): one ctypes argument per backward. Returns the first
+ * nonzero code (the outputs then partly written). */
+int ss_linear_backward_packed(const int64_t *a)
+{
+    const int64_t *v = a + 24;
+    const void *l = (const void *)(intptr_t)v[7], *rgt = (const void *)(intptr_t)v[10];
+    int rc = 0;
+    if (v[15]) {
+        void *g = (void *)(intptr_t)v[15];
+        const int64_t *rows = (const int64_t *)(intptr_t)v[3];
+        const int64_t *cols = (const int64_t *)(intptr_t)v[4];
+        if (v[1] <= 0 || v[2] <= 0) return SS_E_NOKERNEL;
+        if (v[14] == SS_DT_BF16) {
+            uint16_t *tmp = 0;
+            if (v[20]) {
+                if (v[6] <= 0 || v[13] <= 0 || v[11] < 0 || v[12] < 0) return SS_E_NOKERNEL;
+                int64_t count = (v[6] - 1) * v[11] + (v[13] - 1) * v[12] + 1;
+                tmp = (uint16_t *)malloc((size_t)count * 2);
+                if (!tmp) return SS_E_NOMEM;
+                round_bf16((const float *)rgt, tmp, count);
+            }
+            rc = ss_values_grad_bf16_to(v[0], v[1], v[2], rows, cols, v[5] / v[1], v[6] / v[2],
+                                        l, v[8], v[9], tmp ? tmp : rgt, v[11], v[12], v[13], g,
+                                        (int)v[16], (int)v[17]);
+            free(tmp);
+        } else if (v[20])
+            rc = SS_E_NOKERNEL;
+        else if (v[16] != v[14])
+            rc = SS_E_NOKERNEL;
+        else
+            rc = ss_values_grad(v[0], v[1], v[2], v[5], v[6], rows, cols, l, v[8], v[9], rgt,
+                                v[11], v[12], v[13], (int)v[14], g, (int)v[17]);
+        if (rc) return rc;
+    }
+    if (a[17]) {
+        rc = ss_product_packed(a);
+        if (rc) return rc;
+    }
+    if (v[18]) {
+        if (v[14] != SS_DT_BF16) return SS_E_NOKERNEL;
+        rc = ss_colsum_bf16(l, v[13], v[5], v[9], (void *)(intptr_t)v[18], (int)v[19],
+                            (int)v[17]);
+    }
     return rc;
 }

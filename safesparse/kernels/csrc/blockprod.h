@@ -14,7 +14,7 @@
 
 /* The version of this interface: native.py refuses a library whose ss_abi_version() differs
  * from the one its bindings were written for. */
-#define SS_ABI_VERSION 3
+#define SS_ABI_VERSION 4
 
 /* dtype codes; ss_dtype_names() lists torch's names for them in code order */
 enum { SS_DT_F32 = 0, SS_DT_F64 = 1, SS_DT_F16 = 2, SS_DT_BF16 = 3 };
@@ -59,6 +59,10 @@ int ss_product_packed(const int64_t *args);
    call (see blockprod.c) */
 int ss_product_packed_rounded(const int64_t *args);
 
+/* the backward of a layer's product (the gradients to its input, values and bias) with its
+   arguments in one array (see blockprod.c; ABI 4) */
+int ss_linear_backward_packed(const int64_t *args);
+
 /* G_p = L[rows_p] R[cols_p]^T per stored block (see blockprod.c) */
 int ss_values_grad(int64_t nnzb, int64_t r, int64_t c, int64_t n_l, int64_t n_r,
                    const int64_t *rows, const int64_t *cols, const void *l, int64_t li,
@@ -90,7 +94,8 @@ int ss_values_grad_bf16_to(int64_t nnzb, int64_t r, int64_t c, const int64_t *ro
                            const int64_t *cols, int64_t n_br, int64_t n_bc, const void *l,
                            int64_t li, int64_t ln, const void *rgt, int64_t ri, int64_t rn,
                            int64_t N, void *g, int gdt, int nthreads);
-/* out[c] = sum_n g[n * ld + c] (bfloat16 g, float32 sums; out bfloat16 or float32) */
+/* out[c] = sum_n g[n * ld + c] (bfloat16 g, float32 sums; out bfloat16, float32, or float32
+ * rounded: SS_DT_F32 | SS_OUT_ROUNDED) */
 int ss_colsum_bf16(const void *g, int64_t N, int64_t C, int64_t ld, void *out, int odt,
                    int nthreads);
 

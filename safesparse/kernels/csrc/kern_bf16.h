@@ -715,7 +715,8 @@ typedef struct {
     int64_t ri, rn;
     int dot; /* operands contiguous along the batch (ln == rn == 1), not across it */
     void *g;
-    int gf32; /* G written in float32 (the sums as they are), not rounded to bfloat16 */
+    int gf32; /* G written in float32 (the sums as they are; 2: their bfloat16 rounding
+               * widened, by bf_vg_store), not rounded to bfloat16 */
     uint32_t **pairs;
     int err;
     /* batch-major, large batches: the rows [n0, n1) of one pass; sums of the earlier passes
@@ -740,8 +741,10 @@ static __attribute__((noinline)) BF_TARGET void bf_vg_store(const bfv_ctx *k, in
     for (int ra = 0; ra < RT; ra++) {
         __m512 v = _mm512_load_ps(out + 16 * ra);
         int64_t off = go + ra * k->c;
+        if (k->gf32 == 2) /* (SS_OUT_ROUNDED: the bfloat16 rounding, widened, in the store) */
+            v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf_round(v)), 16));
         if (mb != (__mmask16)0xffff)
-            bf_put(k->g, k->gf32, off, mb, v);
+            bf_put(k->g, k->gf32 != 0, off, mb, v);
         else if (k->gf32)
             _mm512_storeu_ps((float *)k->g + off, v);
         else
@@ -968,7 +971,7 @@ int ss_values_grad_bf16_to(int64_t nnzb, int64_t r, int64_t c, const int64_t *ro
     int64_t tile = dot || N <= 2 * BF_VG_ROWS ? N : BF_VG_ROWS;
     bfv_ctx k = {r, c, N, n_br, n_bc, (r + BF_LANES - 1) / BF_LANES, (tile + 1) / 2, rows,
                  cols, starts, (const uint16_t *)l, li, ln, (const uint16_t *)rgt, ri, rn, dot,
-                 g, gout == 2 ? 1 : gout, 0, 0, 0, N, 0, 1, 1, nnzb};
+                 g, gout == 2 && dot ? 1 : gout, 0, 0, 0, N, 0, 1, 1, nnzb};
     uint32_t *bufs[256];
     int ok = 1;
     for (int t = 0; t < nth; t++) {
@@ -994,7 +997,8 @@ int ss_values_grad_bf16_to(int64_t nnzb, int64_t r, int64_t c, const int64_t *ro
     free(starts);
     if (!ok) return -2;
     if (k.err) return SS_EINDEX;
-    if (gout == 2) bf_widen_rounded((float *)g, nnzb * r * c);
+    /* (batch-major: rounded in bf_vg_store; the dot form writes float32, rounded here) */
+    if (gout == 2 && dot) bf_widen_rounded((float *)g, nnzb * r * c);
     return 0;
 }
 
@@ -1046,16 +1050,17 @@ static BF_TARGET void bf_colsum_task(void *vctx, int64_t t, int tid)
 }
 
 /* out[c] = sum_n g[n * ld + c] for c < C (bfloat16 g; float32 sums, rows in order), out in
- * odt (SS_DT_BF16: rounded, or SS_DT_F32). Returns 0, or -1 (no bfloat16 kernels here, another
- * dtype). */
+ * odt (SS_DT_BF16: rounded, SS_DT_F32, or SS_DT_F32 | SS_OUT_ROUNDED: the bfloat16 result
+ * widened). Returns 0, or -1 (no bfloat16 kernels here, another dtype). */
 int ss_colsum_bf16(const void *g, int64_t N, int64_t C, int64_t ld, void *out, int odt,
                    int nthreads)
 {
-    if (!ss_bf16_supported() || (odt != DT_BF16 && odt != DT_F32) || N < 0 || C < 0 ||
-        (N > 1 && ld < C))
+    int gout = bf_out_kind(odt);
+    if (!ss_bf16_supported() || gout < 0 || N < 0 || C < 0 || (N > 1 && ld < C))
         return -1;
-    bfs_ctx k = {(const uint16_t *)g, N, C, ld, out, odt == DT_F32};
+    bfs_ctx k = {(const uint16_t *)g, N, C, ld, out, gout != 0};
     run_tasks(bf_colsum_task, &k, (C + BF_SUM_COLS - 1) / BF_SUM_COLS, nthreads < 1 ? 1 : nthreads);
+    if (gout == 2) bf_widen_rounded((float *)out, C);
     return 0;
 }
 
