@@ -128,11 +128,12 @@ def test_expanded_gradient(packed: Packed, mode: str) -> None:
         assert_same(got, grads(layer, x, g, autocast, proving=True))
 
 
-def test_large_autocast_input_and_three_dimensions(packed: Packed) -> None:
-    """An input above the size the library rounds in its call (torch rounds it in the forward)
-    and a 3-D input, under autocast and not."""
+def test_large_autocast_input_and_other_dimensions(packed: Packed) -> None:
+    """An input above the size the library rounds in its call (torch rounds it in the forward),
+    a 3-D and a 1-D input, under autocast and not."""
     layer = make(size=(64, 512))
-    for shape, autocast in (((300, 512), True), ((2, 5, 512), True), ((2, 5, 512), False)):
+    for shape, autocast in (((300, 512), True), ((2, 5, 512), True), ((2, 5, 512), False),
+                            ((512,), True), ((512,), False)):
         x = torch.randn(*shape)
         g = torch.randn(*shape[:-1], 64).to(torch.bfloat16 if autocast else torch.float32)
         grads(layer, x, g, autocast)
