@@ -228,16 +228,19 @@ def layers(table: Table, timed: Timed, ss: ModuleType, quick: bool,
              t["autocast"], "the same layer, float32", t["float32"], None)
         xa = x.clone().requires_grad_(True)
         ga = torch.randn(n, width)
+        # (the output's gradient in the output's dtype, bfloat16, as the ops above a layer
+        # under autocast hand it: no cast inside the timed step)
+        ga16 = ga.to(torch.bfloat16)
         params = [xa, *sparse.parameters()]
 
         def autocast_step(m: nn.Module = sparse, a: torch.Tensor = xa,
-                          g: torch.Tensor = ga, ps: list[torch.Tensor] = params) -> object:
+                          g: torch.Tensor = ga16, ps: list[torch.Tensor] = params) -> object:
             torch.set_autocast_enabled("cpu", True)
             try:
                 y = m(a)
             finally:
                 torch.set_autocast_enabled("cpu", False)
-            return torch.autograd.grad(y, ps, g.to(y.dtype))
+            return torch.autograd.grad(y, ps, g)
         autocast_step()
         t = timed({"autocast": autocast_step,
                    "float32": lambda m=sparse, a=xa, g=ga, ps=params: torch.autograd.grad(

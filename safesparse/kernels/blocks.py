@@ -259,7 +259,8 @@ def linear_grad_input(w: Matrix, g: T, *, cache: Cache = None,
     with ``rounded``, the bits of ``linear_grad_input(w, g).to(dtype)`` without that pass: a
     float32 layer's gradient to its input under bfloat16 autocast)."""
     if rounded and dtype is not None and dtype != g.dtype:
-        return _rounded(g.dtype, dtype, lambda: _rounded_grad_input(w, g, cache, dtype),
+        return _rounded(g.dtype, dtype,
+                        lambda: _native_linear_product(w, g, True, cache, None, dtype, True),
                         lambda: _linear_product(w, g, True, cache))
     return _linear_product(w, g, True, cache, out_dtype=dtype)
 
@@ -276,35 +277,33 @@ def _rounded(src: torch.dtype, out: torch.dtype, direct: Callable[[], T | None],
     return rounded_then_cast().to(out)
 
 
-def _rounded_grad_input(w: Matrix, g: T, cache: Cache, dtype: torch.dtype) -> T | None:
-    """``g @ W`` of a bfloat16 ``g`` by the bfloat16 kernels, their rounded result written
-    widened to ``dtype``; None where they do not run it."""
-    n = g.shape[0]
-    if n == 0 or w.plain.numel() == 0 or not native.usable(g, w.values) \
-            or not native.reads_bf16(g.dtype, w.layout):
-        return None
-    y = g.new_empty(n, w.n_cols, dtype=dtype)
-    ok = native.product(w, True, g, g.stride(1), g.stride(0), n, y, 1, w.n_cols, cache=cache,
-                        rounded=True)
-    return y if ok else None
-
-
 def _linear_product(w: Matrix, src: T, transposed: bool, cache: Cache = None,
                     bias: T | None = None, out_dtype: torch.dtype | None = None) -> T:
     """``src @ W.T`` (``transposed`` False) or ``src @ W`` (True), in ``src``'s dtype (or
     ``out_dtype``), plus ``bias`` (forward only)."""
-    n = src.shape[0]
     out = src.dtype if out_dtype is None else out_dtype
+    y = _native_linear_product(w, src, transposed, cache, bias, out)
+    return _torch_linear_product(w, src, transposed, bias, out) if y is None else y
+
+
+def _native_linear_product(w: Matrix, src: T, transposed: bool, cache: Cache, bias: T | None,
+                           out: torch.dtype, rounded: bool = False) -> T | None:
+    """:func:`_linear_product` by the native kernels, into ``out``; None where they do not
+    run it. ``rounded`` (a bfloat16 ``src``, ``out`` float32): by the bfloat16 kernels only,
+    their rounded result written widened (:func:`safesparse.kernels.native.product`)."""
+    n = src.shape[0]
     if n == 0 or w.plain.numel() == 0 or not native.usable(src, w.values):
-        return _torch_linear_product(w, src, transposed, bias, out)
+        return None
+    in_bf16 = native.reads_bf16(src.dtype, w.layout)
+    if rounded and not in_bf16:
+        return None
     n_out = w.n_cols if transposed else w.n_rows
     y = src.new_empty(n, n_out, dtype=out)
     # half types: the operand converted once (the kernels read it in place, float32)
-    work = src if native.reads_bf16(src.dtype, w.layout) else src.to(_compute_dtype(src.dtype))
-    if native.product(w, transposed, work, work.stride(1), work.stride(0), n, y, 1, n_out,
-                      bias=bias, cache=cache):
-        return y
-    return _torch_linear_product(w, src, transposed, bias, out)
+    work = src if in_bf16 else src.to(_compute_dtype(src.dtype))
+    ok = native.product(w, transposed, work, work.stride(1), work.stride(0), n, y, 1, n_out,
+                        bias=bias, cache=cache, rounded=rounded)
+    return y if ok else None
 
 
 def _torch_linear_product(w: Matrix, src: T, transposed: bool, bias: T | None = None,
