@@ -356,6 +356,11 @@ typedef struct {
 #define SS_PF_FIRST 1 /* the first tile's first task prefetches the first tile */
 #endif
 
+#ifndef SS_BM_UNROLL
+#define SS_BM_UNROLL 1 /* the batch-major tiles of 16-wide blocks unroll a block's 16 steps
+                        * (0: the loop over its columns, for measurements) */
+#endif
+
 #ifndef SS_VG_AHEAD
 #define SS_VG_AHEAD 16 /* batch rows ahead the values gradient's outer form prefetches */
 #endif
