@@ -252,11 +252,11 @@ INL void FN(bm_tile)(const prod_ctx *k, const R *const *wq, int64_t wsb, int64_t
 
 /* What the next task will read, on its way meanwhile (hints; every index read once and in
  * range before it makes an address). pf[0]: this task's share (block row i of n_br) of the
- * next row tile's rows of X (xk == 1), the first task of the first tile the first tile's;
- * pf[1]: the lines of Y the next block row writes in this tile (yi == 1: on a cold cache each
- * store would wait for its line). Both issued `calls` steps. And now: the next block row's
- * blocks (its values, or their packed copy): a row's few KiB read at the start of a task,
- * a burst no hardware prefetcher sees coming. */
+ * next row tile's rows of X (xk == 1), and with SS_PF_FIRST the first task of the first tile
+ * the first tile's; pf[1]: the lines of Y the next block row writes in this tile (yi == 1: on
+ * a cold cache each store would wait for its line). Both issued `calls` steps. And now: the
+ * next block row's blocks (its values, or their packed copy): a row's few KiB read at the
+ * start of a task, a burst no hardware prefetcher sees coming. */
 static inline void FN(bm_prefetch)(const prod_ctx *k, int64_t chunk, int64_t i, int64_t calls,
                                    row_lines *pf)
 {
