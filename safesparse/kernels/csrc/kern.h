@@ -170,8 +170,8 @@ INL void FN(bm_tile)(const prod_ctx *k, const R *const *wq, int64_t wsb, int64_t
     /* FULL (a compile-time constant): the VN vectors of output rows are all whole, loads and
      * stores unmasked; a run-time choice here made GCC keep the accumulators on the stack.
      * C16 (compile-time): blocks 16 columns wide, the features contiguous (xk == 1): a
-     * block's 16 steps unrolled (no loop, whose exit every block paid as a mispredicted
-     * branch: 16 steps of NBN FMAs, measured 87 -> 9x % of the FMA peak at 128 rows) */
+     * block's 16 steps unrolled, no loop and its exit per block (measured at 128 rows, one
+     * thread, the encoder's 768^2 and 768 x 3072: 89 -> 93 % of the FMA peak, 108 GFLOP/s) */
     VT acc[BM_NB][2];
     MT m0 = MASK(ac >= W ? W : ac), m1 = MASK(ac >= 2 * W ? W : (ac > W ? ac - W : 0));
     const R *bias = (const R *)k->bias;
