@@ -165,10 +165,13 @@ INL int FN(row_blocks)(const prod_ctx *k, int64_t q0, int64_t nq, const R **wq, 
  * contiguous. NBN batch rows x VN vectors of output rows. */
 INL void FN(bm_tile)(const prod_ctx *k, const R *const *wq, int64_t wsb, int64_t nq,
                      const int64_t *colq, int64_t i, int64_t n, const int NBN, const int VN,
-                     const int FULL, int64_t a0, int64_t ac)
+                     const int FULL, const int C16, int64_t a0, int64_t ac)
 {
     /* FULL (a compile-time constant): the VN vectors of output rows are all whole, loads and
-     * stores unmasked; a run-time choice here made GCC keep the accumulators on the stack */
+     * stores unmasked; a run-time choice here made GCC keep the accumulators on the stack.
+     * C16 (compile-time): blocks 16 columns wide, the features contiguous (xk == 1): a
+     * block's 16 steps unrolled, no loop and its exit per block (measured at 128 rows, one
+     * thread, the encoder's 768^2 and 768 x 3072: 89 -> 93 % of the FMA peak, 108 GFLOP/s) */
     VT acc[BM_NB][2];
     MT m0 = MASK(ac >= W ? W : ac), m1 = MASK(ac >= 2 * W ? W : (ac > W ? ac - W : 0));
     const R *bias = (const R *)k->bias;
@@ -183,7 +186,7 @@ INL void FN(bm_tile)(const prod_ctx *k, const R *const *wq, int64_t wsb, int64_t
         if (VN == 2) acc[nb][1] = b1;
     }
     const R *xs = (const R *)k->x + n * k->xn;
-    const int64_t c = k->c, xn = k->xn, xk = k->xk;
+    const int64_t c = C16 ? 16 : k->c, xn = k->xn, xk = C16 ? 1 : k->xk;
     for (int64_t qq = 0; qq < nq; qq++) {
         const R *w = wq[qq] + a0;
         const R *xb = xs + colq[qq] * c * xk;
@@ -191,6 +194,23 @@ INL void FN(bm_tile)(const prod_ctx *k, const R *const *wq, int64_t wsb, int64_t
                             * column is not one a prefetcher could guess) */
             const char *xp = (const char *)(xs + colq[qq + 1] * c * xk);
             for (int nb = 0; nb < NBN; nb++) __builtin_prefetch(xp + nb * xn * (int64_t)sizeof(R));
+        }
+        if (C16) { /* the 16 steps unrolled: the block's 16 columns (16 vectors apart: wsb ==
+                    * VN * W) and the NBN batch rows' 16 features (xk == 1) at fixed offsets */
+            const R *xr[BM_NB];
+            for (int nb = 0; nb < NBN; nb++) xr[nb] = xb + nb * xn;
+#pragma GCC unroll 16
+            for (int b = 0; b < 16; b++) {
+                VT w0 = LOADU(w + b * VN * W);
+                VT w1 = ZERO();
+                if (VN == 2) w1 = LOADU(w + b * VN * W + W);
+                for (int nb = 0; nb < NBN; nb++) {
+                    VT s = SET1(xr[nb][b]);
+                    acc[nb][0] = FMA(s, w0, acc[nb][0]);
+                    if (VN == 2) acc[nb][1] = FMA(s, w1, acc[nb][1]);
+                }
+            }
+            continue;
         }
         for (int64_t b = 0; b < c; b++, w += wsb, xb += xk) {
             VT w0 = FULL ? LOADU(w) : LOADM(w, m0);
@@ -232,11 +252,11 @@ INL void FN(bm_tile)(const prod_ctx *k, const R *const *wq, int64_t wsb, int64_t
 
 /* What the next task will read, on its way meanwhile (hints; every index read once and in
  * range before it makes an address). pf[0]: this task's share (block row i of n_br) of the
- * next row tile's rows of X (xk == 1), the first task of the first tile the first tile's;
- * pf[1]: the lines of Y the next block row writes in this tile (yi == 1: on a cold cache each
- * store would wait for its line). Both issued `calls` steps. And now: the next block row's
- * blocks (its values, or their packed copy): a row's few KiB read at the start of a task,
- * a burst no hardware prefetcher sees coming. */
+ * next row tile's rows of X (xk == 1), and with SS_PF_FIRST the first task of the first tile
+ * the first tile's; pf[1]: the lines of Y the next block row writes in this tile (yi == 1: on
+ * a cold cache each store would wait for its line). Both issued `calls` steps. And now: the
+ * next block row's blocks (its values, or their packed copy): a row's few KiB read at the
+ * start of a task, a burst no hardware prefetcher sees coming. */
 static inline void FN(bm_prefetch)(const prod_ctx *k, int64_t chunk, int64_t i, int64_t calls,
                                    row_lines *pf)
 {
@@ -317,6 +337,10 @@ static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
     row_lines pf[2];
     int64_t calls = ((k->r + 2 * W - 1) / (2 * W)) * ((nt + BM_NB - 1) / BM_NB);
     FN(bm_prefetch)(k, chunk, i, calls, pf);
+    /* blocks 16 wide whose columns are one or two whole vectors apart, the features
+     * contiguous: the tiles with a block's 16 steps unrolled */
+    const int c16 = SS_BM_UNROLL && k->c == 16 && k->xk == 1 && wsb == k->r &&
+                    (k->r == W || k->r == 2 * W);
     for (int64_t a0 = 0; a0 < k->r; a0 += 2 * W) {
         int64_t ac = k->r - a0 < 2 * W ? k->r - a0 : 2 * W;
         int two = ac > W, full = ac == W || ac == 2 * W;
@@ -325,12 +349,16 @@ static TARGET void FN(bm_task)(void *vctx, int64_t task, int tid)
             int nb = left >= BM_NB ? BM_NB : left >= 4 ? 4 : left >= 2 ? 2 : 1;
             prefetch_step(&pf[0]);
             prefetch_step(&pf[1]);
-            switch (nb * 4 + two * 2 + full) {
+            /* 0: part vectors; 1: whole ones; 2: whole ones, blocks 16 wide, xk == 1 */
+            int form = !full ? 0 : c16 ? 2 : 1;
+            switch (nb * 8 + two * 4 + form) {
 #define BCASE(NBV) \
-    case NBV * 4: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 1, 0, a0, ac); break; \
-    case NBV * 4 + 1: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 1, 1, a0, ac); break; \
-    case NBV * 4 + 2: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 2, 0, a0, ac); break; \
-    case NBV * 4 + 3: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 2, 1, a0, ac); break;
+    case NBV * 8: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 1, 0, 0, a0, ac); break; \
+    case NBV * 8 + 1: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 1, 1, 0, a0, ac); break; \
+    case NBV * 8 + 2: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 1, 1, 1, a0, ac); break; \
+    case NBV * 8 + 4: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 2, 0, 0, a0, ac); break; \
+    case NBV * 8 + 5: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 2, 1, 0, a0, ac); break; \
+    case NBV * 8 + 6: FN(bm_tile)(k, wq, wsb, nq, colq, i, n, NBV, 2, 1, 1, a0, ac); break;
             BCASE(BM_NB) BCASE(4) BCASE(2) BCASE(1)
 #undef BCASE
             default: break;
