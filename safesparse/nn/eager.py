@@ -59,7 +59,8 @@ three kernels about 25 us, the autograd engine about 40 us.
 
 What a batch-1 call costs (one thread, CPU time, 1024 x 1024, 10 % of 16 x 16 blocks, float32,
 no_grad, 13-14 us against nn.Linear's 85-120 us): the kernel 5.5-6 us (at the L2 read rate),
-the output ``torch.empty`` 0.8 us, ``nn.Module.__call__`` 1.35 us, the context 0.55 us, the key
+the output ``torch.empty`` 0.8 us, the layer's own ``__call__`` 0.5 us (:func:`forward_only`;
+``nn.Module.__call__`` and the ``forward`` took 1.0-1.35 us), the context 0.55 us, the key
 about 3 us (the input 0.5, the module's members 1.1, the state's re-check 1.6: two
 ``is_set_to``, the record's counter, pointers and storage sizes, the state's watches), the
 ctypes call 0.2 us, the rest the calls between them.
