@@ -21,6 +21,7 @@ bias gradient), from the kernel's high-water mark (reset through ``/proc/self/cl
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import time
@@ -133,7 +134,9 @@ def _memory(args: argparse.Namespace, density: float) -> None:
     dense_floor = (f * f + n * f + n * f + f) * size / 2**20
     for route, on in (("bf16", True), ("f32 route", False)):
         _switch(on)
-        _row(density, "SparseLinear", route, _min_peak(layer, x, g), floor)
+        # (a copy per route: a layer's eager plan keeps the kernels it was built for, and
+        # a copy builds its own at its first call)
+        _row(density, "SparseLinear", route, _min_peak(copy.deepcopy(layer), x, g), floor)
     _switch(True)
     _row(density, "nn.Linear", "dense", _min_peak(dense, x, g), dense_floor)
 
