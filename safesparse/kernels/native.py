@@ -252,9 +252,16 @@ def available() -> bool:
     return not _forced_off and status().native
 
 
+def forced_off() -> bool:
+    """Whether :func:`disabled` is in force (the eager plans of ``safesparse.nn``, which call
+    the library directly, ask at every call)."""
+    return _forced_off
+
+
 @contextmanager
 def disabled() -> Iterator[None]:
-    """Within the block, the torch-op kernels run (for tests and measurements)."""
+    """Within the block, the torch-op kernels run (for tests and measurements; also in place
+    of the eager plans of ``safesparse.nn``: :func:`forced_off`)."""
     global _forced_off
     saved = _forced_off
     _forced_off = True

@@ -14,7 +14,8 @@ skips nothing whose answer could have changed, all re-checked in O(1) per call:
   no ``torch.jit.trace``, no ``torch.func`` transform, no torch-function mode, an empty
   dispatch-mode stack (``FakeTensorMode``, ``make_fx``, ``TorchDispatchMode``), autocast
   off on CPU (or on, with the dtype the plan was built for), not in a child started by
-  ``fork()`` (:mod:`safesparse.base.forking`), not in debug mode;
+  ``fork()`` (:mod:`safesparse.base.forking`), not in debug mode, the native library not
+  turned off (:func:`safesparse.kernels.native.disabled`);
 * the input: an exact CPU ``torch.Tensor`` (no subclass, no ``SafeSparseTensor``) of the
   plan's dtype, contiguous, of the layer's width;
 * the module's members: the very buffer and parameter objects (read from the module's own
@@ -59,8 +60,8 @@ three kernels about 25 us, the autograd engine about 40 us.
 
 What a batch-1 call costs (one thread, CPU time, 1024 x 1024, 10 % of 16 x 16 blocks, float32,
 no_grad, 13-14 us against nn.Linear's 85-120 us): the kernel 5.5-6 us (at the L2 read rate),
-the output ``torch.empty`` 0.8 us, the layer's own ``__call__`` 0.5 us (:func:`forward_only`;
-``nn.Module.__call__`` and the ``forward`` took 1.0-1.35 us), the context 0.55 us, the key
+the output ``torch.empty`` 0.8 us, the layer's own ``__call__`` about 1 us (:func:`forward_only`:
+``nn.Module.__call__`` and the ``forward`` take 0.4-0.6 us more), the context 0.6 us, the key
 about 3 us (the input 0.5, the module's members 1.1, the state's re-check 1.6: two
 ``is_set_to``, the record's counter, pointers and storage sizes, the state's watches), the
 ctypes call 0.2 us, the rest the calls between them.
@@ -115,6 +116,7 @@ _Module = torch.nn.Module
 #: it traces), and the global hooks it runs (dicts torch fills and empties in place)
 _MODULE_CALL = torch.nn.Module.__call__
 _profiling = torch._C._autograd._profiler_enabled
+_native_off = native.forced_off
 _GLOBAL_HOOKS = (_module_globals._global_forward_pre_hooks, _module_globals._global_forward_hooks,
                  _module_globals._global_backward_pre_hooks,
                  _module_globals._global_backward_hooks)
@@ -198,7 +200,7 @@ def _eager_context() -> torch.dtype | None:
     is running (the forwards of :mod:`safesparse.nn.forward` asked just before: the question
     costs about 0.15 us)."""
     if (_tracing() is not None or _transforms() or _function_mode() or _dispatch_modes()
-            or in_forked_child() or is_debug()):
+            or in_forked_child() or is_debug() or _native_off()):
         return None
     if _any_autocast():
         if not torch.is_autocast_enabled("cpu"):

@@ -651,6 +651,38 @@ def test_debug_mode(calls: Calls) -> None:
         fell_back(layer, x, calls)
 
 
+def test_native_disabled_takes_the_torch_op_kernels(calls: Calls,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within ``native.disabled()`` the torch-op kernels run, also for a layer holding a plan
+    (which calls the library directly), forward and backward."""
+    layer = make()
+    x = torch.randn(3, 96)
+    warm(layer, x, calls)
+    packed = eager._packed_backward
+    seen: list[int] = []
+
+    def counted(*args: Any) -> Any:
+        seen.append(1)
+        return packed(*args)
+
+    monkeypatch.setattr(eager, "_packed_backward", counted)
+    xg = x.clone().requires_grad_(True)
+    layer(xg).sum().backward()
+    assert seen == [1]  # (outside the block: the plan's one backward call)
+    y = layer(xg)  # (the plan's forward; its backward runs under disabled() below)
+    with native.disabled():
+        fell_back(layer, x, calls)
+        fast = calls.fast
+        y.sum().backward()
+        layer(xg).sum().backward()
+        assert calls.fast == fast and seen == [1]
+    assert eager.plan_of(layer) is not None
+    with torch.no_grad():
+        before = calls.fast
+        layer(x)
+        assert calls.fast == before + 1  # (and the plan again after the block)
+
+
 def test_inference_mode(calls: Calls) -> None:
     layer = make()
     x = torch.randn(3, 96)
