@@ -72,7 +72,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Hashable
 from ctypes import addressof
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.nn.modules import module as _module_globals
@@ -270,7 +270,7 @@ class _Plan:
         # the backward's packed array (:meth:`backward_args`): None until the first backward
         # through the kernels asks, then the array, its address, the entry and what the array
         # points to, or False (none: the gradient kernels run)
-        self.bwd: tuple[native.PackedArgs, int, Any, tuple[T, ...]] | bool | None = None
+        self.bwd: tuple[native.PackedArgs, int, Any, tuple[T, ...]] | Literal[False] | None = None
 
     def holds(self, buffers: dict[str, Any], params: dict[str, Any], autocast: torch.dtype
               ) -> int:
@@ -385,7 +385,7 @@ class _Plan:
                 if packed is not None and entry is not None:
                     bwd = (packed[0], addressof(packed[0]), entry, packed[1])
             self.bwd = bwd
-        return None if bwd is False or bwd is True else bwd
+        return bwd or None
 
     def backward_failed(self) -> None:
         """The library refused the packed backward (no kernel for these operands): the
@@ -505,13 +505,13 @@ class _FastLinear(torch.autograd.Function):
                                        need_b)
                 if got is not None:
                     return got
-            if plan.kind == _AUTOCAST and x.dtype is not _BF16:
-                x = x.to(_BF16)  # (as the forward read it)
-            gx, gv = _kernel_gradients(plan, g2, x, vals, x_dtype, need_x, need_v)
+            holds = True
         else:  # the gradient operators, which confirm (or validate) the members themselves
-            if plan.kind == _AUTOCAST and x.dtype is not _BF16:
-                x = x.to(_BF16)
-            gx, gv = _operator_gradients(plan, g2, x, vals, need_x, need_v)
+            holds = False
+        if plan.kind == _AUTOCAST and x.dtype is not _BF16:
+            x = x.to(_BF16)  # (as the forward read it)
+        gx, gv = (_kernel_gradients(plan, g2, x, vals, x_dtype, need_x, need_v) if holds
+                  else _operator_gradients(plan, g2, x, vals, need_x, need_v))
         gb = blockkernels.bias_grad(g2) if need_b else None
         if plan.kind == _AUTOCAST:  # (to the float32 parameters and input, as autocast's;
             # no-ops where the kernels wrote them so)
@@ -582,8 +582,8 @@ def _packed_backward(plan: _Plan, bwd: tuple[native.PackedArgs, int, Any, tuple[
         if rc == native.E_NOKERNEL:
             plan.backward_failed()
         return None
-    if need_b and not native_sum:
-        gb = g2.sum(0)
+    if need_b and not native_sum:  # (torch's sum, as bias_grad gives it)
+        gb = blockkernels.bias_grad(g2)
         if autocast:
             gb = gb.to(plan.dtype)
     return gx, gv, gb, None, None, None
