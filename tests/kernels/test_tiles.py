@@ -13,11 +13,11 @@ so that the large batches stay fast.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch
+from support.spies import in_threads
 from test_blocks import check_all, close, pattern, random_mask
 
 from safesparse.kernels import blocks as bk
@@ -26,27 +26,6 @@ from safesparse.kernels import native
 BUILT = native.status().native
 LAYOUTS = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
 BATCHES = (1, 2, 3, 8, 15, 16, 17, 31, 32, 33, 255, 4096)
-
-
-def in_threads(run: Callable[[int], None], n: int) -> None:
-    """``run(0)`` ... ``run(n - 1)`` in ``n`` threads at once; returns when all have ended,
-    raising the first exception a thread raised (a thread's exception is otherwise only
-    printed, and the test would pass without having run)."""
-    errors: list[BaseException] = []
-
-    def guarded(t: int) -> None:
-        try:
-            run(t)
-        except BaseException as err:  # (re-raised in the test's thread below)
-            errors.append(err)
-
-    threads = [threading.Thread(target=guarded, args=(t,)) for t in range(n)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    if errors:
-        raise errors[0]
 
 
 def _paths() -> list[str]:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.spies import Spy, in_threads
 from torch import nn
 
 import safesparse as ss
@@ -37,27 +38,11 @@ MODES = {"float32": (torch.float32, False, torch.float32),
          "autocast, bfloat16 input": (torch.float32, True, torch.bfloat16)}
 
 
-class Packed:
-    """Counts the packed backward's calls and those that computed the gradients."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.done = 0
-
-
 @pytest.fixture
-def packed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Packed]:
-    seen = Packed()
-    run = eager._packed_backward
-
-    def counted(*args: Any) -> Any:
-        seen.calls += 1
-        got = run(*args)
-        seen.done += got is not None
-        return got
-
-    monkeypatch.setattr(eager, "_packed_backward", counted)
-    yield seen
+def packed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Spy]:
+    """Counts the packed backward's calls (``calls``) and those that computed the gradients
+    (``done``)."""
+    yield Spy(monkeypatch, eager, "_packed_backward")
 
 
 def make(layout: str = "bsr", bias: bool = True, dtype: torch.dtype = torch.float32,
@@ -91,7 +76,7 @@ def assert_same(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -
 @pytest.mark.parametrize("layout", ["bsr", "bsc"])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_packed_backward_is_the_operators_backward(packed: Packed, mode: str, bias: bool,
+def test_packed_backward_is_the_operators_backward(packed: Spy, mode: str, bias: bool,
                                                     layout: str) -> None:
     dtype, autocast, x_dtype = MODES[mode]
     layer = make(layout, bias, dtype)
@@ -109,7 +94,7 @@ def test_packed_backward_is_the_operators_backward(packed: Packed, mode: str, bi
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_expanded_gradient(packed: Packed, mode: str) -> None:
+def test_expanded_gradient(packed: Spy, mode: str) -> None:
     """A gradient that is one row expanded (``y.sum()``'s): the fast path sums it made
     contiguous, the operators' ``bias_grad`` too (the order of torch's sums depends on the
     strides): the same bits."""
@@ -128,7 +113,7 @@ def test_expanded_gradient(packed: Packed, mode: str) -> None:
         assert_same(got, grads(layer, x, g, autocast, proving=True))
 
 
-def test_large_autocast_input_and_other_dimensions(packed: Packed) -> None:
+def test_large_autocast_input_and_other_dimensions(packed: Spy) -> None:
     """An input above the size the library rounds in its call (torch rounds it in the forward),
     a 3-D and a 1-D input, under autocast and not."""
     layer = make(size=(64, 512))
@@ -143,7 +128,7 @@ def test_large_autocast_input_and_other_dimensions(packed: Packed) -> None:
         assert_same(got, grads(layer, x, g, autocast, proving=True))
 
 
-def test_built_at_the_first_backward_and_kept(packed: Packed) -> None:
+def test_built_at_the_first_backward_and_kept(packed: Spy) -> None:
     layer = make()
     x, g = torch.randn(4, 96), torch.randn(4, 64)
     grads(layer, x, g)
@@ -158,7 +143,7 @@ def test_built_at_the_first_backward_and_kept(packed: Packed) -> None:
     assert plan.bwd is held and packed.done == 2
 
 
-def test_only_the_gradients_asked_for(packed: Packed) -> None:
+def test_only_the_gradients_asked_for(packed: Spy) -> None:
     """An input that needs no gradient, frozen values, a frozen bias: the same results."""
     layer = make()
     x, g = torch.randn(5, 96), torch.randn(5, 64)
@@ -174,7 +159,7 @@ def test_only_the_gradients_asked_for(packed: Packed) -> None:
     assert packed.done == 2
 
 
-def test_index_write_between_forward_and_backward_falls_back(packed: Packed) -> None:
+def test_index_write_between_forward_and_backward_falls_back(packed: Spy) -> None:
     """A write through an alias of the index memory voids the proof: the gradient operators
     run and validate (a valid rewrite: the same results; an invalid one: refused)."""
     layer = make()
@@ -199,7 +184,7 @@ def test_index_write_between_forward_and_backward_falls_back(packed: Packed) -> 
     assert packed.calls == before
 
 
-def test_values_replaced_between_forward_and_backward_falls_back(packed: Packed) -> None:
+def test_values_replaced_between_forward_and_backward_falls_back(packed: Spy) -> None:
     layer = make()
     x, g = torch.randn(3, 96), torch.randn(3, 64)
     grads(layer, x, g)
@@ -212,7 +197,7 @@ def test_values_replaced_between_forward_and_backward_falls_back(packed: Packed)
     assert_same(got, grads(layer, x, g, proving=True))  # (the new values)
 
 
-def test_thread_count_changed_between_forward_and_backward(packed: Packed) -> None:
+def test_thread_count_changed_between_forward_and_backward(packed: Spy) -> None:
     layer = make()
     x, g = torch.randn(3, 96), torch.randn(3, 64)
     grads(layer, x, g)
@@ -230,7 +215,7 @@ def test_thread_count_changed_between_forward_and_backward(packed: Packed) -> No
     assert_same(got, want)
 
 
-def test_other_threads_read_their_own_array(packed: Packed) -> None:
+def test_other_threads_read_their_own_array(packed: Spy) -> None:
     """Backwards racing in several threads (the plan built in this one): each its results."""
     layer = make()
     xs = [torch.randn(n, 96) for n in (1, 3, 8, 17)]
@@ -238,24 +223,14 @@ def test_other_threads_read_their_own_array(packed: Packed) -> None:
     grads(layer, xs[0], gs[0])
     want = [grads(layer, x, g, proving=True) for x, g in zip(xs, gs, strict=True)]
     bad: list[int] = []
-    errors: list[BaseException] = []
 
     def work(i: int) -> None:
-        try:
-            for _ in range(50):
-                got = grads(layer, xs[i], gs[i])
-                if not all(torch.equal(a, b) for a, b in zip(got, want[i], strict=True)):
-                    bad.append(i)
-        except BaseException as exc:  # (re-raised below)
-            errors.append(exc)
+        for _ in range(50):
+            got = grads(layer, xs[i], gs[i])
+            if not all(torch.equal(a, b) for a, b in zip(got, want[i], strict=True)):
+                bad.append(i)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    in_threads(work, len(xs))
     assert not bad and packed.done >= 200
 
 
@@ -276,7 +251,7 @@ def test_backward_in_another_thread() -> None:
     assert_same(out[0], want)
 
 
-def test_refused_operands_take_the_gradient_kernels(packed: Packed) -> None:
+def test_refused_operands_take_the_gradient_kernels(packed: Spy) -> None:
     """Blocks narrower than the library's values-gradient kernels take (2 x 2, float32): the
     packed call is refused once, then the gradient kernels run; the same results."""
     layer = make(block=2)

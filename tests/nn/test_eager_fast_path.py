@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.spies import Spy
 from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -30,34 +31,25 @@ pytestmark = pytest.mark.skipif(not native.available(),
 
 
 class Calls:
-    """Counts the fast path's products and the proving path's calls."""
+    """Counts the fast path's products (``fast``) and the proving path's calls (``proving``)."""
 
-    def __init__(self) -> None:
-        self.fast = 0
-        self.proving = 0
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._run = Spy(monkeypatch, eager._Plan, "run")
+        self._proving = (Spy(monkeypatch, fwd, "linear_operators"),
+                         Spy(monkeypatch, fwd, "matmul_operators"))
+
+    @property
+    def fast(self) -> int:
+        return self._run.calls
+
+    @property
+    def proving(self) -> int:
+        return sum(spy.calls for spy in self._proving)
 
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
-    seen = Calls()
-    run, lin, mm = eager._Plan.run, fwd.linear_operators, fwd.matmul_operators
-
-    def counted_run(self: Any, *args: Any) -> Any:
-        seen.fast += 1
-        return run(self, *args)
-
-    def counted_linear(*args: Any) -> Any:
-        seen.proving += 1
-        return lin(*args)
-
-    def counted_matmul(*args: Any) -> Any:
-        seen.proving += 1
-        return mm(*args)
-
-    monkeypatch.setattr(eager._Plan, "run", counted_run)
-    monkeypatch.setattr(fwd, "linear_operators", counted_linear)
-    monkeypatch.setattr(fwd, "matmul_operators", counted_matmul)
-    yield seen
+    yield Calls(monkeypatch)
 
 
 def make(layout: str = "bsr", bias: bool = True, dtype: torch.dtype = torch.float32,
