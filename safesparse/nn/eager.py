@@ -17,7 +17,8 @@ skips nothing whose answer could have changed, all re-checked in O(1) per call:
   ``fork()`` (:mod:`safesparse.base.forking`), not in debug mode, the native library not
   turned off (:func:`safesparse.kernels.native.disabled`);
 * the input: an exact CPU ``torch.Tensor`` (no subclass, no ``SafeSparseTensor``) of the
-  plan's dtype, contiguous, of the layer's width;
+  plan's dtype, contiguous, of the layer's width, whose memory holds its values (no negative
+  view: its memory holds ``-x``; no zero tensor: it has none);
 * the module's members: the very buffer and parameter objects (read from the module's own
   dicts, never through ``nn.Module.__getattr__``), at the same data address and shape; the
   values' and bias's address, shape, strides and dtype (the kernel reads them in place: a
@@ -83,7 +84,7 @@ from ..base.layouts import BLOCK_LAYOUTS, extents
 from ..kernels import blocks as blockkernels
 from ..kernels import native
 from ..kernels.pattern import matrix
-from ..operators.autograd import LINEAR, SparseProduct, gradients
+from ..operators.autograd import LINEAR, SparseProduct, again, apply, gradients
 from ..operators.library import linear_grad_input, linear_grad_values
 from ..state import checked, members_proof
 
@@ -112,6 +113,8 @@ _ident = threading.get_ident
 _empty = torch.empty
 _default_dtype = torch.get_default_dtype
 _Module = torch.nn.Module
+#: the parameters' types the plan reads (no ``__torch_function__`` of their own)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 #: ``nn.Module.__call__`` as torch defines it (``torch.fx``'s symbolic trace replaces it while
 #: it traces), and the global hooks it runs (dicts torch fills and empties in place)
 _MODULE_CALL = torch.nn.Module.__call__
@@ -173,7 +176,8 @@ def plan_of(module: torch.nn.Module) -> Any:
 def forward_only(module: torch.nn.Module, forward: Callable[..., Any]) -> bool:
     """Whether ``nn.Module.__call__`` would call nothing but ``forward`` (the class's) on
     ``module`` now: no hook of the module's own or global (forward, backward, pre), no
-    ``forward`` set on the instance, no ``module.compile()``, no ``torch.jit.trace``, no
+    ``forward`` set on the instance, no ``_call_impl`` of a subclass or set on the instance
+    (``nn.Module.__call__`` calls it), no ``module.compile()``, no ``torch.jit.trace``, no
     profiler running (it names modules by ``nn.Module.__call__``'s frames), and
     ``nn.Module.__call__`` torch's own. The modules' ``__call__`` then calls the forward's
     eager path directly (:func:`safesparse.nn.forward.linear_call`)."""
@@ -183,6 +187,7 @@ def forward_only(module: torch.nn.Module, forward: Callable[..., Any]) -> bool:
         return not (d["_forward_pre_hooks"] or d["_forward_hooks"] or d["_backward_pre_hooks"]
                     or d["_backward_hooks"] or hooks[0] or hooks[1] or hooks[2] or hooks[3]
                     or "forward" in d or d.get("_compiled_call_impl") is not None
+                    or "_call_impl" in d or type(module)._call_impl is not _Module._call_impl
                     or type(module).forward is not forward or _Module.__call__ is not _MODULE_CALL
                     or _tracing() is not None or _profiling())
     except KeyError:  # (a module whose __init__ did not run: nn.Module.__call__ says what)
@@ -328,9 +333,12 @@ class _Plan:
             x = x.to(_F32)
             y = _empty(*y_shape, dtype=self.y_dtype)
         try:
-            args[_SLOT_X] = x.data_ptr()
+            ptr = x.data_ptr()
         except RuntimeError:  # (no storage: a functorch wrapper that outlived its transform)
             return None
+        if not ptr:  # (no memory: a zero tensor, ``torch._efficientzerotensor``)
+            return None
+        args[_SLOT_X] = ptr
         args[_SLOT_N] = n
         args[_SLOT_Y] = y.data_ptr()
         if not self.batch_major:
@@ -405,9 +413,11 @@ def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan
     buffers, params = module._buffers, module._parameters
     c, p = buffers.get("compressed_indices"), buffers.get("plain_indices")
     v, b = params.get("values"), params.get("bias") if batch_major else None
-    if (not isinstance(c, _Tensor) or not isinstance(p, _Tensor) or not isinstance(v, _Tensor)
+    # (members of a tensor subclass decide what the operators read, in their
+    # ``__torch_function__``: the plan, which reads their memory, never runs over them)
+    if (type(c) is not _Tensor or type(p) is not _Tensor or type(v) not in _PLAIN
             or v.device.type != "cpu" or p.numel() == 0 or v.dtype not in _FAST_DTYPES
-            or (b is not None and (not isinstance(b, _Tensor) or b.dtype is not v.dtype))):
+            or (b is not None and (type(b) not in _PLAIN or b.dtype is not v.dtype))):
         return None
     if autocast is _F32:
         if v.dtype is not x.dtype:
@@ -463,7 +473,9 @@ class _FastLinear(torch.autograd.Function):
     backward runs in bfloat16 from what the forward read (the input rounded once, the plan's
     copy of the values) and the gradients reach the float32 parameters and input converted,
     as autocast's own casts would (written so by the kernels: their bfloat16 rounding
-    widened, no cast pass)."""
+    widened, no cast pass). A gradient given as a negative view or a zero tensor is read as
+    the values it stands for; with ``create_graph=True`` the gradients are tied to
+    :class:`_Again`, so that differentiating them again raises the operators' error."""
 
     @staticmethod
     def forward(ctx: Any, x: T, v: T, b: T | None, plan: _Plan, n: int,
@@ -485,8 +497,14 @@ class _FastLinear(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, g: T) -> tuple[T | None, ...]:
+        if _grad_enabled():  # create_graph=True: computed without a graph, then tied to
+            with torch.no_grad():  # one whose gradient raises (:class:`_Again`)
+                first = _FastLinear.backward(ctx, g)
+            return _again(ctx, g, first)
+        if g.is_neg() or g._is_zerotensor():  # (the kernels read memory: a negative view's
+            # holds -g, a zero tensor has none)
+            g = g.resolve_neg() if g.is_neg() else torch.zeros(g.shape, dtype=g.dtype)
         x, vals = ctx.saved_tensors
         plan: _Plan
         plan, x_shape, x_dtype = ctx.meta
@@ -519,6 +537,35 @@ class _FastLinear(torch.autograd.Function):
             gb = None if gb is None else gb.to(plan.dtype)
         return (None if gx is None else gx.view(x_shape).to(x_dtype)), gv, gb, \
             None, None, None
+
+
+class _Again(torch.autograd.Function):
+    """The plan's gradients computed with ``create_graph=True`` (``forward(grads, *operands)``
+    returns the tensors of the tuple ``grads``: outputs of their own, not views), tied to what
+    they depend on (the output's gradient, the input and values the forward read, the
+    parameters): differentiating them again raises the operators' error
+    (:func:`safesparse.operators.autograd.again`), never finds them unused (a second
+    derivative of None)."""
+
+    @staticmethod
+    def forward(ctx: Any, grads: tuple[T, ...], *operands: T) -> tuple[T, ...]:
+        return grads
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        raise again()
+
+
+def _again(ctx: Any, g: T, got: tuple[T | None, ...]) -> tuple[T | None, ...]:
+    """:class:`_Again` over the gradients ``got`` of ``_FastLinear.backward``."""
+    grads = [t for t in got[:3] if t is not None]
+    if not grads:
+        return got
+    x, vals = ctx.saved_tensors
+    plan: _Plan = ctx.meta[0]
+    deps = (g, x, vals, plan.v) if plan.b is None else (g, x, vals, plan.v, plan.b)
+    out = iter(apply(_Again, tuple(grads), *deps))
+    return (*(None if t is None else next(out) for t in got[:3]), *got[3:])
 
 
 _GradOut = tuple[T | None, T | None, T | None, None, None, None]
@@ -681,7 +728,7 @@ def _held(module: Any, x: T, shape: torch.Size, autocast: torch.dtype, batch_maj
         return None
     dtype = x.dtype
     if ((dtype is not plan.x_dtype and dtype is not plan.x_alt) or not x.is_cpu
-            or not x.is_contiguous()):
+            or not x.is_contiguous() or x.is_neg()):  # (negative bit: its memory holds -x)
         return None
     if batch_major:  # (linear: (..., width); matmul: (width,) or (width, N))
         if not shape or shape[-1] != plan.width:

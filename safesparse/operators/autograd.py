@@ -41,7 +41,7 @@ from .library import (
 )
 
 __all__ = ["LINEAR", "MATMUL", "PRODUCTS", "LinearFunction", "MatmulFunction", "SparseProduct",
-           "apply", "gradients"]
+           "again", "apply", "gradients"]
 
 T = torch.Tensor
 
@@ -100,6 +100,13 @@ def apply(fn: type[torch.autograd.Function], *args: Any) -> Any:
     return fn.apply(*args)  # type: ignore[no-untyped-call]
 
 
+def again() -> RuntimeError:
+    """The error of differentiating a safesparse product's gradient again (the gradients'
+    own backward: the operators' here, the eager fast path's in ``safesparse.nn.eager``)."""
+    return RuntimeError("safesparse: differentiating the gradient of a safesparse product "
+                        "again is not supported")
+
+
 class _Function(torch.autograd.Function):
     """An operator as an ``autograd.Function`` with ``setup_context`` (``torch.func``
     transforms only those; the one ``register_autograd`` makes has none) and a batching rule
@@ -113,8 +120,7 @@ class _Function(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
-        raise RuntimeError("safesparse: differentiating the gradient of a safesparse product "
-                           "again is not supported")
+        raise again()
 
 
 class _LinearGradInput(_Function):
