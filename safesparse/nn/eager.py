@@ -37,7 +37,8 @@ skips nothing whose answer could have changed, all re-checked in O(1) per call:
 Any change falls back to the operators, which validate what they cannot prove (refusing only
 invalid data) and, once they succeeded, the plan is built again. Members the state cannot
 watch (shared memory, inference tensors, index buffers DDP broadcasts) are never proven, so
-they never get a plan.
+they never get a plan; nor do members of a tensor subclass (its ``__torch_function__`` decides
+what the operators read) or a strided bias (the array would read a copy of it).
 
 Under ``torch.autocast("cpu", dtype=torch.bfloat16)`` a float32 layer's plan runs the bfloat16
 kernels (:func:`safesparse.kernels.native.pack_product` with bfloat16 operands) on a cached
@@ -414,10 +415,12 @@ def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan
     c, p = buffers.get("compressed_indices"), buffers.get("plain_indices")
     v, b = params.get("values"), params.get("bias") if batch_major else None
     # (members of a tensor subclass decide what the operators read, in their
-    # ``__torch_function__``: the plan, which reads their memory, never runs over them)
+    # ``__torch_function__``: the plan, which reads their memory, never runs over them; a
+    # strided bias would be read from a contiguous copy, which no counter keys)
     if (type(c) is not _Tensor or type(p) is not _Tensor or type(v) not in _PLAIN
             or v.device.type != "cpu" or p.numel() == 0 or v.dtype not in _FAST_DTYPES
-            or (b is not None and (type(b) not in _PLAIN or b.dtype is not v.dtype))):
+            or (b is not None and (type(b) not in _PLAIN or b.dtype is not v.dtype
+                                   or not b.is_contiguous()))):
         return None
     if autocast is _F32:
         if v.dtype is not x.dtype:

@@ -197,6 +197,26 @@ def test_subclass_members_take_the_operators(calls: Calls, member: str) -> None:
         assert torch.equal(y, want)
 
 
+
+def test_strided_bias_written_in_place_is_read(calls: Calls) -> None:
+    """A bias that is a strided view (``nn.Parameter(big[::2])``, a ``.data =``) is written
+    in place (an optimizer step): the next call adds the new bias (before: the plan's array
+    pointed at a contiguous copy of it made when the plan was built, and a plan that reads
+    its members in place keys no counter of theirs: the old bias, silently)."""
+    layer = make()
+    strided = torch.zeros(128)[::2]
+    strided.copy_(layer.bias.detach())  # type: ignore[union-attr]
+    layer.bias = nn.Parameter(strided)
+    assert not layer.bias.is_contiguous()
+    for n in (1, 3, 40):
+        x = torch.randn(n, 96)
+        with torch.no_grad():
+            for _ in range(3):
+                layer(x)
+            layer.bias.add_(1)
+            torch.testing.assert_close(layer(x), proving(layer, x))
+
+
 # ---------------------------------------------------------------------------------------------
 # Writes to the values that move no counter
 
