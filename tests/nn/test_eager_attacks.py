@@ -217,6 +217,24 @@ def test_strided_bias_written_in_place_is_read(calls: Calls) -> None:
             torch.testing.assert_close(layer(x), proving(layer, x))
 
 
+
+def test_plan_dropped_when_moved_to_shared_memory(calls: Calls) -> None:
+    """A layer holding a plan, then ``share_memory()`` (a DataLoader or ``mp.Queue`` hand-off):
+    another process may now write the index memory without moving a counter here, so the
+    plan never holds again and no plan is built on it (the members are validated at each
+    use); the results are the operators'."""
+    layer = make()
+    x = torch.randn(3, 96)
+    warm(layer, x, calls)
+    layer.share_memory()
+    assert layer.plain_indices.is_shared()
+    fast = calls.fast
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(layer(x), proving(layer, x))
+    assert calls.fast == fast and eager.plan_of(layer) is None
+
+
 # ---------------------------------------------------------------------------------------------
 # Writes to the values that move no counter
 
