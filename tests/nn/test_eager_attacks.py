@@ -235,6 +235,31 @@ def test_plan_dropped_when_moved_to_shared_memory(calls: Calls) -> None:
     assert calls.fast == fast and eager.plan_of(layer) is None
 
 
+
+@pytest.mark.parametrize("layout", ["bsr", "bsc"])
+def test_checkpoint_loaded_into_a_planned_layer(calls: Calls, layout: str) -> None:
+    """``load_state_dict`` of another pattern with as many blocks (copied into the buffers in
+    place) into a layer holding a plan: the next calls compute with the loaded pattern, on a
+    plan again (a BSC plan reads a row-wise copy of its pattern, made from the proof: it must
+    be the loaded pattern's, never the old one's)."""
+    layer = make(layout)
+    x = torch.randn(5, 96)
+    warm(layer, x, calls)
+    dense = layer.weight.to_dense().roll(16, dims=1)  # (the same blocks, other columns)
+    w = dense.to_sparse_bsr((16, 16)) if layout == "bsr" else dense.to_sparse_bsc((16, 16))
+    other = SparseLinear(w, layer.bias.detach() * 2)  # type: ignore[union-attr]
+    assert other.plain_indices.shape == layer.plain_indices.shape
+    assert not torch.equal(other.plain_indices, layer.plain_indices)
+    layer.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        want = x @ dense.T + other.bias
+        for _ in range(3):
+            torch.testing.assert_close(layer(x), want)
+        fast = calls.fast
+        torch.testing.assert_close(layer(x), want)
+    assert calls.fast == fast + 1
+
+
 # ---------------------------------------------------------------------------------------------
 # Writes to the values that move no counter
 
