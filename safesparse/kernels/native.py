@@ -57,7 +57,7 @@ _HERE = Path(__file__).resolve().parent
 LIB_FILE = "_blockprod.native.so"
 #: The interface version these bindings are written for (csrc/blockprod.h's SS_ABI_VERSION;
 #: tests/kernels/test_interface.py checks both, and every binding, against the header).
-_ABI = 4
+_ABI = 5
 #: torch dtype -> the library's dtype code, read from the library (``ss_dtype_names``) at load
 _DTYPES: dict[torch.dtype, int] = {}
 _ISA_NAMES = {0: "none", 1: "avx2+fma", 2: "avx512f"}
@@ -144,6 +144,8 @@ def _bind(lib: Any) -> None:
     """The ctypes signatures of the library's entry points (csrc/blockprod.h)."""
     lib.ss_abi_version.restype = _int
     lib.ss_abi_version.argtypes = []
+    lib.ss_fingerprint.restype = ctypes.c_uint64
+    lib.ss_fingerprint.argtypes = [_ptr, _i64]
     lib.ss_dtype_names.restype = ctypes.c_char_p
     lib.ss_dtype_names.argtypes = []
     lib.ss_isa.restype = _int
@@ -515,6 +517,15 @@ def prepacked(args: PackedArgs, values: T) -> tuple[PackedArgs, T] | None:
     out[_SLOT_VALS] = copy.data_ptr()
     out[_SLOT_SP], out[_SLOT_SA], out[_SLOT_SB] = r * c, 1, r
     return out, copy
+
+
+def fingerprint(t: T) -> int:
+    """A 64-bit fingerprint of the contiguous CPU tensor ``t``'s memory (``ss_fingerprint``,
+    csrc/fingerprint.h; one pass at the caches' read rate): what the eager plans of
+    ``safesparse.nn`` compare, at each call that reads their copy of a layer's values, with the
+    one taken when they made it, to see a write that moved no version counter (through
+    ``.data``, NumPy, another process). Only where :func:`available`."""
+    return int(_lib.ss_fingerprint(t.data_ptr(), t.numel() * t.element_size()))
 
 
 def packed_entry() -> Any:

@@ -397,6 +397,7 @@ def test_eager_fast_path_runs_the_bf16_kernel(monkeypatch: pytest.MonkeyPatch) -
     from torch import nn
 
     from safesparse.nn import SparseLinear, eager
+    from safesparse.nn import plan as plan_mod
 
     torch.manual_seed(4)
     layer = SparseLinear.from_dense(nn.Linear(96, 80).to(torch.bfloat16), 16, 0.4)
@@ -404,7 +405,7 @@ def test_eager_fast_path_runs_the_bf16_kernel(monkeypatch: pytest.MonkeyPatch) -
     with torch.no_grad():
         first = layer(x)                          # the proving call, then a plan
         plan = eager.plan_of(layer)
-        assert plan is not None and plan.x_dtype == torch.bfloat16 and plan.kind == eager._DIRECT
+        assert plan is not None and plan.x_dtype == torch.bfloat16 and plan.kind == plan_mod._DIRECT
         assert plan.args[23] == native._DTYPES[torch.bfloat16]
         monkeypatch.setattr(torch.Tensor, "to", lambda *a, **k: pytest.fail("a copy per call"))
         fast = layer(x)

@@ -1,8 +1,9 @@
 """The native library's declared interface (csrc/blockprod.h) and its ctypes bindings agree.
 
 Claims: every function ``native._bind`` binds is declared in ``blockprod.h`` with the same
-argument and result types (``int64_t`` -> ``c_int64``, ``int`` -> ``c_int``, pointers ->
-``c_void_p``, ``const char *`` -> ``c_char_p``, ``void`` -> None), and every declared function
+argument and result types (``int64_t`` -> ``c_int64``, ``uint64_t`` -> ``c_uint64``, ``int``
+-> ``c_int``, pointers -> ``c_void_p``, ``const char *`` -> ``c_char_p``, ``void`` -> None),
+and every declared function
 is bound; the bindings' ABI number is the header's ``SS_ABI_VERSION`` (and the built library's);
 the dtype codes come from the library, in the header's order; the SIMD mappings live in their
 own headers, and setup.py lists every header as a dependency of the extension.
@@ -34,7 +35,7 @@ def _ctype(decl: str) -> Any:
     if "*" in decl:
         return ctypes.c_void_p
     base = decl.replace("const", "").split()[0]
-    return {"int64_t": ctypes.c_int64, "int": ctypes.c_int}[base]
+    return {"int64_t": ctypes.c_int64, "uint64_t": ctypes.c_uint64, "int": ctypes.c_int}[base]
 
 
 def declarations() -> dict[str, tuple[Any, list[Any]]]:

@@ -899,3 +899,5 @@ int ss_linear_backward_packed(const int64_t *a)
     }
     return rc;
 }
+
+#include "fingerprint.h"

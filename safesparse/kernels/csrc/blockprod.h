@@ -14,7 +14,7 @@
 
 /* The version of this interface: native.py refuses a library whose ss_abi_version() differs
  * from the one its bindings were written for. */
-#define SS_ABI_VERSION 4
+#define SS_ABI_VERSION 5
 
 /* dtype codes; ss_dtype_names() lists torch's names for them in code order */
 enum { SS_DT_F32 = 0, SS_DT_F64 = 1, SS_DT_F16 = 2, SS_DT_BF16 = 3 };
@@ -35,6 +35,11 @@ enum { SS_ISA_NONE = 0, SS_ISA_AVX2 = 1, SS_ISA_AVX512 = 2 };
 
 int ss_abi_version(void);
 const char *ss_dtype_names(void);
+
+/* A 64-bit fingerprint of nbytes at data (csrc/fingerprint.h): what the eager plans of
+ * safesparse.nn compare to see a write to a layer's values that moved no version counter
+ * before they read a copy of the values */
+uint64_t ss_fingerprint(const void *data, int64_t nbytes);
 
 /* torch's OpenMP runtime (GOMP_parallel, omp_get_thread_num); 1 when both are set */
 int ss_set_runtime(void *parallel, void *thread_num);
