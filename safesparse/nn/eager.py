@@ -63,7 +63,7 @@ dtypes autocast's casts would give (written so by the kernels). A batch-1 float3
 three kernels about 25 us, the autograd engine about 40 us.
 
 What a batch-1 call costs (one thread, CPU time, 1024 x 1024, 10 % of 16 x 16 blocks, float32,
-no_grad, 13-14 us against nn.Linear's 85-120 us): the kernel 5.5-6 us (at the L2 read rate),
+no_grad, 13-14 us against nn.Linear's 82-120 us): the kernel 5.5-6 us (74-78 GB/s from L2),
 the output ``torch.empty`` 0.8 us, the layer's own ``__call__`` about 1 us (:func:`forward_only`:
 ``nn.Module.__call__`` and the ``forward`` take 0.4-0.6 us more), the context 0.6 us, the key
 about 3 us (the input 0.5, the module's members 1.1, the state's re-check 1.6: two
