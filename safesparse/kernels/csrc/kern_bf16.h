@@ -84,6 +84,18 @@ BF_INL __m512i bf_interleave(__m256i lo, __m256i hi)
                                      _mm512_castsi256_si512(hi));
 }
 
+/* acc + the pairs of w times the pair of bfloat16 at p (4 bytes, any alignment) in every lane:
+ * vdpbf16ps with its memory operand broadcast ({1to16}), one instruction. GCC does not fold a
+ * broadcast load into vdpbf16ps (it emits vpbroadcastd, then the product); the folded form made
+ * the batch-major product 2-5 % faster and the values gradient up to 2 % (batch 256, 1024 x 1024
+ * BSR 16 x 16, 5-25 %). The same 4 bytes are read as by the intrinsic's load. */
+typedef uint32_t bf_pair_t __attribute__((may_alias, aligned(2)));
+BF_INL __m512 bf_dp_pair(__m512 acc, __m512bh w, const void *p)
+{
+    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const bf_pair_t *)p));
+    return acc;
+}
+
 static inline __mmask16 bf_mask(int64_t k)
 {
     return k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (k > 0 ? k : 0)) - 1u);
@@ -276,20 +288,13 @@ BF_INL void bf_fwd_tile(const bfp_ctx *k, const uint32_t *pk, const int64_t *xof
         for (; t + K <= full; t += K)
             for (int kk = 0; kk < K; kk++) {
                 __m512bh wv = (__m512bh)_mm512_loadu_si512(w + (t + kk) * BF_LANES);
-                for (int nb = 0; nb < NB; nb++) {
-                    uint32_t pair;
-                    memcpy(&pair, xb + nb * xn + 2 * (t + kk), 4);
-                    acc[kk * NB + nb] = _mm512_dpbf16_ps(acc[kk * NB + nb], wv,
-                                                         (__m512bh)_mm512_set1_epi32((int)pair));
-                }
+                for (int nb = 0; nb < NB; nb++)
+                    acc[kk * NB + nb] = bf_dp_pair(acc[kk * NB + nb], wv,
+                                                   xb + nb * xn + 2 * (t + kk));
             }
         for (; t < full; t++) {
             __m512bh wv = (__m512bh)_mm512_loadu_si512(w + t * BF_LANES);
-            for (int nb = 0; nb < NB; nb++) {
-                uint32_t pair;
-                memcpy(&pair, xb + nb * xn + 2 * t, 4);
-                acc[nb] = _mm512_dpbf16_ps(acc[nb], wv, (__m512bh)_mm512_set1_epi32((int)pair));
-            }
+            for (int nb = 0; nb < NB; nb++) acc[nb] = bf_dp_pair(acc[nb], wv, xb + nb * xn + 2 * t);
         }
         if (c & 1) { /* the last column alone (its pair's other half is zero) */
             __m512bh wv = (__m512bh)_mm512_loadu_si512(w + full * BF_LANES);

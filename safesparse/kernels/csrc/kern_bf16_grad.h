@@ -94,8 +94,7 @@ BF_INL void bf_vg_tile(const bfv_ctx *k, const uint32_t *lpair, const uint16_t *
         }
         __m512bh xv = (__m512bh)bf_interleave(_mm256_maskz_loadu_epi16(mb, rp),
                                               _mm256_maskz_loadu_epi16(mb, rp + rn));
-        for (int ra = 0; ra < RT; ra++)
-            acc[ra] = _mm512_dpbf16_ps(acc[ra], xv, (__m512bh)_mm512_set1_epi32((int)lpair[ra]));
+        for (int ra = 0; ra < RT; ra++) acc[ra] = bf_dp_pair(acc[ra], xv, lpair + ra);
     }
     if (N & 1) { /* the last batch row alone */
         __m512bh xv = (__m512bh)bf_interleave(_mm256_maskz_loadu_epi16(mb, rp),
