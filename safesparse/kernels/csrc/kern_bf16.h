@@ -5,8 +5,8 @@
  *
  * No float32 copy of the values, the input or the gradient: the values are packed (blocks in
  * bfloat16, pairs along the contracted dimension): batch-major, once per call by groups of
- * block rows sized for L2, then row tiles of the batch run every block row of a group with the
- * next tile's rows prefetched as a stream (bf_tiled_product); feature-major, per task (a block
+ * block rows sized for L2, then row tiles of the batch run every block row of a group, the input
+ * rows of a block prefetched a few tiles ahead (bf_tiled_product); feature-major, per task (a block
  * row's blocks) into a per-thread buffer; the input and the gradient are read in place (pairs
  * broadcast, or interleaved in registers along the batch for the values gradient). Products
  * served:
@@ -476,45 +476,16 @@ static BF_TARGET void bf_fwd_task(void *vctx, int64_t task, int tid)
 /* The row-tiled batch-major product: the blocks of a group of block rows packed once (each
  * block row's blocks by one task), then tasks of trows batch rows that run every block row of
  * the group, so that the tile of X and of Y stays in cache across the block rows and the
- * packed group (sized for L2) is read from cache by every tile. Each task prefetches the next
- * tile's rows of X and Y, a slice per block row: the operands come in as streams, not as one
- * 32-byte piece per row a row apart (what the hardware prefetchers miss, and what made a call
- * after another layer's step, its operands out of cache, 2x a warm one). */
-/* Lines [from, to) of the rows [n1, n2) of X (its used elements) and of Y (the group's
- * columns), X's first, prefetched (Y's for writing): hints, never read. */
-static inline void bf_prefetch_rows(const bfp_ctx *k, int64_t n1, int64_t n2, int64_t from,
-                                    int64_t to)
-{
-    const int64_t ysz = k->yf32 ? 4 : 2;
-    const int64_t xl = (k->n_bc * k->c * 2 + 63) / 64, yl = ((k->g1 - k->g0) * k->r * ysz + 63) / 64;
-    const int64_t nxl = (n2 - n1) * xl, nyl = (n2 - n1) * yl;
-    const char *xb = (const char *)k->x, *yb = (const char *)k->y + k->g0 * k->r * ysz;
-    if (to > nxl + nyl) to = nxl + nyl;
-    for (int64_t pf = from; pf < to; pf++) {
-        if (pf < nxl)
-            _mm_prefetch(xb + ((n1 + pf / xl) * k->xn) * 2 + (pf % xl) * 64, _MM_HINT_T0);
-        else
-            __builtin_prefetch(yb + ((n1 + (pf - nxl) / yl) * k->yn) * ysz + ((pf - nxl) % yl) * 64,
-                               1, 3);
-    }
-}
-
-/* the lines of the rows [n1, n2) of X and Y (bf_prefetch_rows) */
-static inline int64_t bf_row_lines(const bfp_ctx *k, int64_t n1, int64_t n2)
-{
-    const int64_t ysz = k->yf32 ? 4 : 2;
-    return (n2 - n1) * ((k->n_bc * k->c * 2 + 63) / 64 + ((k->g1 - k->g0) * k->r * ysz + 63) / 64);
-}
-
+ * packed group (sized for L2) is read from cache by every tile. The rows of X come in by the
+ * tile's own prefetch, BF_PF tiles ahead in each block's columns (bf_fwd_tile). A prefetch of
+ * the next row tile's lines, a share per block row, was never emitted (GCC deletes a loop of
+ * prefetch hints and nothing else) and, emitted as volatile assembly, made the product 5-10 %
+ * slower, warm or after a cache flush (batch 256, 1024 x 1024 BSR 16 x 16, 5-25 %): removed. */
 static BF_TARGET void bf_gpack_task(void *vctx, int64_t t, int tid)
 {
     (void)tid;
     bfp_ctx *k = (bfp_ctx *)vctx;
     const int64_t i = k->g0 + t, blk = k->nac * k->np * BF_LANES;
-    /* a share of the first tile's rows, while the blocks are packed */
-    const int64_t t1 = k->trows < k->N ? k->trows : k->N, nrows = k->g1 - k->g0;
-    const int64_t share = (bf_row_lines(k, 0, t1) + nrows - 1) / nrows;
-    bf_prefetch_rows(k, 0, t1, t * share, (t + 1) * share);
     for (int64_t q = k->rowp[i]; q < k->rowp[i + 1]; q++) {
         int64_t p = k->order ? k->order[q] : q;
         int64_t j = k->col[q];
@@ -532,13 +503,9 @@ static BF_TARGET void bf_tile_task(void *vctx, int64_t t, int tid)
     (void)tid;
     const bfp_ctx *k = (const bfp_ctx *)vctx;
     const int64_t n0 = t * k->trows, n1 = n0 + k->trows < k->N ? n0 + k->trows : k->N;
-    const int64_t blk = k->nac * k->np * BF_LANES, nrows = k->g1 - k->g0;
-    /* the next tile's rows, a share per block row */
-    const int64_t n2 = n1 + k->trows < k->N ? n1 + k->trows : k->N;
-    const int64_t share = (bf_row_lines(k, n1, n2) + nrows - 1) / nrows;
+    const int64_t blk = k->nac * k->np * BF_LANES;
     for (int64_t i = k->g0; i < k->g1; i++) {
         const int64_t q0 = k->rowp[i], nq = k->rowp[i + 1] - q0;
-        bf_prefetch_rows(k, n1, n2, (i - k->g0) * share, (i - k->g0 + 1) * share);
         const uint32_t *pk = k->gpk + (q0 - k->qg0) * blk;
         const int64_t *xoff = k->gxoff + (q0 - k->qg0);
         for (int64_t ac = 0; ac < k->nac; ac++)
