@@ -99,7 +99,9 @@ NATIVE = Extension(
     depends=["safesparse/kernels/csrc/blockprod.h", "safesparse/kernels/csrc/kern.h",
              "safesparse/kernels/csrc/kern_dtype_end.h", "safesparse/kernels/csrc/kern_isa_end.h",
              "safesparse/kernels/csrc/simd_avx512.h", "safesparse/kernels/csrc/simd_avx2.h",
-             "safesparse/kernels/csrc/kern_bf16.h", "safesparse/kernels/csrc/fingerprint.h"],
+             "safesparse/kernels/csrc/kern_bf16.h", "safesparse/kernels/csrc/kern_bf16_grad.h",
+             "safesparse/kernels/csrc/convert.h", "safesparse/kernels/csrc/region.h",
+             "safesparse/kernels/csrc/fingerprint.h"],
     extra_compile_args=["-O3", "-std=gnu11", "-fno-strict-aliasing"],
     optional=True,
 )

@@ -1,11 +1,12 @@
 /* bfloat16 products computed in bfloat16: AVX512_BF16 micro-kernels (vdpbf16ps, float32
  * accumulation, round to nearest even on output), included once at the end of blockprod.c
- * (they use its parallel region, run_tasks, and its instruction-set choice, ss_isa).
+ * (they use its parallel region, run_tasks, and its instruction-set choice, ss_isa); the
+ * gradients (the values gradient, the column sums) in kern_bf16_grad.h, which this one includes.
  *
  * No float32 copy of the values, the input or the gradient: the values are packed (blocks in
  * bfloat16, pairs along the contracted dimension): batch-major, once per call by groups of
- * block rows sized for L2, then row tiles of the batch run every block row of a group with the
- * next tile's rows prefetched as a stream (bf_tiled_product); feature-major, per task (a block
+ * block rows sized for L2, then row tiles of the batch run every block row of a group, the input
+ * rows of a block prefetched a few tiles ahead (bf_tiled_product); feature-major, per task (a block
  * row's blocks) into a per-thread buffer; the input and the gradient are read in place (pairs
  * broadcast, or interleaved in registers along the batch for the values gradient). Products
  * served:
@@ -81,6 +82,18 @@ BF_INL __m512i bf_interleave(__m256i lo, __m256i hi)
                                          32, 0);
     return _mm512_permutex2var_epi16(_mm512_castsi256_si512(lo), idx,
                                      _mm512_castsi256_si512(hi));
+}
+
+/* acc + the pairs of w times the pair of bfloat16 at p (4 bytes, any alignment) in every lane:
+ * vdpbf16ps with its memory operand broadcast ({1to16}), one instruction. GCC does not fold a
+ * broadcast load into vdpbf16ps (it emits vpbroadcastd, then the product); the folded form made
+ * the batch-major product 2-5 % faster and the values gradient up to 2 % (batch 256, 1024 x 1024
+ * BSR 16 x 16, 5-25 %). The same 4 bytes are read as by the intrinsic's load. */
+typedef uint32_t bf_pair_t __attribute__((may_alias, aligned(2)));
+BF_INL __m512 bf_dp_pair(__m512 acc, __m512bh w, const void *p)
+{
+    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const bf_pair_t *)p));
+    return acc;
 }
 
 static inline __mmask16 bf_mask(int64_t k)
@@ -275,20 +288,13 @@ BF_INL void bf_fwd_tile(const bfp_ctx *k, const uint32_t *pk, const int64_t *xof
         for (; t + K <= full; t += K)
             for (int kk = 0; kk < K; kk++) {
                 __m512bh wv = (__m512bh)_mm512_loadu_si512(w + (t + kk) * BF_LANES);
-                for (int nb = 0; nb < NB; nb++) {
-                    uint32_t pair;
-                    memcpy(&pair, xb + nb * xn + 2 * (t + kk), 4);
-                    acc[kk * NB + nb] = _mm512_dpbf16_ps(acc[kk * NB + nb], wv,
-                                                         (__m512bh)_mm512_set1_epi32((int)pair));
-                }
+                for (int nb = 0; nb < NB; nb++)
+                    acc[kk * NB + nb] = bf_dp_pair(acc[kk * NB + nb], wv,
+                                                   xb + nb * xn + 2 * (t + kk));
             }
         for (; t < full; t++) {
             __m512bh wv = (__m512bh)_mm512_loadu_si512(w + t * BF_LANES);
-            for (int nb = 0; nb < NB; nb++) {
-                uint32_t pair;
-                memcpy(&pair, xb + nb * xn + 2 * t, 4);
-                acc[nb] = _mm512_dpbf16_ps(acc[nb], wv, (__m512bh)_mm512_set1_epi32((int)pair));
-            }
+            for (int nb = 0; nb < NB; nb++) acc[nb] = bf_dp_pair(acc[nb], wv, xb + nb * xn + 2 * t);
         }
         if (c & 1) { /* the last column alone (its pair's other half is zero) */
             __m512bh wv = (__m512bh)_mm512_loadu_si512(w + full * BF_LANES);
@@ -470,45 +476,16 @@ static BF_TARGET void bf_fwd_task(void *vctx, int64_t task, int tid)
 /* The row-tiled batch-major product: the blocks of a group of block rows packed once (each
  * block row's blocks by one task), then tasks of trows batch rows that run every block row of
  * the group, so that the tile of X and of Y stays in cache across the block rows and the
- * packed group (sized for L2) is read from cache by every tile. Each task prefetches the next
- * tile's rows of X and Y, a slice per block row: the operands come in as streams, not as one
- * 32-byte piece per row a row apart (what the hardware prefetchers miss, and what made a call
- * after another layer's step, its operands out of cache, 2x a warm one). */
-/* Lines [from, to) of the rows [n1, n2) of X (its used elements) and of Y (the group's
- * columns), X's first, prefetched (Y's for writing): hints, never read. */
-static inline void bf_prefetch_rows(const bfp_ctx *k, int64_t n1, int64_t n2, int64_t from,
-                                    int64_t to)
-{
-    const int64_t ysz = k->yf32 ? 4 : 2;
-    const int64_t xl = (k->n_bc * k->c * 2 + 63) / 64, yl = ((k->g1 - k->g0) * k->r * ysz + 63) / 64;
-    const int64_t nxl = (n2 - n1) * xl, nyl = (n2 - n1) * yl;
-    const char *xb = (const char *)k->x, *yb = (const char *)k->y + k->g0 * k->r * ysz;
-    if (to > nxl + nyl) to = nxl + nyl;
-    for (int64_t pf = from; pf < to; pf++) {
-        if (pf < nxl)
-            _mm_prefetch(xb + ((n1 + pf / xl) * k->xn) * 2 + (pf % xl) * 64, _MM_HINT_T0);
-        else
-            __builtin_prefetch(yb + ((n1 + (pf - nxl) / yl) * k->yn) * ysz + ((pf - nxl) % yl) * 64,
-                               1, 3);
-    }
-}
-
-/* the lines of the rows [n1, n2) of X and Y (bf_prefetch_rows) */
-static inline int64_t bf_row_lines(const bfp_ctx *k, int64_t n1, int64_t n2)
-{
-    const int64_t ysz = k->yf32 ? 4 : 2;
-    return (n2 - n1) * ((k->n_bc * k->c * 2 + 63) / 64 + ((k->g1 - k->g0) * k->r * ysz + 63) / 64);
-}
-
+ * packed group (sized for L2) is read from cache by every tile. The rows of X come in by the
+ * tile's own prefetch, BF_PF tiles ahead in each block's columns (bf_fwd_tile). A prefetch of
+ * the next row tile's lines, a share per block row, was never emitted (GCC deletes a loop of
+ * prefetch hints and nothing else) and, emitted as volatile assembly, made the product 5-10 %
+ * slower, warm or after a cache flush (batch 256, 1024 x 1024 BSR 16 x 16, 5-25 %): removed. */
 static BF_TARGET void bf_gpack_task(void *vctx, int64_t t, int tid)
 {
     (void)tid;
     bfp_ctx *k = (bfp_ctx *)vctx;
     const int64_t i = k->g0 + t, blk = k->nac * k->np * BF_LANES;
-    /* a share of the first tile's rows, while the blocks are packed */
-    const int64_t t1 = k->trows < k->N ? k->trows : k->N, nrows = k->g1 - k->g0;
-    const int64_t share = (bf_row_lines(k, 0, t1) + nrows - 1) / nrows;
-    bf_prefetch_rows(k, 0, t1, t * share, (t + 1) * share);
     for (int64_t q = k->rowp[i]; q < k->rowp[i + 1]; q++) {
         int64_t p = k->order ? k->order[q] : q;
         int64_t j = k->col[q];
@@ -526,13 +503,9 @@ static BF_TARGET void bf_tile_task(void *vctx, int64_t t, int tid)
     (void)tid;
     const bfp_ctx *k = (const bfp_ctx *)vctx;
     const int64_t n0 = t * k->trows, n1 = n0 + k->trows < k->N ? n0 + k->trows : k->N;
-    const int64_t blk = k->nac * k->np * BF_LANES, nrows = k->g1 - k->g0;
-    /* the next tile's rows, a share per block row */
-    const int64_t n2 = n1 + k->trows < k->N ? n1 + k->trows : k->N;
-    const int64_t share = (bf_row_lines(k, n1, n2) + nrows - 1) / nrows;
+    const int64_t blk = k->nac * k->np * BF_LANES;
     for (int64_t i = k->g0; i < k->g1; i++) {
         const int64_t q0 = k->rowp[i], nq = k->rowp[i + 1] - q0;
-        bf_prefetch_rows(k, n1, n2, (i - k->g0) * share, (i - k->g0 + 1) * share);
         const uint32_t *pk = k->gpk + (q0 - k->qg0) * blk;
         const int64_t *xoff = k->gxoff + (q0 - k->qg0);
         for (int64_t ac = 0; ac < k->nac; ac++)
@@ -703,366 +676,8 @@ int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, con
                               sb, x, xk, xn, N, y, DT_BF16, yi, yn, bias, nthreads);
 }
 
-/* ------------------------------------------------------------------------------------------ */
-/* The values gradient */
-
-typedef struct {
-    int64_t r, c, N, n_br, n_bc, nac, npairs;
-    const int64_t *rows, *cols, *starts;
-    const uint16_t *l;
-    int64_t li, ln;
-    const uint16_t *rgt;
-    int64_t ri, rn;
-    int dot; /* operands contiguous along the batch (ln == rn == 1), not across it */
-    void *g;
-    int gf32; /* G written in float32 (the sums as they are; 2: their bfloat16 rounding
-               * widened, by bf_vg_store), not rounded to bfloat16 */
-    uint32_t **pairs;
-    int err;
-    /* batch-major, large batches: the rows [n0, n1) of one pass; sums of the earlier passes
-     * kept in float32 in acc (nnzb r x c; null: one pass), the first pass starts from zero,
-     * the last one rounds into g */
-    int64_t n0, n1;
-    float *acc;
-    int first, last;
-    int64_t nnzb_all; /* the stored blocks (the next block's prefetch stays below) */
-} bfv_ctx;
-
-/* A values-gradient tile's RT rows of sums (out: 16 floats a row) to G at go (rows c apart), in
- * float32 or rounded to bfloat16, whole vectors unmasked (a masked store costs several plain
- * ones on Zen 4: the values gradient at batch 1 1.5x slower, measured). Out of line, after the
- * tile stored its accumulators: any store choice inlined into the tile (unmasked or not,
- * float32 or not) made GCC keep its accumulators on the stack, the values gradient at batch 256
- * twice as slow (measured). */
-static __attribute__((noinline)) BF_TARGET void bf_vg_store(const bfv_ctx *k, int64_t go,
-                                                           __mmask16 mb, const float *out,
-                                                           int RT)
-{
-    for (int ra = 0; ra < RT; ra++) {
-        __m512 v = _mm512_load_ps(out + 16 * ra);
-        int64_t off = go + ra * k->c;
-        if (k->gf32 == 2) /* (SS_OUT_ROUNDED: the bfloat16 rounding, widened, in the store) */
-            v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf_round(v)), 16));
-        if (mb != (__mmask16)0xffff)
-            bf_put(k->g, k->gf32 != 0, off, mb, v);
-        else if (k->gf32)
-            _mm512_storeu_ps((float *)k->g + off, v);
-        else
-            _mm256_storeu_si256((__m256i *)((uint16_t *)k->g + off), bf_round(v));
-    }
-}
-
-/* RT rows x the lanes of columns b0 .. (mask mb) of one block over the pass's batch rows:
- * L's pairs read from the run's packed buffer (lpair[t * 16 + ra]: rows n0 + 2t, + 1), R's
- * pair interleaved in registers (rp: R at row n0); the sums start from the earlier passes' (ap,
- * float32) and go to ap, or rounded to gp in the last pass. */
-BF_INL void bf_vg_tile(const bfv_ctx *k, const uint32_t *lpair, const uint16_t *rp,
-                       int64_t go, float *ap, __mmask16 mb, const uint16_t *nrp,
-                       const uint16_t *nlp, const int RT)
-{
-    __m512 acc[16];
-    if (k->first)
-        for (int ra = 0; ra < RT; ra++) acc[ra] = _mm512_setzero_ps();
-    else
-        for (int ra = 0; ra < RT; ra++) acc[ra] = _mm512_maskz_loadu_ps(mb, ap + ra * k->c);
-    const int64_t N = k->n1 - k->n0, rn = k->rn, full = N >> 1;
-    int64_t t = 0;
-    for (; t < full; t++, rp += 2 * rn, lpair += BF_LANES) {
-        /* R's rows are strided (a row of the input apart): the hardware prefetchers stop at
-         * page boundaries, so fetch 16 rows ahead (harmless past the end: a hint) */
-        _mm_prefetch((const char *)(rp + 16 * rn), _MM_HINT_T0);
-        _mm_prefetch((const char *)(rp + 17 * rn), _MM_HINT_T0);
-        /* the next block's rows of R and the next run's rows of L, two of each per pair of
-         * rows: a block's time ahead (what a read from memory takes), not 16 rows */
-        if (nrp) {
-            _mm_prefetch((const char *)(nrp + 2 * t * rn), _MM_HINT_T0);
-            _mm_prefetch((const char *)(nrp + (2 * t + 1) * rn), _MM_HINT_T0);
-        }
-        if (nlp) {
-            _mm_prefetch((const char *)(nlp + 2 * t * k->ln), _MM_HINT_T0);
-            _mm_prefetch((const char *)(nlp + (2 * t + 1) * k->ln), _MM_HINT_T0);
-        }
-        __m512bh xv = (__m512bh)bf_interleave(_mm256_maskz_loadu_epi16(mb, rp),
-                                              _mm256_maskz_loadu_epi16(mb, rp + rn));
-        for (int ra = 0; ra < RT; ra++)
-            acc[ra] = _mm512_dpbf16_ps(acc[ra], xv, (__m512bh)_mm512_set1_epi32((int)lpair[ra]));
-    }
-    if (N & 1) { /* the last batch row alone */
-        __m512bh xv = (__m512bh)bf_interleave(_mm256_maskz_loadu_epi16(mb, rp),
-                                              _mm256_setzero_si256());
-        for (int ra = 0; ra < RT; ra++)
-            acc[ra] = _mm512_dpbf16_ps(acc[ra], xv, (__m512bh)_mm512_set1_epi32((int)lpair[ra]));
-    }
-    if (k->last) { /* (through a buffer: see bf_vg_store) */
-        float out[16 * 16] __attribute__((aligned(64)));
-        for (int ra = 0; ra < RT; ra++) _mm512_store_ps(out + 16 * ra, acc[ra]);
-        bf_vg_store(k, go, mb, out, RT);
-    } else
-        for (int ra = 0; ra < RT; ra++) _mm512_mask_storeu_ps(ap + ra * k->c, mb, acc[ra]);
-}
-
-/* Dot form (both operands contiguous along the batch): RT rows from lp (L's row a0), the
- * lanes of R's rows from rp (bleft of them, mask mb); per 16 batch columns R's panel is
- * transposed into pairs (in registers, through a 1 KiB buffer) and L's pairs, contiguous,
- * are broadcast from memory. */
-BF_INL void bf_vgd_tile(const bfv_ctx *k, const uint16_t *lp, const uint16_t *rp,
-                        int64_t bleft, int64_t go, __mmask16 mb, const int RT)
-{
-    __m512 acc[16];
-    uint32_t tr[8 * BF_LANES] __attribute__((aligned(64)));
-    for (int ra = 0; ra < RT; ra++) acc[ra] = _mm512_setzero_ps();
-    const int64_t N = k->N, li = k->li;
-    for (int64_t n0 = 0; n0 < N; n0 += 16) {
-        int64_t cnt = N - n0 < 16 ? N - n0 : 16, full = cnt >> 1;
-        bf_pack_rows16(rp + n0, k->ri, bleft, bf_mask(cnt), tr);
-        for (int64_t t = 0; t < full; t++) {
-            __m512bh xv = (__m512bh)_mm512_load_si512(tr + t * BF_LANES);
-            for (int ra = 0; ra < RT; ra++) {
-                uint32_t pair;
-                memcpy(&pair, lp + ra * li + n0 + 2 * t, 4);
-                acc[ra] = _mm512_dpbf16_ps(acc[ra], xv, (__m512bh)_mm512_set1_epi32((int)pair));
-            }
-        }
-        if (cnt & 1) { /* the last batch column alone */
-            __m512bh xv = (__m512bh)_mm512_load_si512(tr + full * BF_LANES);
-            for (int ra = 0; ra < RT; ra++) {
-                uint32_t one = lp[ra * li + n0 + cnt - 1];
-                acc[ra] = _mm512_dpbf16_ps(acc[ra], xv, (__m512bh)_mm512_set1_epi32((int)one));
-            }
-        }
-    }
-    for (int ra = 0; ra < RT; ra++) bf_put(k->g, k->gf32, go + ra * k->c, mb, acc[ra]);
-}
-
-static BF_TARGET void bf_vgd_block(const bfv_ctx *k, int64_t p, int64_t i, int64_t j)
-{
-    const int64_t r = k->r, c = k->c;
-    const int64_t g = p * r * c;
-    for (int64_t b0 = 0; b0 < c; b0 += BF_LANES) {
-        int64_t bleft = c - b0 < BF_LANES ? c - b0 : BF_LANES;
-        __mmask16 mb = bf_mask(bleft);
-        const uint16_t *rp = k->rgt + (j * c + b0) * k->ri;
-        for (int64_t a0 = 0; a0 < r;) {
-            int64_t left = r - a0;
-            const uint16_t *lp = k->l + (i * r + a0) * k->li;
-            const int64_t gp = g + a0 * c + b0;
-            if (left >= 16) { bf_vgd_tile(k, lp, rp, bleft, gp, mb, 16); a0 += 16; }
-            else if (left >= 8) { bf_vgd_tile(k, lp, rp, bleft, gp, mb, 8); a0 += 8; }
-            else if (left >= 4) { bf_vgd_tile(k, lp, rp, bleft, gp, mb, 4); a0 += 4; }
-            else if (left >= 2) { bf_vgd_tile(k, lp, rp, bleft, gp, mb, 2); a0 += 2; }
-            else { bf_vgd_tile(k, lp, rp, bleft, gp, mb, 1); a0 += 1; }
-        }
-    }
-}
-
-/* One run of blocks with the same block row (consecutive in stored order: a BSR matrix's
- * block rows): L's rows of that block row packed once in pairs along the batch (contiguous,
- * read by every block of the run), then each block. */
-static BF_TARGET void bf_vg_task(void *vctx, int64_t run, int tid)
-{
-    bfv_ctx *k = (bfv_ctx *)vctx;
-    const int64_t p0 = k->starts[run], p1 = k->starts[run + 1];
-    const int64_t r = k->r, c = k->c, n0 = k->n0, N = k->n1, ln = k->ln, np = k->npairs;
-    int64_t i = k->rows[p0];
-    if (i < 0 || i >= k->n_br) {
-        __atomic_store_n(&k->err, 1, __ATOMIC_RELAXED);
-        return;
-    }
-    if (k->dot) {
-        for (int64_t p = p0; p < p1; p++) {
-            int64_t j = k->cols[p];
-            if (j < 0 || j >= k->n_bc) {
-                __atomic_store_n(&k->err, 1, __ATOMIC_RELAXED);
-                return;
-            }
-            bf_vgd_block(k, p, i, j);
-        }
-        return;
-    }
-    uint32_t *buf = k->pairs[tid];
-    for (int64_t ac = 0; ac < k->nac; ac++) {
-        __mmask16 ma = bf_mask(r - ac * BF_LANES);
-        const uint16_t *lp = k->l + i * r + ac * BF_LANES;
-        uint32_t *d = buf + ac * np * BF_LANES;
-        for (int64_t t = 0; t < np; t++) {
-            int64_t n = n0 + 2 * t;
-            if (n >= N) break;
-            __m256i hi = n + 1 < N ? _mm256_maskz_loadu_epi16(ma, lp + (n + 1) * ln)
-                                   : _mm256_setzero_si256();
-            _mm512_storeu_si512(d + t * BF_LANES,
-                                bf_interleave(_mm256_maskz_loadu_epi16(ma, lp + n * ln), hi));
-        }
-    }
-    for (int64_t p = p0; p < p1; p++) {
-        int64_t j = k->cols[p];
-        if (j < 0 || j >= k->n_bc) {
-            __atomic_store_n(&k->err, 1, __ATOMIC_RELAXED);
-            return;
-        }
-        const int64_t g = p * r * c;
-        float *ab = k->acc ? k->acc + p * r * c : 0;
-        /* prefetch targets (hints: never read; an index out of range gives none) */
-        const uint16_t *nrp = 0, *nlp = 0;
-        if (p + 1 < k->nnzb_all) {
-            int64_t jn = __atomic_load_n(&k->cols[p + 1], __ATOMIC_RELAXED);
-            if (jn >= 0 && jn < k->n_bc) nrp = k->rgt + n0 * k->rn + jn * c;
-        }
-        if (p == p0 && p1 < k->nnzb_all) {
-            int64_t in = __atomic_load_n(&k->rows[p1], __ATOMIC_RELAXED);
-            if (in >= 0 && in < k->n_br) nlp = k->l + in * r + n0 * ln;
-        }
-        for (int64_t b0 = 0; b0 < c; b0 += BF_LANES) {
-            __mmask16 mb = bf_mask(c - b0);
-            const uint16_t *rp = k->rgt + n0 * k->rn + j * c + b0;
-            for (int64_t a0 = 0; a0 < r;) {
-                int64_t left = r - a0;
-                const uint32_t *lpair = buf + (a0 / BF_LANES) * np * BF_LANES + a0 % BF_LANES;
-                const int64_t gp = g + a0 * c + b0;
-                float *ap = ab ? ab + a0 * c + b0 : 0;
-                int64_t lane_left = BF_LANES - a0 % BF_LANES;
-                if (left > lane_left) left = lane_left;
-                if (a0 > 0 || b0 > 0) nrp = nlp = 0; /* (the block's first tile) */
-                if (left >= 16) { bf_vg_tile(k, lpair, rp, gp, ap, mb, nrp, nlp, 16); a0 += 16; }
-                else if (left >= 8) { bf_vg_tile(k, lpair, rp, gp, ap, mb, nrp, nlp, 8); a0 += 8; }
-                else if (left >= 4) { bf_vg_tile(k, lpair, rp, gp, ap, mb, nrp, nlp, 4); a0 += 4; }
-                else if (left >= 2) { bf_vg_tile(k, lpair, rp, gp, ap, mb, nrp, nlp, 2); a0 += 2; }
-                else { bf_vg_tile(k, lpair, rp, gp, ap, mb, nrp, nlp, 1); a0 += 1; }
-            }
-        }
-    }
-}
-
-/* G_p[a, b] = sum_n L[rows[p] * r + a, n] * R[cols[p] * c + b, n] for p < nnzb, G contiguous
- * (nnzb, r, c) in bfloat16 (float32 sums); L[k, n] = l[k * li + n * ln] (rows[p] < n_br),
- * R[k, n] = rgt[k * ri + n * rn] (cols[p] < n_bc), both bfloat16, batch-major (li == ri == 1)
- * or contiguous along the batch (ln == rn == 1). Returns 0, -1 (no bfloat16 kernels on this
- * CPU, or other strides), -2 (out of memory), SS_EINDEX (an index out of range: g is then
- * partly written). ss_values_grad_bf16_to: the same, G in the dtype gdt (SS_DT_BF16, SS_DT_F32:
- * the float32 sums as they are, or SS_DT_F32 | SS_OUT_ROUNDED: the bfloat16 result widened, as
- * a float32 layer's values gradient under bfloat16 autocast reaches it). */
-int ss_values_grad_bf16_to(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
-                           const int64_t *cols, int64_t n_br, int64_t n_bc, const void *l,
-                           int64_t li, int64_t ln, const void *rgt, int64_t ri, int64_t rn,
-                           int64_t N, void *g, int gdt, int nthreads)
-{
-    int gout = bf_out_kind(gdt);
-    if (!ss_bf16_supported() || gout < 0) return -1;
-    int dot = !(li == 1 && ri == 1);
-    if (dot && !(ln == 1 && rn == 1)) return -1;
-    if (r <= 0 || c <= 0) return -1;
-    if (nnzb <= 0) return 0;
-    if (N <= 0) {
-        memset(g, 0, (size_t)(nnzb * r * c) * (gout ? 4 : 2));
-        return 0;
-    }
-    /* runs of blocks with the same block row, at most 64 blocks each (work to share) */
-    int64_t *starts = (int64_t *)malloc((size_t)(nnzb + 1) * sizeof(int64_t));
-    if (!starts) return -2;
-    int64_t nruns = 0;
-    for (int64_t p = 0; p < nnzb; p++)
-        if (p == 0 || rows[p] != rows[p - 1] || p - starts[nruns - 1] >= 64) starts[nruns++] = p;
-    starts[nruns] = nnzb;
-    if (nthreads < 1) nthreads = 1;
-    int nth = nthreads < nruns ? nthreads : (int)nruns;
-    if (nth > 256) nth = 256;
-    /* batch-major: passes of BF_VG_ROWS batch rows (the pass's rows of L and R stay in cache
-     * while every block reads them, so the cost per row stays flat however large the batch),
-     * sums carried in float32 between passes; one pass up to twice that */
-    int64_t tile = dot || N <= 2 * BF_VG_ROWS ? N : BF_VG_ROWS;
-    bfv_ctx k = {r, c, N, n_br, n_bc, (r + BF_LANES - 1) / BF_LANES, (tile + 1) / 2, rows,
-                 cols, starts, (const uint16_t *)l, li, ln, (const uint16_t *)rgt, ri, rn, dot,
-                 g, gout == 2 && dot ? 1 : gout, 0, 0, 0, N, 0, 1, 1, nnzb};
-    uint32_t *bufs[256];
-    int ok = 1;
-    for (int t = 0; t < nth; t++) {
-        bufs[t] = dot ? 0 : (uint32_t *)malloc((size_t)(k.nac * k.npairs * BF_LANES) * 4);
-        if (!dot && !bufs[t]) ok = 0;
-    }
-    if (ok && tile < N) {
-        k.acc = (float *)malloc((size_t)(nnzb * r * c) * sizeof(float));
-        if (!k.acc) ok = 0;
-    }
-    if (ok) {
-        k.pairs = bufs;
-        for (int64_t n0 = 0; n0 < N && !k.err; n0 += tile) {
-            k.n0 = n0;
-            k.n1 = n0 + tile < N ? n0 + tile : N;
-            k.first = n0 == 0;
-            k.last = k.n1 == N;
-            run_tasks(bf_vg_task, &k, nruns, nth);
-        }
-    }
-    for (int t = 0; t < nth; t++) free(bufs[t]);
-    free(k.acc);
-    free(starts);
-    if (!ok) return -2;
-    if (k.err) return SS_EINDEX;
-    /* (batch-major: rounded in bf_vg_store; the dot form writes float32, rounded here) */
-    if (gout == 2 && dot) bf_widen_rounded((float *)g, nnzb * r * c);
-    return 0;
-}
-
-int ss_values_grad_bf16(int64_t nnzb, int64_t r, int64_t c, const int64_t *rows,
-                        const int64_t *cols, int64_t n_br, int64_t n_bc, const void *l,
-                        int64_t li, int64_t ln, const void *rgt, int64_t ri, int64_t rn,
-                        int64_t N, void *g, int nthreads)
-{
-    return ss_values_grad_bf16_to(nnzb, r, c, rows, cols, n_br, n_bc, l, li, ln, rgt, ri, rn, N,
-                                  g, DT_BF16, nthreads);
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* The column sums (a SparseLinear's bias gradient: g.sum(0)) */
-
-typedef struct {
-    const uint16_t *g;
-    int64_t N, C, ld;
-    void *out;
-    int f32;
-} bfs_ctx;
-
-#define BF_SUM_COLS 256 /* columns per task: 16 vectors of float32 sums in registers */
-
-/* columns [t * 256, + 256) summed over the N rows in float32 (rows in order), then written */
-static BF_TARGET void bf_colsum_task(void *vctx, int64_t t, int tid)
-{
-    (void)tid;
-    const bfs_ctx *k = (const bfs_ctx *)vctx;
-    const int64_t c0 = t * BF_SUM_COLS, left = k->C - c0;
-    const int nv = (int)((left < BF_SUM_COLS ? left : BF_SUM_COLS) + 15) / 16;
-    __m512 acc[16];
-    __mmask16 m[16];
-    for (int v = 0; v < 16; v++) {
-        acc[v] = _mm512_setzero_ps();
-        m[v] = bf_mask(left - 16 * v);
-    }
-    const uint16_t *row = k->g + c0;
-    if (nv == 16 && left >= BF_SUM_COLS) {
-        for (int64_t n = 0; n < k->N; n++, row += k->ld) {
-#pragma GCC unroll 16
-            for (int v = 0; v < 16; v++) acc[v] = _mm512_add_ps(acc[v], bf_widen(row + 16 * v, 0xffff));
-        }
-    } else {
-        for (int64_t n = 0; n < k->N; n++, row += k->ld)
-            for (int v = 0; v < nv; v++) acc[v] = _mm512_add_ps(acc[v], bf_widen(row + 16 * v, m[v]));
-    }
-    for (int v = 0; v < nv; v++) bf_put(k->out, k->f32, c0 + 16 * v, m[v], acc[v]);
-}
-
-/* out[c] = sum_n g[n * ld + c] for c < C (bfloat16 g; float32 sums, rows in order), out in
- * odt (SS_DT_BF16: rounded, SS_DT_F32, or SS_DT_F32 | SS_OUT_ROUNDED: the bfloat16 result
- * widened). Returns 0, or -1 (no bfloat16 kernels here, another dtype). */
-int ss_colsum_bf16(const void *g, int64_t N, int64_t C, int64_t ld, void *out, int odt,
-                   int nthreads)
-{
-    int gout = bf_out_kind(odt);
-    if (!ss_bf16_supported() || gout < 0 || N < 0 || C < 0 || (N > 1 && ld < C))
-        return -1;
-    bfs_ctx k = {(const uint16_t *)g, N, C, ld, out, gout != 0};
-    run_tasks(bf_colsum_task, &k, (C + BF_SUM_COLS - 1) / BF_SUM_COLS, nthreads < 1 ? 1 : nthreads);
-    if (gout == 2) bf_widen_rounded((float *)out, C);
-    return 0;
-}
+/* the values gradient and the column sums */
+#include "kern_bf16_grad.h"
 
 #undef BF_TARGET
 #undef BF_INL
