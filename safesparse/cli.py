@@ -699,7 +699,8 @@ def _native_origin(library: Path | None) -> list[str]:
     """Where the native library came from: its path and build time, whether it sits in a
     source checkout (an in-place build) or an installed package, and whether it is older than
     the C sources beside it (an in-place build is kept by a reinstall that could not compile,
-    ``CC=false``, and loaded as it is)."""
+    ``CC=false``, and loaded as it is); an installed library's sources are not compared (the
+    install writes them after the library)."""
     if library is None:
         return []
     built = library.stat().st_mtime
@@ -708,6 +709,11 @@ def _native_origin(library: Path | None) -> list[str]:
     lines = [f"library: {library} (built {when:%Y-%m-%d %H:%M} UTC; "
              f"{'an in-place build in a source checkout' if checkout else 'installed'})"]
     sources = sorted((library.parent / "csrc").glob("*.[ch]"))
+    if sources and not checkout:  # (pip writes an installed package's sources after the
+        # library: their times say nothing; an installed library is rebuilt whole or not at all)
+        lines.append(f"installed with its C sources ({', '.join(s.name for s in sources)}): "
+                     "built by the install that wrote them")
+        return lines
     newer = [src.name for src in sources if src.stat().st_mtime > built]
     if newer:
         lines.append(f"STALE: {', '.join(newer)} changed after this build; the old kernels "

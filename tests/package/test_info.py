@@ -53,6 +53,17 @@ def test_an_installed_library_without_sources(tmp_path: Path) -> None:
     assert _native_origin(None) == []
 
 
+def test_an_installed_library_is_never_called_stale(tmp_path: Path) -> None:
+    """pip writes an installed package's C sources a few ms after the library it built: their
+    times are not compared there (every installed copy said STALE before)."""
+    library = _tree(tmp_path, checkout=False)
+    os.utime(library.parent / "csrc" / "kern.h", (3_000_000, 3_000_000))
+    lines = _native_origin(library)
+    assert "; installed)" in lines[0]
+    assert lines[1] == ("installed with its C sources (blockprod.c, kern.h): built by the "
+                        "install that wrote them"), lines
+
+
 def test_info_names_the_library_it_loads(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info"]) == 0
     out = capsys.readouterr().out
