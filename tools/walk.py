@@ -27,6 +27,7 @@ back C (by file), L (by layer)``.
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import os
 import sys
@@ -100,11 +101,17 @@ def walk(call: Callable[[], Any], target: Any) -> list[Step]:
         if at is not None and (not steps or steps[-1] != at):
             steps.append(at)
 
+    # (no cyclic collection while it walks: a collection that an earlier test's garbage
+    # triggers runs the package's finalizers inside the call, steps that are not the call's)
+    enabled = gc.isenabled()
+    gc.disable()
     sys.setprofile(profile)
     try:
         call()
     finally:
         sys.setprofile(None)
+        if enabled:
+            gc.enable()
     return steps
 
 
