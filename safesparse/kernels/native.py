@@ -524,7 +524,10 @@ def fingerprint(t: T) -> int:
     csrc/fingerprint.h; one pass at the caches' read rate): what the eager plans of
     ``safesparse.nn`` compare, at each call that reads their copy of a layer's values, with the
     one taken when they made it, to see a write that moved no version counter (through
-    ``.data``, NumPy, another process). Only where :func:`available`."""
+    ``.data``, NumPy, another process). Needs the library (:func:`status`)."""
+    if _lib is None and not status().native:
+        raise RuntimeError("safesparse: no native library, so no fingerprint: "
+                           f"{status().describe()}")
     return int(_lib.ss_fingerprint(t.data_ptr(), t.numel() * t.element_size()))
 
 

@@ -62,3 +62,16 @@ def test_bytes_not_alignment_or_dtype() -> None:
     assert fp(raw[:1028].view(torch.float32)) == fp(raw[:1028])
     half = torch.randn(300, dtype=torch.bfloat16)
     assert fp(half) == fp(half.view(torch.int16))
+
+
+def test_without_the_library_it_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoLibrary:
+        native = False
+
+        def describe(self) -> str:
+            return "torch ops (no library here)"
+
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "status", NoLibrary)
+    with pytest.raises(RuntimeError, match="no native library, so no fingerprint: torch ops"):
+        native.fingerprint(torch.ones(4))
