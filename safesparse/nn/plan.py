@@ -338,17 +338,19 @@ def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan
         return None
     kind = _DIRECT
     want = v.dtype if autocast is _F32 else autocast  # the dtype the product computes in
-    # (where the plan may hold converted copies: the fingerprints of what they copy, taken
-    # first, so that a write while they are made is seen at the next call)
-    prints = _prints(v, b) if want in _HALF else None
-    if want in _HALF and prints is None:
-        return None  # (a strided values or bias: no fingerprint reads it, so no copy)
     vals = v.detach()
     bias = None if b is None else b.detach()
     packed = None
+    # where the plan makes converted copies: the fingerprints of what they copy, taken first
+    # (a write while they are made is seen at the next call); None: a strided values or bias,
+    # which no fingerprint reads, so no copy
+    prints: tuple[int, int] | None = None
     if want is _BF16:  # the bfloat16 kernels, values read in place or the plan's copy
         if autocast is not _F32:
             kind = _AUTOCAST
+            prints = _prints(v, b)
+            if prints is None:
+                return None
             vals = vals.to(_BF16)
             bias = None if bias is None else bias.to(_BF16)
         packed = native.pack_product(matrix(layout, c, p, vals, n_rows, n_cols), batch_major,
@@ -356,6 +358,9 @@ def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan
     if packed is None:
         if want in _HALF:  # through float32 from converted copies
             kind = _CONVERTED
+            prints = prints or _prints(v, b)
+            if prints is None:
+                return None
             vals = v.detach().to(want)
             bias = None if b is None else b.detach().to(want)
         x_dtype = torch.float64 if v.dtype is torch.float64 else _F32
