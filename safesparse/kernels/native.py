@@ -57,7 +57,7 @@ _HERE = Path(__file__).resolve().parent
 LIB_FILE = "_blockprod.native.so"
 #: The interface version these bindings are written for (csrc/blockprod.h's SS_ABI_VERSION;
 #: tests/kernels/test_interface.py checks both, and every binding, against the header).
-_ABI = 5
+_ABI = 6
 #: torch dtype -> the library's dtype code, read from the library (``ss_dtype_names``) at load
 _DTYPES: dict[torch.dtype, int] = {}
 _ISA_NAMES = {0: "none", 1: "avx2+fma", 2: "avx512f"}
@@ -517,6 +517,41 @@ def prepacked(args: PackedArgs, values: T) -> tuple[PackedArgs, T] | None:
     out[_SLOT_VALS] = copy.data_ptr()
     out[_SLOT_SP], out[_SLOT_SA], out[_SLOT_SB] = r * c, 1, r
     return out, copy
+
+
+#: Or-ed into the bfloat16 code of a product array's values dtype (slot 23, ``SS_VALS_F32``):
+#: the values and bias are float32, rounded to bfloat16 as the kernel reads them
+_VALS_F32 = 0x200
+#: The largest batch :func:`rounding_values` arrays take (``BF_SMALL_N`` in csrc/kern_bf16.h:
+#: the small-batch tile, which reads a block's rows in place)
+ROUNDING_VALUES_MAX_N = 32
+
+
+def rounding_values(args: PackedArgs, values: T, bias: T | None
+                    ) -> tuple[PackedArgs, tuple[T, ...]] | None:
+    """A copy of the bfloat16 batch-major :func:`pack_product` array ``args`` (made over a
+    bfloat16 copy of the float32 ``values`` and ``bias``) that reads ``values`` and ``bias``
+    themselves, rounded to bfloat16 by the kernel as it reads them: the bits of the product
+    over the copy (the same rounding, csrc/kern_bf16.h's ``bf_round_pairs``), for batches of
+    at most :data:`ROUNDING_VALUES_MAX_N` rows (the library refuses larger ones), and the
+    tensors it points to; None where it does not apply (no bfloat16 kernels, not 16 x 16
+    blocks stored by rows, values or bias not contiguous float32). What a float32 layer under
+    bfloat16 autocast reads at small batches, where checking that the copy is current
+    (:func:`fingerprint`) costs more than rounding the values again."""
+    if (values.dtype != torch.float32 or args[23] != _DTYPES.get(torch.bfloat16)
+            or args[12] != args[23] or args[13] != 1 or args[19] != 1
+            or not _bf16_library() or values.dim() != 3 or tuple(values.shape[1:]) != (16, 16)
+            or (args[1], args[2], args[_SLOT_SA], args[_SLOT_SB]) != (16, 16, 16, 1)
+            or not values.is_contiguous() or values.shape[0] < args[3]
+            or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()
+                                      or bias.numel() != args[0] * 16))):
+        return None
+    out = type(args).from_buffer_copy(args)
+    out[_SLOT_VALS] = values.data_ptr()
+    out[_SLOT_SP] = 256
+    out[21] = 0 if bias is None else bias.data_ptr()
+    out[23] = args[23] | _VALS_F32
+    return out, (values,) if bias is None else (values, bias)
 
 
 def fingerprint(t: T) -> int:

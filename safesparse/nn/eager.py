@@ -93,6 +93,7 @@ from .plan import (
     _BF16,
     _F32,
     _ROUND_IN_CALL,
+    _SMALL_ROWS,
     _STALE,
     _YES,
     PlanSlot,
@@ -422,17 +423,28 @@ def _refresh(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Pl
     return plan  # type: ignore[no-any-return]
 
 
+def _records(module: Any, x: T) -> bool:
+    """Whether a layer's call with grad enabled records a gradient (``x`` or a parameter
+    requires one)."""
+    if x.requires_grad:
+        return True
+    params = module.__dict__["_parameters"]
+    return any(p is not None and p.requires_grad for p in params.values())
+
+
 class _Refused(Exception):
     """The library refused the packed call (never seen by users: the proving path runs)."""
 
 
-def _held(module: Any, x: T, shape: torch.Size, autocast: torch.dtype, batch_major: bool
-          ) -> _Plan | None:
+def _held(module: Any, x: T, shape: torch.Size, autocast: torch.dtype, batch_major: bool,
+          small: bool = False) -> _Plan | None:
     """The plan to run (in a context that allows the fast path: ``autocast`` is
     :func:`_context`'s answer) where the module has one, ``x`` (of ``shape``) is a contiguous CPU
     ``torch.Tensor`` of a dtype and width the plan reads, and the plan's key holds: the plan
     itself, or one rebuilt on the same proof where only its converted copies are stale; else
-    None (the proving path runs). One function, cheapest questions first: this is the call's
+    None (the proving path runs). ``small``: the call will run the plan with ``small``
+    (:meth:`_Plan.run`: under autocast, the float32 values read in place, no copy), so the
+    copies are not asked about. One function, cheapest questions first: this is the call's
     whole key."""
     d = module.__dict__
     slot: PlanSlot | None = d.get("_ss_fast")
@@ -448,7 +460,7 @@ def _held(module: Any, x: T, shape: torch.Size, autocast: torch.dtype, batch_maj
             return None
     elif len(shape) not in (1, 2) or shape[0] != plan.width:
         return None
-    holds = plan.holds(d["_buffers"], d["_parameters"], autocast)
+    holds = plan.holds(d["_buffers"], d["_parameters"], autocast, small)
     if holds == _YES:
         return plan
     if holds == _STALE:
@@ -461,7 +473,14 @@ def linear(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
     (the operators), after which a plan is built."""
     autocast = _eager_context()  # (the forward asked whether a trace is running)
     shape = x.shape
-    plan = None if autocast is None else _held(module, x, shape, autocast, True)
+    small = False  # (under autocast: a forward of a few rows recording no gradient, which
+    # reads the float32 values in place where the plan can: no copy, so no fingerprint)
+    if autocast is None:
+        plan = None
+    else:
+        if autocast is not _F32 and shape and x.numel() <= _SMALL_ROWS * shape[-1]:
+            small = not (_grad_enabled() and _records(module, x))
+        plan = _held(module, x, shape, autocast, True, small)
     if plan is not None:
         if len(shape) == 2:
             n = shape[0]
@@ -473,10 +492,11 @@ def linear(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
         b = plan.b
         if n and not (_grad_enabled() and (x.requires_grad or v.requires_grad or (
                 b is not None and b.requires_grad))):
-            y = plan.run(x, n, y_shape)
+            y = plan.run(x, n, y_shape, small)
             if y is not None:
                 return y
-        elif n and plan.grad and _saved_hooks(False) is None:
+        elif n and plan.grad and not small and _saved_hooks(False) is None:
+            # (``small`` answered for no gradient: its key did not ask about the copies)
             # (saved-tensor hooks: activation checkpointing recomputes the forward and
             # hands the graph the tensors saved then: both runs take the operators)
             try:

@@ -54,6 +54,11 @@ _NO, _YES, _STALE = 0, 1, 2
 #: bfloat16 by the library inside the product's call (one pass, no tensor); larger ones by
 #: torch (``x.to(torch.bfloat16)``: threaded), then read in place.
 _ROUND_IN_CALL = 64 * 1024
+#: Under bfloat16 autocast, a forward of at most this many rows that records no gradient reads
+#: the float32 values and bias in place, rounded by the kernel as it reads them (the bits of
+#: the product over the plan's copy: :func:`safesparse.kernels.native.rounding_values`), so
+#: the copy's fingerprint is not taken: at batch 1 it cost as much as the product.
+_SMALL_ROWS = native.ROUNDING_VALUES_MAX_N
 #: Batches from which a float32 / float64 plan reads pre-packed values (:meth:`_Plan.prepacked`)
 _PREPACKED_FROM = native.PREPACKED_FROM
 
@@ -96,7 +101,7 @@ class _Plan:
     __slots__ = ("addr", "args", "autocast", "b", "b_alias", "b_ptr", "batch_major", "bwd",
                  "c", "cache", "dtype", "entry", "geometry", "grad", "keep", "kind", "layout",
                  "layout_name", "n_out", "p", "pre", "pre_held", "pre_seen", "prints", "rounded",
-                 "still", "thread", "threads", "v",
+                 "small", "still", "thread", "threads", "v",
                  "v_alias", "v_ptr", "vals", "ver", "width", "x_alt", "x_dtype", "y_dtype")
 
     def __init__(self, packed: tuple[native.PackedArgs, tuple[T, ...]], entry: Any,
@@ -104,7 +109,8 @@ class _Plan:
                  geometry: Hashable, autocast: torch.dtype, kind: int, y_dtype: torch.dtype,
                  width: int, n_out: int, batch_major: bool,
                  layout: torch.layout, layout_name: str, cache: dict[Hashable, Any] | None,
-                 prints: tuple[int, int] | None = None) -> None:
+                 prints: tuple[int, int] | None = None,
+                 small: tuple[native.PackedArgs, tuple[T, ...]] | None = None) -> None:
         self.args, self.keep = packed
         self.addr = addressof(self.args)
         self.entry = entry
@@ -137,6 +143,10 @@ class _Plan:
         self.y_dtype = y_dtype
         # (under autocast: the entry that rounds a small float32 input in the call)
         self.rounded = native.packed_entry_rounded() if kind == _AUTOCAST else None
+        # (under autocast: the array that reads the float32 values and bias in place, rounded
+        # by the kernel, for forwards of at most _SMALL_ROWS rows that record no gradient; its
+        # address; what it points to)
+        self.small = None if small is None else (small[0], addressof(small[0]), small[1])
         self.width, self.n_out = width, n_out
         self.batch_major = batch_major
         self.layout, self.layout_name = layout, layout_name
@@ -155,11 +165,12 @@ class _Plan:
         # points to, or False (none: the gradient kernels run)
         self.bwd: tuple[native.PackedArgs, int, Any, tuple[T, ...]] | Literal[False] | None = None
 
-    def holds(self, buffers: dict[str, Any], params: dict[str, Any], autocast: torch.dtype
-              ) -> int:
+    def holds(self, buffers: dict[str, Any], params: dict[str, Any], autocast: torch.dtype,
+              small: bool = False) -> int:
         """Whether nothing this plan skips could have changed (module docstring): ``_YES``,
         ``_NO``, or ``_STALE`` (it holds but its converted copy of the values or bias is
-        older than a write to them)."""
+        older than a write to them). ``small``: the call reads the float32 values in place
+        where the plan can (:meth:`run` with ``small``), so its copies are not asked about."""
         v = params.get("values")
         b = params.get("bias")
         if (buffers.get("compressed_indices") is not self.c
@@ -176,18 +187,25 @@ class _Plan:
         if not self.still():  # (the members' views, every counter on their memory)
             return _NO
         ver = self.ver
+        if small and self.small is not None:  # (no copy read: the values in place)
+            return _YES
         if ver is not None and (ver[0] != v._version
                                 or (b is not None and ver[1] != b._version)
                                 or _prints(v, b) != self.prints):
             return _STALE  # (a write through ``.data`` moves no counter: the fingerprints)
         return _YES
 
-    def run(self, x: T, n: int, y_shape: tuple[int, ...]) -> T | None:
+    def run(self, x: T, n: int, y_shape: tuple[int, ...], small: bool = False) -> T | None:
         """The product for the contiguous ``x`` of ``n`` rows (batch-major) or columns, into
         a fresh output of ``y_shape``; None when the library refused (the caller falls
-        back). (``torch.empty(*sizes)``: parsing a tuple of sizes costs about 0.6 us more.)"""
+        back). ``small``: as the :meth:`holds` that answered for this call was told (the
+        float32 values read in place where the plan can: ``n`` is at most
+        :data:`_SMALL_ROWS`). (``torch.empty(*sizes)``: parsing a tuple of sizes costs about
+        0.6 us more.)"""
         args = self.args
         addr = self.addr
+        if small and self.small is not None:
+            args, addr = self.small[0], self.small[1]
         pre = self.prepacked() if self.pre and n >= _PREPACKED_FROM else None
         if pre is not None:  # (held here, the array and its copy, until the call returned)
             args, addr = pre[1], pre[2]
@@ -345,6 +363,7 @@ def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan
     # (a write while they are made is seen at the next call); None: a strided values or bias,
     # which no fingerprint reads, so no copy
     prints: tuple[int, int] | None = None
+    small = None
     if want is _BF16:  # the bfloat16 kernels, values read in place or the plan's copy
         if autocast is not _F32:
             kind = _AUTOCAST
@@ -355,6 +374,9 @@ def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan
             bias = None if bias is None else bias.to(_BF16)
         packed = native.pack_product(matrix(layout, c, p, vals, n_rows, n_cols), batch_major,
                                      _BF16, _BF16, bias=bias, cache=cache)
+        if packed is not None and kind == _AUTOCAST and batch_major:
+            small = native.rounding_values(packed[0], v.detach(),
+                                           None if b is None else b.detach())
     if packed is None:
         if want in _HALF:  # through float32 from converted copies
             kind = _CONVERTED
@@ -370,4 +392,4 @@ def _build(module: Any, x: T, autocast: torch.dtype, batch_major: bool) -> _Plan
     if packed is None or entry is None:
         return None
     return _Plan(packed, entry, still, c, p, v, b, vals, geometry, autocast, kind, want, n_cols,
-                 n_rows, batch_major, layout, module._layout_name, cache, prints)
+                 n_rows, batch_major, layout, module._layout_name, cache, prints, small)

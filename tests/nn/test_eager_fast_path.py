@@ -427,9 +427,11 @@ def test_autocast_rounds_as_torch() -> None:
 
 def test_autocast_write_to_values_never_reads_a_stale_copy(calls: Calls) -> None:
     """A write to the values (or bias) between calls under autocast: the next call reads a
-    fresh bfloat16 copy (the plan is rebuilt on the same proof), never the stale one."""
+    fresh bfloat16 copy (the plan is rebuilt on the same proof), never the stale one. (40
+    rows: up to 32 the plan reads the float32 values in place, tests/nn/
+    test_eager_autocast_small.py.)"""
     layer = make()
-    x = torch.randn(3, 96)
+    x = torch.randn(40, 96)
     autocast_warm(layer, x, calls)
     old = eager.plan_of(layer)
     with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():

@@ -519,20 +519,27 @@ void ss_reset_backoff(void)
  * the array across calls and writes only the slots that change (the eager fast path of
  * safesparse.nn, safesparse/nn/eager.py). a[23] == SS_DT_BF16: the product computed in
  * bfloat16 (ss_product_bf16_to; values, bias and x bfloat16, y bfloat16 or float32, block rows
- * of n_in / c block columns, a[3] bounding both the stored blocks and the values' blocks); else
- * ss_product. */
+ * of n_in / c block columns, a[3] bounding both the stored blocks and the values' blocks);
+ * a[23] == SS_DT_BF16 | SS_VALS_F32: the same from float32 values and bias, rounded to
+ * bfloat16 as they are read (small batches of 16 x 16 blocks stored by rows; SS_E_NOKERNEL
+ * elsewhere); else ss_product. */
+static int bf_product_any(int64_t n_br, int64_t r, int64_t c, const int64_t *crow,
+                          const int64_t *col, const int64_t *order, int64_t nnzb, int64_t n_bc,
+                          const void *vals, int64_t n_vals, int64_t sp, int64_t sa, int64_t sb,
+                          const void *x, int64_t xk, int64_t xn, int64_t N, void *y, int ydt,
+                          int64_t yi, int64_t yn, const void *bias, int vf32, int nthreads);
+
 int ss_product_packed(const int64_t *a)
 {
-    if (a[23] == SS_DT_BF16) {
-        if (a[12] != SS_DT_BF16 || a[2] <= 0) /* (ss_product_bf16_to checks a[18]) */
+    if (a[23] == SS_DT_BF16 || a[23] == (SS_DT_BF16 | SS_VALS_F32)) {
+        if (a[12] != SS_DT_BF16 || a[2] <= 0) /* (bf_product_any checks a[18]) */
             return SS_E_NOKERNEL;
-        return ss_product_bf16_to(a[0], a[1], a[2], (const int64_t *)(intptr_t)a[4],
-                                  (const int64_t *)(intptr_t)a[5],
-                                  (const int64_t *)(intptr_t)a[6], a[3], a[15] / a[2],
-                                  (const void *)(intptr_t)a[7], a[3], a[8], a[9], a[10],
-                                  (const void *)(intptr_t)a[11], a[13], a[14], a[16],
-                                  (void *)(intptr_t)a[17], (int)a[18], a[19], a[20],
-                                  (const void *)(intptr_t)a[21], (int)a[22]);
+        return bf_product_any(a[0], a[1], a[2], (const int64_t *)(intptr_t)a[4],
+                              (const int64_t *)(intptr_t)a[5], (const int64_t *)(intptr_t)a[6],
+                              a[3], a[15] / a[2], (const void *)(intptr_t)a[7], a[3], a[8],
+                              a[9], a[10], (const void *)(intptr_t)a[11], a[13], a[14], a[16],
+                              (void *)(intptr_t)a[17], (int)a[18], a[19], a[20],
+                              (const void *)(intptr_t)a[21], a[23] != SS_DT_BF16, (int)a[22]);
     }
     return ss_product(a[0], a[1], a[2], a[3], (const int64_t *)(intptr_t)a[4],
                       (const int64_t *)(intptr_t)a[5], (const int64_t *)(intptr_t)a[6],
@@ -562,7 +569,8 @@ static void round_bf16(const float *restrict src, uint16_t *restrict dst, int64_
     }
 }
 
-/* ss_product_packed for a bfloat16 array (a[23] == SS_DT_BF16) whose operand X (a[11]) is
+/* ss_product_packed for a bfloat16 array (a[23] == SS_DT_BF16, with SS_VALS_F32 or not) whose
+ * operand X (a[11]) is
  * float32: rounded to bfloat16 here first (round to nearest even, as torch's
  * .to(torch.bfloat16); a buffer of this call), then the bfloat16 product. For small operands,
  * where a separate conversion costs more than the product (the eager fast path of
@@ -571,7 +579,8 @@ int ss_product_packed_rounded(const int64_t *a)
 {
     int64_t b[24];
     int64_t n_in = a[15], N = a[16], xk = a[13], xn = a[14];
-    if (a[23] != SS_DT_BF16 || !ss_bf16_supported()) return SS_E_NOKERNEL;
+    if ((a[23] != SS_DT_BF16 && a[23] != (SS_DT_BF16 | SS_VALS_F32)) || !ss_bf16_supported())
+        return SS_E_NOKERNEL;
     memcpy(b, a, sizeof b);
     b[12] = SS_DT_BF16;
     if (N <= 0 || n_in <= 0 || xk < 0 || xn < 0) return ss_product_packed(b);

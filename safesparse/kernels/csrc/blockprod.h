@@ -14,7 +14,7 @@
 
 /* The version of this interface: native.py refuses a library whose ss_abi_version() differs
  * from the one its bindings were written for. */
-#define SS_ABI_VERSION 5
+#define SS_ABI_VERSION 6
 
 /* dtype codes; ss_dtype_names() lists torch's names for them in code order */
 enum { SS_DT_F32 = 0, SS_DT_F64 = 1, SS_DT_F16 = 2, SS_DT_BF16 = 3 };
@@ -22,6 +22,9 @@ enum { SS_DT_F32 = 0, SS_DT_F64 = 1, SS_DT_F16 = 2, SS_DT_BF16 = 3 };
  * rounded to bfloat16 (round to nearest even), widened (the bits of a bfloat16 result cast to
  * float32: a float32 layer's gradients under bfloat16 autocast, no cast pass) */
 enum { SS_OUT_ROUNDED = 0x100 };
+/* or-ed into SS_DT_BF16 as the values' dtype of a packed product array (its 24th slot): the
+ * values and bias are float32, rounded to bfloat16 as the kernel reads them (ABI 6) */
+enum { SS_VALS_F32 = 0x200 };
 #define SS_DTYPE_NAMES "float32 float64 float16 bfloat16"
 
 /* return codes */

@@ -173,6 +173,8 @@ typedef struct {
     int64_t g0, g1, qg0, trows, ntile;
     uint32_t *gpk;
     int64_t *gxoff;
+    int vf32; /* the values and bias are float32, rounded to bfloat16 as the small-batch tile
+               * reads them (BF_SMALL_ROWS only: bf_small_tile's VF) */
 } bfp_ctx;
 
 /* The (up to) 16 rows of 16 bfloat16 at s + l * sa (rows l >= left, and the elements outside
@@ -354,22 +356,55 @@ BF_INL __m512 bf_pairsum(__m512 a, __m512 b)
     return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
 }
 
+/* 32 float32 values at p (two rows of a 16 x 16 block) rounded to bfloat16 pairs, to nearest
+ * even (vcvtne2ps2bf16): the bits torch's rounding gives (.to(torch.bfloat16)) for every normal
+ * value, infinity and zero (NaN: quiet, its payload kept). A subnormal float32 value reads as
+ * zero, as vdpbf16ps reads the subnormal bfloat16 torch rounds it to, but for those within
+ * 2^-134 below 2^-126 (|bits| >= 0x007F8000), which torch rounds up to the smallest normal
+ * bfloat16: zero here, 2^-126 through a bfloat16 copy. Making them agree (a class test and a
+ * masked add per 16 values) made the batch-1 product 14 % slower (1024 x 1024, 10 % of 16 x 16
+ * blocks: 5.5 -> 6.3 us); a row's sums already differ in their last bits between batch sizes. */
+BF_INL __m512bh bf_round_pairs(const float *p)
+{
+    return _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p));
+}
+
+/* 16 float32 values at p rounded to bfloat16 as torch rounds them (nearest even, subnormals
+ * kept, NaN quiet: the integer rounding of convert.h's f32_to_bf16), widened back: the bias of a
+ * float32 layer read by the small-batch tile as its bfloat16 copy would hold it */
+BF_INL __m512 bf_widen_rounded16(const float *p)
+{
+    const __m512 v = _mm512_loadu_ps(p);
+    const __m512i u = _mm512_castps_si512(v);
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                 _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+    r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), u,
+                             _mm512_set1_epi32(0x400000));
+    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
 /* The small-batch tile: NB batch rows from n, the 16 output rows of block row i, from 16 x 16
  * blocks read in place (rows a, a + 1 of a block: one 64-byte vector, 8 per block) with the
  * input's 16 columns broadcast to both halves; acc[nb][h] lane (a - 2h) * 8 + t holds row a's
  * pair t, summed across the block row; one transpose-reduction per batch row at the end (no
  * packing: what a few batch rows cannot amortize). */
-BF_INL void bf_small_tile(const bfp_ctx *k, const int64_t *voff, const int64_t *xoff,
-                          int64_t nq, int64_t i, int64_t n, const int NB)
+BF_INL void bf_small_tile(const bfp_ctx *k, const void *vals, const int64_t *voff,
+                          const int64_t *xoff, int64_t nq, int64_t i, int64_t n, const int NB,
+                          const int VF)
 {
     __m512 acc[2][8];
     for (int nb = 0; nb < NB; nb++)
         for (int h = 0; h < 8; h++) acc[nb][h] = _mm512_setzero_ps();
     const uint16_t *xs = k->x + n * k->xn;
     for (int64_t qq = 0; qq < nq; qq++) {
-        const uint16_t *w = k->vals + voff[qq];
         __m512bh wv[8];
-        for (int h = 0; h < 8; h++) wv[h] = (__m512bh)_mm512_loadu_si512(w + 32 * h);
+        if (VF) { /* float32 values, rounded here */
+            const float *w = (const float *)vals + voff[qq];
+            for (int h = 0; h < 8; h++) wv[h] = bf_round_pairs(w + 32 * h);
+        } else {
+            const uint16_t *w = (const uint16_t *)vals + voff[qq];
+            for (int h = 0; h < 8; h++) wv[h] = (__m512bh)_mm512_loadu_si512(w + 32 * h);
+        }
         for (int nb = 0; nb < NB; nb++) {
             __m256i xr = _mm256_loadu_si256((const __m256i *)(xs + nb * k->xn + xoff[qq]));
             __m512bh xv = (__m512bh)_mm512_broadcast_i64x4(xr);
@@ -377,7 +412,9 @@ BF_INL void bf_small_tile(const bfp_ctx *k, const int64_t *voff, const int64_t *
         }
     }
     const __m512i idx = _mm512_set_epi32(15, 11, 14, 10, 13, 9, 12, 8, 7, 3, 6, 2, 5, 1, 4, 0);
-    __m512 b0 = k->bias ? bf_widen(k->bias + i * 16, (__mmask16)0xffff) : _mm512_setzero_ps();
+    __m512 b0 = !k->bias ? _mm512_setzero_ps()
+                : k->vf32 ? bf_widen_rounded16((const float *)(const void *)k->bias + i * 16)
+                          : bf_widen(k->bias + i * 16, (__mmask16)0xffff);
     for (int nb = 0; nb < NB; nb++) {
         __m512 u = bf_pairsum(bf_pairsum(acc[nb][0], acc[nb][1]), bf_pairsum(acc[nb][2], acc[nb][3]));
         __m512 v = bf_pairsum(bf_pairsum(acc[nb][4], acc[nb][5]), bf_pairsum(acc[nb][6], acc[nb][7]));
@@ -462,9 +499,27 @@ static BF_TARGET void bf_fwd_task(void *vctx, int64_t task, int tid)
         return;
     }
     if (k->small) {
+        int64_t *voff = (int64_t *)pk;
+        const void *vals = k->vals;
         int64_t n = n0;
-        for (; n + 2 <= n0 + nt; n += 2) bf_small_tile(k, (const int64_t *)pk, xoff, nq, i, n, 2);
-        if (n < n0 + nt) bf_small_tile(k, (const int64_t *)pk, xoff, nq, i, n, 1);
+        if (k->vf32 && nt <= 2) { /* float32 values rounded in the tile, as read */
+            if (nt == 2) bf_small_tile(k, vals, voff, xoff, nq, i, n, 2, 1);
+            else bf_small_tile(k, vals, voff, xoff, nq, i, n, 1, 1);
+            return;
+        }
+        if (k->vf32) { /* more rows: the block row's blocks rounded once, into the task's
+                        * buffer after its offsets (bf_product_to sized it), then read there */
+            uint16_t *cv = (uint16_t *)(voff + k->maxq);
+            for (int64_t qq = 0; qq < nq; qq++) {
+                const float *w = (const float *)(const void *)k->vals + voff[qq];
+                for (int h = 0; h < 8; h++)
+                    _mm512_storeu_si512(cv + qq * 256 + 32 * h, (__m512i)bf_round_pairs(w + 32 * h));
+                voff[qq] = qq * 256;
+            }
+            vals = cv;
+        }
+        for (; n + 2 <= n0 + nt; n += 2) bf_small_tile(k, vals, voff, xoff, nq, i, n, 2, 0);
+        if (n < n0 + nt) bf_small_tile(k, vals, voff, xoff, nq, i, n, 1, 0);
         return;
     }
     /* feature-major (batch-major products past the small-batch tiles: bf_tiled_product) */
@@ -590,7 +645,25 @@ static int bf_product_to(int64_t n_br, int64_t r, int64_t c, const int64_t *crow
                          const int64_t *col, const int64_t *order, int64_t nnzb, int64_t n_bc,
                          const void *vals, int64_t n_vals, int64_t sp, int64_t sa, int64_t sb,
                          const void *x, int64_t xk, int64_t xn, int64_t N, void *y, int yout,
-                         int64_t yi, int64_t yn, const void *bias, int nthreads);
+                         int64_t yi, int64_t yn, const void *bias, int vf32, int nthreads);
+
+/* ss_product_bf16_to; where vf32, the values and bias are float32, rounded to bfloat16 as
+ * they are read (the small-batch tile of M's rows, 16 x 16 blocks: -1 elsewhere), with the
+ * bits of the product over their bfloat16 copy (ss_product_packed, SS_VALS_F32) */
+static int bf_product_any(int64_t n_br, int64_t r, int64_t c, const int64_t *crow,
+                          const int64_t *col, const int64_t *order, int64_t nnzb, int64_t n_bc,
+                          const void *vals, int64_t n_vals, int64_t sp, int64_t sa, int64_t sb,
+                          const void *x, int64_t xk, int64_t xn, int64_t N, void *y, int ydt,
+                          int64_t yi, int64_t yn, const void *bias, int vf32, int nthreads)
+{
+    int yout = bf_out_kind(ydt);
+    if (!ss_bf16_supported() || yout < 0) return -1;
+    int rc = bf_product_to(n_br, r, c, crow, col, order, nnzb, n_bc, vals, n_vals, sp, sa, sb, x,
+                           xk, xn, N, y, yout == 2 ? 1 : yout, yi, yn, bias, vf32, nthreads);
+    if (rc == 0 && yout == 2 && N > 0 && n_br > 0)
+        bf_widen_rounded_2d((float *)y, n_br * r, N, yi, yn);
+    return rc;
+}
 
 int ss_product_bf16_to(int64_t n_br, int64_t r, int64_t c, const int64_t *crow,
                        const int64_t *col, const int64_t *order, int64_t nnzb, int64_t n_bc,
@@ -598,13 +671,8 @@ int ss_product_bf16_to(int64_t n_br, int64_t r, int64_t c, const int64_t *crow,
                        const void *x, int64_t xk, int64_t xn, int64_t N, void *y, int ydt,
                        int64_t yi, int64_t yn, const void *bias, int nthreads)
 {
-    int yout = bf_out_kind(ydt);
-    if (!ss_bf16_supported() || yout < 0) return -1;
-    int rc = bf_product_to(n_br, r, c, crow, col, order, nnzb, n_bc, vals, n_vals, sp, sa, sb, x,
-                           xk, xn, N, y, yout == 2 ? 1 : yout, yi, yn, bias, nthreads);
-    if (rc == 0 && yout == 2 && N > 0 && n_br > 0)
-        bf_widen_rounded_2d((float *)y, n_br * r, N, yi, yn);
-    return rc;
+    return bf_product_any(n_br, r, c, crow, col, order, nnzb, n_bc, vals, n_vals, sp, sa, sb, x,
+                          xk, xn, N, y, ydt, yi, yn, bias, 0, nthreads);
 }
 
 /* ss_product_bf16_to's products, Y written in bfloat16 (yout 0) or float32 (1) */
@@ -612,7 +680,7 @@ static int bf_product_to(int64_t n_br, int64_t r, int64_t c, const int64_t *crow
                          const int64_t *col, const int64_t *order, int64_t nnzb, int64_t n_bc,
                          const void *vals, int64_t n_vals, int64_t sp, int64_t sa, int64_t sb,
                          const void *x, int64_t xk, int64_t xn, int64_t N, void *y, int yout,
-                         int64_t yi, int64_t yn, const void *bias, int nthreads)
+                         int64_t yi, int64_t yn, const void *bias, int vf32, int nthreads)
 {
     int fm = !(xk == 1 && yi == 1);
     if (fm && !(xn == 1 && yn == 1)) return -1;
@@ -632,6 +700,10 @@ static int bf_product_to(int64_t n_br, int64_t r, int64_t c, const int64_t *crow
                  (r + BF_LANES - 1) / BF_LANES, (c + 1) / 2, 0, 0, 0};
     if (!fm && N <= BF_SMALL_N && r == 16 && c == 16 && sa == 16 && sb == 1) k.small = BF_SMALL_ROWS;
     if (!fm && N <= BF_SMALL_T_N && r == 16 && c == 16 && sa == 1 && sb == 16) k.small = BF_SMALL_T;
+    if (vf32) { /* float32 values: the small-batch tile of M's rows only */
+        if (k.small != BF_SMALL_ROWS) return -1;
+        k.vf32 = 1;
+    }
     if (!fm && !k.small) return bf_tiled_product(&k, nthreads < 256 ? nthreads : 256);
     /* feature-major and small batches: tasks of block rows. Batch rows per task: 256 (a chunk
      * of the input stays in L2 while every block row reads
@@ -651,8 +723,10 @@ static int bf_product_to(int64_t n_br, int64_t r, int64_t c, const int64_t *crow
     int64_t *offs[256];
     size_t q = (size_t)(maxq > 0 ? maxq : 1);
     int ok = 1;
+    /* (float32 values: each block's offset, then its bfloat16 rounding: 8 + 512 bytes) */
+    size_t per = k.vf32 ? 8 + 512 : (size_t)(k.nac * k.np * BF_LANES) * 4;
     for (int t = 0; t < nth; t++) {
-        packs[t] = (uint32_t *)malloc(q * (size_t)(k.nac * k.np * BF_LANES) * 4);
+        packs[t] = (uint32_t *)malloc(q * per);
         offs[t] = (int64_t *)malloc(q * sizeof(int64_t));
         if (!packs[t] || !offs[t]) ok = 0;
     }
@@ -684,6 +758,14 @@ int ss_product_bf16(int64_t n_br, int64_t r, int64_t c, const int64_t *crow, con
 #undef BF_LANES
 #else  /* not x86-64: no bfloat16 kernels (the callers keep their float32 route) */
 int ss_bf16_supported(void) { return 0; }
+static int bf_product_any(int64_t n_br, int64_t r, int64_t c, const int64_t *crow,
+                          const int64_t *col, const int64_t *order, int64_t nnzb, int64_t n_bc,
+                          const void *vals, int64_t n_vals, int64_t sp, int64_t sa, int64_t sb,
+                          const void *x, int64_t xk, int64_t xn, int64_t N, void *y, int ydt,
+                          int64_t yi, int64_t yn, const void *bias, int vf32, int nthreads)
+{
+    return -1;
+}
 int ss_colsum_bf16(const void *g, int64_t N, int64_t C, int64_t ld, void *out, int odt,
                    int nthreads)
 {
