@@ -47,7 +47,11 @@ kernels (:func:`safesparse.kernels.native.pack_product` with bfloat16 operands) 
 bfloat16 copy of its values and bias, the input rounded once (by the library inside the call
 for small inputs, ``ss_product_packed_rounded``; by torch above; read in place when it is
 bfloat16 already), the output bfloat16, as the operators' autocast kernel computes it. A
-bfloat16 layer's plan reads its values in place in the same kernels.
+forward of at most 32 rows that records no gradient reads the float32 values and bias in place
+instead, rounded to bfloat16 by the small-batch tile as it reads them
+(:func:`safesparse.kernels.native.rounding_values`): no copy is read, so none is checked (the
+copy's fingerprint at batch 1 cost as much as the product). A bfloat16 layer's plan reads its
+values in place in the same kernels.
 
 With gradients on, the plan's product runs inside a plain
 ``autograd.Function`` (called through its C ``apply``: the Python layer of
