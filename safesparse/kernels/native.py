@@ -532,7 +532,8 @@ def rounding_values(args: PackedArgs, values: T, bias: T | None
     """A copy of the bfloat16 batch-major :func:`pack_product` array ``args`` (made over a
     bfloat16 copy of the float32 ``values`` and ``bias``) that reads ``values`` and ``bias``
     themselves, rounded to bfloat16 by the kernel as it reads them: the bits of the product
-    over the copy (the same rounding, csrc/kern_bf16.h's ``bf_round_pairs``), for batches of
+    over the copy (the same rounding, csrc/kern_bf16.h's ``bf_round_pairs``, but for float32
+    subnormals that torch rounds up to the smallest normal bfloat16: zero here), for batches of
     at most :data:`ROUNDING_VALUES_MAX_N` rows (the library refuses larger ones), and the
     tensors it points to; None where it does not apply (no bfloat16 kernels, not 16 x 16
     blocks stored by rows, values or bias not contiguous float32). What a float32 layer under

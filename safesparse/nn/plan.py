@@ -56,8 +56,9 @@ _NO, _YES, _STALE = 0, 1, 2
 _ROUND_IN_CALL = 64 * 1024
 #: Under bfloat16 autocast, a forward of at most this many rows that records no gradient reads
 #: the float32 values and bias in place, rounded by the kernel as it reads them (the bits of
-#: the product over the plan's copy: :func:`safesparse.kernels.native.rounding_values`), so
-#: the copy's fingerprint is not taken: at batch 1 it cost as much as the product.
+#: the product over the plan's copy but for a band of subnormals:
+#: :func:`safesparse.kernels.native.rounding_values`), so the copy's fingerprint is not taken:
+#: at batch 1 it cost as much as the product.
 _SMALL_ROWS = native.ROUNDING_VALUES_MAX_N
 #: Batches from which a float32 / float64 plan reads pre-packed values (:meth:`_Plan.prepacked`)
 _PREPACKED_FROM = native.PREPACKED_FROM
