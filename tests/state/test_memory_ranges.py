@@ -16,8 +16,11 @@ import numpy as np
 import pytest
 import torch
 from support.batch import Batch, child_env
+from support.spies import Spy
 
 import safesparse as ss
+from safesparse.factories import build
+from safesparse.state import memory
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -400,10 +403,6 @@ def test_stale_ranges_do_not_turn_fresh_memory_away(monkeypatch: pytest.MonkeyPa
     at an address a dead storage's range still names, takes the factories' straight path (the
     stale range is dropped on the way, with every proof naming it); before, 30-75 % of such
     builds went down the registering path (``admit``) after 3,000 tensors, a fifth kept."""
-    from safesparse.factories import build
-    from safesparse.state import memory
-    from support.spies import Spy
-
     torch.manual_seed(0)
     keep = []
     for i in range(1500):
