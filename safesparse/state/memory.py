@@ -458,11 +458,17 @@ def _stale(rg: _Range, live: torch.UntypedStorage | None = None) -> bool:
     owner = rg.state()
     if owner is not None and rg.alive(live):
         return False
+    _drop(rg, owner)
+    return True
+
+
+def _drop(rg: _Range, owner: IndexState | None) -> None:
+    """``rg`` out of the registry and of its state ``owner`` (if alive), with every proof
+    naming an address inside it (``_lock`` held)."""
     _registry.remove(rg)
     if owner is not None:
         with owner.lock:
             owner._forget(rg)
-    return True
 
 
 def _storages(members: Sequence[torch.Tensor]) -> dict[int, torch.UntypedStorage]:
@@ -515,9 +521,7 @@ def register(members: Sequence[torch.Tensor], key: IndexKey | None = None) -> In
                 if owner is not None and rg.cdata == cdata and rg.end != end:
                     # the storage was resized at the same address (``resize_(0)`` then
                     # ``resize_(n)``): new memory; no proof naming the old survives
-                    _registry.remove(rg)
-                    with owner.lock:
-                        owner._forget(rg)
+                    _drop(rg, owner)
                 elif _stale(rg, st):
                     continue
                 owner = resolve(owner)
@@ -530,9 +534,7 @@ def register(members: Sequence[torch.Tensor], key: IndexKey | None = None) -> In
             if old is not None:
                 if old.start == start and old.end == end and old.alive(st):
                     continue
-                _registry.remove(old)  # that storage moved, or died and its address was reused
-                with state.lock:
-                    state._forget(old)
+                _drop(old, state)  # that storage moved, or died and its address was reused
             if len(state.ranges) >= state.range_limit:
                 _prune_ranges(state)
             new = _Range(st, device, start, end, state)
@@ -548,9 +550,7 @@ def _prune_ranges(state: IndexState) -> None:
     with state.lock:
         state._prune()
     for rg in [rg for rg in state.ranges.values() if not rg.alive()]:
-        _registry.remove(rg)
-        with state.lock:
-            state._forget(rg)
+        _drop(rg, state)
     state.range_limit = max(4, 2 * len(state.ranges))
 
 
