@@ -48,7 +48,8 @@ bfloat16 copy of its values and bias, the input rounded once (by the library ins
 for small inputs, ``ss_product_packed_rounded``; by torch above; read in place when it is
 bfloat16 already), the output bfloat16, as the operators' autocast kernel computes it. A
 forward of at most 32 rows that records no gradient reads the float32 values and bias in place
-instead, rounded to bfloat16 by the small-batch tile as it reads them
+instead, rounded to bfloat16 in the library's call (the values by the small-batch tile as it
+reads them)
 (:func:`safesparse.kernels.native.rounding_values`): no copy is read, so none is checked (the
 copy's fingerprint at batch 1 cost as much as the product). A bfloat16 layer's plan reads its
 values in place in the same kernels.
@@ -494,13 +495,14 @@ def linear(module: Any, x: T, proving: Callable[[Any, T], T]) -> T:
             y_shape = (*shape[:-1], plan.n_out)
         v = plan.v
         b = plan.b
-        if n and not (_grad_enabled() and (x.requires_grad or v.requires_grad or (
-                b is not None and b.requires_grad))):
+        # (``small`` answered already that no gradient is recorded: its key did not ask about
+        # the copies, which the gradient's route reads)
+        if n and (small or not (_grad_enabled() and (x.requires_grad or v.requires_grad or (
+                b is not None and b.requires_grad)))):
             y = plan.run(x, n, y_shape, small)
             if y is not None:
                 return y
-        elif n and plan.grad and not small and _saved_hooks(False) is None:
-            # (``small`` answered for no gradient: its key did not ask about the copies)
+        elif n and plan.grad and _saved_hooks(False) is None:
             # (saved-tensor hooks: activation checkpointing recomputes the forward and
             # hands the graph the tensors saved then: both runs take the operators)
             try:
