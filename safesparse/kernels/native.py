@@ -520,7 +520,8 @@ def prepacked(args: PackedArgs, values: T) -> tuple[PackedArgs, T] | None:
 
 
 #: Or-ed into the bfloat16 code of a product array's values dtype (slot 23, ``SS_VALS_F32``):
-#: the values and bias are float32, rounded to bfloat16 as the kernel reads them
+#: the values and bias are float32, rounded to bfloat16 in the call (the values as the kernel
+#: reads them, the bias once)
 _VALS_F32 = 0x200
 #: The largest batch :func:`rounding_values` arrays take (``BF_SMALL_N`` in csrc/kern_bf16.h:
 #: the small-batch tile, which reads a block's rows in place)
@@ -531,7 +532,8 @@ def rounding_values(args: PackedArgs, values: T, bias: T | None
                     ) -> tuple[PackedArgs, tuple[T, ...]] | None:
     """A copy of the bfloat16 batch-major :func:`pack_product` array ``args`` (made over a
     bfloat16 copy of the float32 ``values`` and ``bias``) that reads ``values`` and ``bias``
-    themselves, rounded to bfloat16 by the kernel as it reads them: the bits of the product
+    themselves, rounded to bfloat16 in the call (the values by the kernel as it reads them,
+    the bias once, by torch's rounding): the bits of the product
     over the copy (the same rounding, csrc/kern_bf16.h's ``bf_round_pairs``, but for float32
     subnormals that torch rounds up to the smallest normal bfloat16: zero here), for batches of
     at most :data:`ROUNDING_VALUES_MAX_N` rows (the library refuses larger ones), and the

@@ -55,7 +55,7 @@ _NO, _YES, _STALE = 0, 1, 2
 #: torch (``x.to(torch.bfloat16)``: threaded), then read in place.
 _ROUND_IN_CALL = 64 * 1024
 #: Under bfloat16 autocast, a forward of at most this many rows that records no gradient reads
-#: the float32 values and bias in place, rounded by the kernel as it reads them (the bits of
+#: the float32 values and bias in place, rounded by the library's call (the bits of
 #: the product over the plan's copy but for a band of subnormals:
 #: :func:`safesparse.kernels.native.rounding_values`), so the copy's fingerprint is not taken:
 #: at batch 1 it cost as much as the product.
@@ -145,8 +145,8 @@ class _Plan:
         # (under autocast: the entry that rounds a small float32 input in the call)
         self.rounded = native.packed_entry_rounded() if kind == _AUTOCAST else None
         # (under autocast: the array that reads the float32 values and bias in place, rounded
-        # by the kernel, for forwards of at most _SMALL_ROWS rows that record no gradient; its
-        # address; what it points to)
+        # by the library's call, for forwards of at most _SMALL_ROWS rows that record no
+        # gradient; its address; what it points to)
         self.small = None if small is None else (small[0], addressof(small[0]), small[1])
         self.width, self.n_out = width, n_out
         self.batch_major = batch_major

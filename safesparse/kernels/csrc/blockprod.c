@@ -521,7 +521,7 @@ void ss_reset_backoff(void)
  * bfloat16 (ss_product_bf16_to; values, bias and x bfloat16, y bfloat16 or float32, block rows
  * of n_in / c block columns, a[3] bounding both the stored blocks and the values' blocks);
  * a[23] == SS_DT_BF16 | SS_VALS_F32: the same from float32 values and bias, rounded to
- * bfloat16 as they are read (small batches of 16 x 16 blocks stored by rows; SS_E_NOKERNEL
+ * bfloat16 (the values as they are read, the bias here, once) (small batches of 16 x 16 blocks stored by rows; SS_E_NOKERNEL
  * elsewhere); else ss_product. */
 static int bf_product_any(int64_t n_br, int64_t r, int64_t c, const int64_t *crow,
                           const int64_t *col, const int64_t *order, int64_t nnzb, int64_t n_bc,
@@ -529,17 +529,36 @@ static int bf_product_any(int64_t n_br, int64_t r, int64_t c, const int64_t *cro
                           const void *x, int64_t xk, int64_t xn, int64_t N, void *y, int ydt,
                           int64_t yi, int64_t yn, const void *bias, int vf32, int nthreads);
 
+#ifdef SS_X86
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+#endif
+static void round_bf16(const float *restrict src, uint16_t *restrict dst, int64_t n);
+
 int ss_product_packed(const int64_t *a)
 {
     if (a[23] == SS_DT_BF16 || a[23] == (SS_DT_BF16 | SS_VALS_F32)) {
         if (a[12] != SS_DT_BF16 || a[2] <= 0) /* (bf_product_any checks a[18]) */
             return SS_E_NOKERNEL;
-        return bf_product_any(a[0], a[1], a[2], (const int64_t *)(intptr_t)a[4],
-                              (const int64_t *)(intptr_t)a[5], (const int64_t *)(intptr_t)a[6],
-                              a[3], a[15] / a[2], (const void *)(intptr_t)a[7], a[3], a[8],
-                              a[9], a[10], (const void *)(intptr_t)a[11], a[13], a[14], a[16],
-                              (void *)(intptr_t)a[17], (int)a[18], a[19], a[20],
-                              (const void *)(intptr_t)a[21], a[23] != SS_DT_BF16, (int)a[22]);
+        const int vf32 = a[23] != SS_DT_BF16;
+        const void *bias = (const void *)(intptr_t)a[21];
+        /* float32 values: a float32 bias rounded here, once (round_bf16: torch's rounding) */
+        uint16_t few[4096], *rounded = 0;
+        if (vf32 && bias) {
+            int64_t rows = a[0] * a[1];
+            if (!ss_bf16_supported() || rows <= 0) return SS_E_NOKERNEL;
+            rounded = rows <= 4096 ? few : (uint16_t *)malloc((size_t)rows * 2);
+            if (!rounded) return SS_E_NOMEM;
+            round_bf16((const float *)bias, rounded, rows);
+            bias = rounded;
+        }
+        int rc = bf_product_any(a[0], a[1], a[2], (const int64_t *)(intptr_t)a[4],
+                                (const int64_t *)(intptr_t)a[5], (const int64_t *)(intptr_t)a[6],
+                                a[3], a[15] / a[2], (const void *)(intptr_t)a[7], a[3], a[8],
+                                a[9], a[10], (const void *)(intptr_t)a[11], a[13], a[14], a[16],
+                                (void *)(intptr_t)a[17], (int)a[18], a[19], a[20], bias, vf32,
+                                (int)a[22]);
+        if (rounded && rounded != few) free(rounded);
+        return rc;
     }
     return ss_product(a[0], a[1], a[2], a[3], (const int64_t *)(intptr_t)a[4],
                       (const int64_t *)(intptr_t)a[5], (const int64_t *)(intptr_t)a[6],
@@ -569,9 +588,8 @@ static void round_bf16(const float *restrict src, uint16_t *restrict dst, int64_
     }
 }
 
-/* ss_product_packed for a bfloat16 array (a[23] == SS_DT_BF16, with SS_VALS_F32 or not) whose
- * operand X (a[11]) is
- * float32: rounded to bfloat16 here first (round to nearest even, as torch's
+/* ss_product_packed for a bfloat16 array (a[23] == SS_DT_BF16, with SS_VALS_F32 or not)
+ * whose operand X (a[11]) is float32: rounded to bfloat16 here first (round to nearest even, as torch's
  * .to(torch.bfloat16); a buffer of this call), then the bfloat16 product. For small operands,
  * where a separate conversion costs more than the product (the eager fast path of
  * safesparse.nn under bfloat16 autocast). The array is not written. */

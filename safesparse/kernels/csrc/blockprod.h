@@ -23,7 +23,8 @@ enum { SS_DT_F32 = 0, SS_DT_F64 = 1, SS_DT_F16 = 2, SS_DT_BF16 = 3 };
  * float32: a float32 layer's gradients under bfloat16 autocast, no cast pass) */
 enum { SS_OUT_ROUNDED = 0x100 };
 /* or-ed into SS_DT_BF16 as the values' dtype of a packed product array (its 24th slot): the
- * values and bias are float32, rounded to bfloat16 as the kernel reads them (ABI 6) */
+ * values and bias are float32, rounded to bfloat16 in the call (the values as the kernel reads
+ * them, the bias once) (ABI 6) */
 enum { SS_VALS_F32 = 0x200 };
 #define SS_DTYPE_NAMES "float32 float64 float16 bfloat16"
 

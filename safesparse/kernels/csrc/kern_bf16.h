@@ -173,8 +173,8 @@ typedef struct {
     int64_t g0, g1, qg0, trows, ntile;
     uint32_t *gpk;
     int64_t *gxoff;
-    int vf32; /* the values and bias are float32, rounded to bfloat16 as the small-batch tile
-               * reads them (BF_SMALL_ROWS only: bf_small_tile's VF) */
+    int vf32; /* the values are float32, rounded to bfloat16 as the small-batch tile reads
+               * them (BF_SMALL_ROWS only: bf_small_tile's VF) */
 } bfp_ctx;
 
 /* The (up to) 16 rows of 16 bfloat16 at s + l * sa (rows l >= left, and the elements outside
@@ -369,20 +369,6 @@ BF_INL __m512bh bf_round_pairs(const float *p)
     return _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p));
 }
 
-/* 16 float32 values at p rounded to bfloat16 as torch rounds them (nearest even, subnormals
- * kept, NaN quiet: the integer rounding of convert.h's f32_to_bf16), widened back: the bias of a
- * float32 layer read by the small-batch tile as its bfloat16 copy would hold it */
-BF_INL __m512 bf_widen_rounded16(const float *p)
-{
-    const __m512 v = _mm512_loadu_ps(p);
-    const __m512i u = _mm512_castps_si512(v);
-    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
-                                 _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
-    r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), u,
-                             _mm512_set1_epi32(0x400000));
-    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
-}
-
 /* The small-batch tile: NB batch rows from n, the 16 output rows of block row i, from 16 x 16
  * blocks read in place (rows a, a + 1 of a block: one 64-byte vector, 8 per block) with the
  * input's 16 columns broadcast to both halves; acc[nb][h] lane (a - 2h) * 8 + t holds row a's
@@ -412,9 +398,7 @@ BF_INL void bf_small_tile(const bfp_ctx *k, const void *vals, const int64_t *vof
         }
     }
     const __m512i idx = _mm512_set_epi32(15, 11, 14, 10, 13, 9, 12, 8, 7, 3, 6, 2, 5, 1, 4, 0);
-    __m512 b0 = !k->bias ? _mm512_setzero_ps()
-                : k->vf32 ? bf_widen_rounded16((const float *)(const void *)k->bias + i * 16)
-                          : bf_widen(k->bias + i * 16, (__mmask16)0xffff);
+    __m512 b0 = k->bias ? bf_widen(k->bias + i * 16, (__mmask16)0xffff) : _mm512_setzero_ps();
     for (int nb = 0; nb < NB; nb++) {
         __m512 u = bf_pairsum(bf_pairsum(acc[nb][0], acc[nb][1]), bf_pairsum(acc[nb][2], acc[nb][3]));
         __m512 v = bf_pairsum(bf_pairsum(acc[nb][4], acc[nb][5]), bf_pairsum(acc[nb][6], acc[nb][7]));
@@ -647,9 +631,10 @@ static int bf_product_to(int64_t n_br, int64_t r, int64_t c, const int64_t *crow
                          const void *x, int64_t xk, int64_t xn, int64_t N, void *y, int yout,
                          int64_t yi, int64_t yn, const void *bias, int vf32, int nthreads);
 
-/* ss_product_bf16_to; where vf32, the values and bias are float32, rounded to bfloat16 as
- * they are read (the small-batch tile of M's rows, 16 x 16 blocks: -1 elsewhere), with the
- * bits of the product over their bfloat16 copy (ss_product_packed, SS_VALS_F32) */
+/* ss_product_bf16_to; where vf32, the values are float32, rounded to bfloat16 as they are
+ * read (the small-batch tile of M's rows, 16 x 16 blocks: -1 elsewhere), with the bits of the
+ * product over their bfloat16 copy but for a band of subnormals (bf_round_pairs); the bias
+ * bfloat16 (ss_product_packed rounds a float32 one, SS_VALS_F32) */
 static int bf_product_any(int64_t n_br, int64_t r, int64_t c, const int64_t *crow,
                           const int64_t *col, const int64_t *order, int64_t nnzb, int64_t n_bc,
                           const void *vals, int64_t n_vals, int64_t sp, int64_t sa, int64_t sb,
